@@ -1,0 +1,229 @@
+//! Command encoding: what a client writes into a tag slot before ringing the doorbell.
+//!
+//! Word 0: opcode (bits 0-15), flags (bits 16-31), reserved zero (bits 32-63).
+//! Word 1: array address in bytes. Word 2: length in bytes. Word 3: cookie (echoed back).
+//! Words 4-7: reserved, zero.
+//!
+//! Commands are byte-addressed and of any size and alignment (Moneta-D §2.3). The data moves
+//! between the array and the DMA buffer starting at the tag's slice (`tag * slice_size`); a
+//! command may run past its slice into the following ones, up to the end of the buffer.
+
+use crate::status::Status;
+
+/// Does nothing and completes; needs no permission. Measures the channel's round trip.
+pub const OP_NOP: u16 = 0;
+/// Array → DMA buffer.
+pub const OP_READ: u16 = 1;
+/// DMA buffer → array.
+pub const OP_WRITE: u16 = 2;
+/// Barrier and flush: completes after every earlier command of the channel, and, with a
+/// non-zero length, after the range is persisted to the backing store. A non-zero range needs a
+/// record with either right.
+pub const OP_FLUSH: u16 = 3;
+
+/// Completion mode field of the flags (bits 0-1).
+pub const FLAG_COMPLETION_MASK: u16 = 0b11;
+/// All flag bits the device understands; others must be zero.
+pub const FLAG_KNOWN: u16 = FLAG_COMPLETION_MASK;
+
+/// How the device tells the client a command completed (Moneta-D §4.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Completion {
+    /// DMA completion: the device writes the tag's status entry; the client spins on it.
+    Dma = 0,
+    /// Forwarding: the device sets the tag's bit in the tag status register and increments the
+    /// completion count; a client thread reads and clears the register and marks the entries.
+    Forward = 1,
+    /// Issue-sleep: the device writes the status entry and, if the waiter flag is set, wakes
+    /// the futex on the entry's state word.
+    Sleep = 2,
+}
+
+impl Completion {
+    /// Decodes the completion mode bits.
+    pub fn from_bits(bits: u16) -> Option<Completion> {
+        match bits & FLAG_COMPLETION_MASK {
+            0 => Some(Completion::Dma),
+            1 => Some(Completion::Forward),
+            2 => Some(Completion::Sleep),
+            _ => None,
+        }
+    }
+}
+
+/// What a command asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opcode {
+    /// [`OP_NOP`].
+    Nop,
+    /// [`OP_READ`].
+    Read,
+    /// [`OP_WRITE`].
+    Write,
+    /// [`OP_FLUSH`].
+    Flush,
+    /// Any other value: answered with [`Status::Malformed`].
+    Unsupported(u16),
+}
+
+impl Opcode {
+    /// Decodes an opcode value; every value maps to something.
+    pub fn from_u16(v: u16) -> Opcode {
+        match v {
+            OP_NOP => Opcode::Nop,
+            OP_READ => Opcode::Read,
+            OP_WRITE => Opcode::Write,
+            OP_FLUSH => Opcode::Flush,
+            other => Opcode::Unsupported(other),
+        }
+    }
+
+    /// The encoded value.
+    pub fn to_u16(self) -> u16 {
+        match self {
+            Opcode::Nop => OP_NOP,
+            Opcode::Read => OP_READ,
+            Opcode::Write => OP_WRITE,
+            Opcode::Flush => OP_FLUSH,
+            Opcode::Unsupported(v) => v,
+        }
+    }
+}
+
+/// A command's raw words, as copied out of shared memory.
+pub type CommandWords = [u64; 8];
+
+/// A command as a client builds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// What to do.
+    pub opcode: Opcode,
+    /// How to complete.
+    pub completion: Completion,
+    /// First array byte.
+    pub addr: u64,
+    /// Bytes to move.
+    pub len: u64,
+    /// Opaque value echoed in the status entry and error entries.
+    pub cookie: u64,
+}
+
+impl Command {
+    /// Encodes the command into slot words.
+    pub fn to_words(&self) -> CommandWords {
+        let w0 = u64::from(self.opcode.to_u16()) | (u64::from(self.completion as u16) << 16);
+        [w0, self.addr, self.len, self.cookie, 0, 0, 0, 0]
+    }
+}
+
+/// A command that passed decoding (not yet checked against the DMA buffer, the array or the
+/// permission table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// Opcode; never [`Opcode::Unsupported`].
+    pub opcode: Opcode,
+    /// Completion mode.
+    pub completion: Completion,
+    /// First array byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Cookie.
+    pub cookie: u64,
+}
+
+/// Why a command failed decoding, with the status the device reports for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    /// Status to report.
+    pub status: Status,
+    /// The completion mode the command asked for, when readable, so the device can answer
+    /// the way the client waits; [`Completion::Dma`] otherwise.
+    pub completion: Completion,
+    /// The cookie, echoed.
+    pub cookie: u64,
+}
+
+/// Decodes raw slot words. Only the shape is checked here; limits that depend on the channel
+/// and the array are checked by the device.
+pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
+    let opcode_raw = w[0] as u16;
+    let flags = (w[0] >> 16) as u16;
+    let reserved = (w[0] >> 32) as u32;
+    let cookie = w[3];
+    let completion = Completion::from_bits(flags);
+    let fail = |status| DecodeError {
+        status,
+        completion: completion.unwrap_or(Completion::Dma),
+        cookie,
+    };
+    let Some(completion) = completion else {
+        return Err(fail(Status::Malformed));
+    };
+    if flags & !FLAG_KNOWN != 0 || reserved != 0 || w[4..].iter().any(|&x| x != 0) {
+        return Err(fail(Status::Malformed));
+    }
+    let opcode = Opcode::from_u16(opcode_raw);
+    let (addr, len) = (w[1], w[2]);
+    match opcode {
+        Opcode::Unsupported(_) => return Err(fail(Status::Malformed)),
+        Opcode::Read | Opcode::Write if len == 0 => return Err(fail(Status::Malformed)),
+        Opcode::Nop if addr != 0 || len != 0 => return Err(fail(Status::Malformed)),
+        _ => {}
+    }
+    Ok(Decoded {
+        opcode,
+        completion,
+        addr,
+        len,
+        cookie,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(op: Opcode, len: u64) -> Command {
+        Command {
+            opcode: op,
+            completion: Completion::Sleep,
+            addr: 4096,
+            len,
+            cookie: 77,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        for op in [Opcode::Read, Opcode::Write, Opcode::Flush] {
+            let c = cmd(op, 512);
+            let d = decode(&c.to_words()).unwrap();
+            assert_eq!(d.opcode, op);
+            assert_eq!(d.completion, Completion::Sleep);
+            assert_eq!((d.addr, d.len, d.cookie), (4096, 512, 77));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let mut w = cmd(Opcode::Read, 512).to_words();
+        w[0] |= 3 << 16; // completion mode 3
+        assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
+        let mut w = cmd(Opcode::Read, 512).to_words();
+        w[0] |= 1 << 40; // reserved
+        assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
+        let mut w = cmd(Opcode::Read, 512).to_words();
+        w[7] = 1;
+        assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
+        let w = cmd(Opcode::Unsupported(99), 512).to_words();
+        let e = decode(&w).unwrap_err();
+        assert_eq!((e.status, e.completion, e.cookie), (Status::Malformed, Completion::Sleep, 77));
+        assert_eq!(decode(&cmd(Opcode::Write, 0).to_words()).unwrap_err().status, Status::Malformed);
+        let mut nop = cmd(Opcode::Nop, 0);
+        assert_eq!(decode(&nop.to_words()).unwrap_err().status, Status::Malformed);
+        nop.addr = 0;
+        assert!(decode(&nop.to_words()).is_ok());
+    }
+}
