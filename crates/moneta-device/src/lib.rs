@@ -1,1 +1,22 @@
-//! moneta-device
+//! The emulated Moneta device.
+//!
+//! A fast non-volatile memory array ([`media`]) served to untrusted client processes through
+//! per-process channels in shared memory ([`channel`]), every request checked against an extent
+//! permission table ([`permission`]), virtual tags retagged onto a bounded pool of physical tags
+//! ([`retag`]), completions timed by the [`scheduler`], all driven by the poller of [`engine`].
+//! The engine is generic over the media and the [`clock`], so tests can put their own under it.
+
+pub mod channel;
+pub mod clock;
+pub mod engine;
+pub mod media;
+pub mod permission;
+pub mod retag;
+pub mod scheduler;
+
+pub use channel::{ChannelMem, DmaGeometry};
+pub use clock::{Clock, MonotonicClock};
+pub use engine::{Device, DeviceConfig, DeviceError, OpenedChannel, TableOp};
+pub use media::{MappedArray, Media, MediaError};
+pub use permission::{PermissionTable, READ, WRITE};
+pub use scheduler::Timing;

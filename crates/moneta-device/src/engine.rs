@@ -1,0 +1,1096 @@
+//! The device engine: the poller thread that serves every channel (Moneta-D §4, Figure 2).
+//!
+//! One pass of the poller: apply queued control updates (channels, permission-table changes),
+//! take doorbell bits of the *active* channels, copy each command out of shared memory once and
+//! decode it, queue it at the retag unit, give queued requests physical tags, check them against
+//! the permission table, move the data between the array and the DMA buffer, hand them to the
+//! scheduler, and publish the completions the scheduler says are due.
+//!
+//! Idle channels are not scanned: a channel whose doorbell stayed quiet for `park_after` is
+//! parked (its need-wakeup flag is set) and leaves the active set; a client that rings a parked
+//! channel's doorbell writes the channel's kick eventfd, which brings the channel back. When
+//! nothing is active or in flight the poller sleeps in `epoll_wait`, so an idle daemon uses no
+//! CPU.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use moneta_abi::control::{ChannelInfo, StatusReport};
+use moneta_abi::{
+    decode, Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL,
+    TAG_DONE,
+};
+use rustix::event::epoll;
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::channel::{ChannelMem, DmaGeometry};
+use crate::clock::Clock;
+use crate::media::Media;
+use crate::permission::{PermissionTable, TableError, READ, WRITE};
+use crate::retag::Retag;
+use crate::scheduler::{Scheduler, Timing};
+
+/// Engine settings. Every one has a daemon flag.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Most channels open at once (1024 in Moneta-D).
+    pub max_channels: usize,
+    /// Physical tags shared by all channels (64 in Moneta-D).
+    pub phys_tags: usize,
+    /// Permission table entries (16K in Moneta-D).
+    pub table_entries: usize,
+    /// Merge adjacent records of one file and rights.
+    pub merge: bool,
+    /// DMA buffer and slice sizes.
+    pub geometry: DmaGeometry,
+    /// A channel whose doorbell stays quiet this long is parked; when all are, the poller
+    /// sleeps.
+    pub park_after: Duration,
+    /// Media latencies added per access.
+    pub timing: Timing,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            max_channels: 1024,
+            phys_tags: 64,
+            table_entries: 16 << 10,
+            merge: true,
+            geometry: DmaGeometry {
+                dma_size: moneta_abi::DEFAULT_DMA_SIZE,
+                slice_size: moneta_abi::DEFAULT_SLICE_SIZE,
+            },
+            park_after: Duration::from_micros(200),
+            timing: Timing::default(),
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// Checks every limit; the message says which is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=65536).contains(&self.max_channels) {
+            return Err(format!(
+                "max channels {} must be between 1 and 65536",
+                self.max_channels
+            ));
+        }
+        if !(1..=4096).contains(&self.phys_tags) {
+            return Err(format!(
+                "physical tags {} must be between 1 and 4096",
+                self.phys_tags
+            ));
+        }
+        if !(2..=(1 << 24)).contains(&self.table_entries) {
+            return Err(format!(
+                "permission table entries {} must be between 2 and 16M",
+                self.table_entries
+            ));
+        }
+        self.geometry.validate()
+    }
+}
+
+/// A change to the permission table, applied by the poller in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableOp {
+    /// Install a record (replacing the channel's coverage of the range).
+    Insert {
+        /// Channel.
+        channel: u32,
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+        /// [`READ`] | [`WRITE`].
+        rights: u8,
+        /// File id.
+        file: u64,
+    },
+    /// Remove a channel's coverage of a range.
+    RemoveRange {
+        /// Channel.
+        channel: u32,
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Remove a channel's records of one file.
+    RemoveFile {
+        /// Channel.
+        channel: u32,
+        /// File id.
+        file: u64,
+    },
+}
+
+impl TableOp {
+    fn channel(&self) -> u32 {
+        match *self {
+            TableOp::Insert { channel, .. }
+            | TableOp::RemoveRange { channel, .. }
+            | TableOp::RemoveFile { channel, .. } => channel,
+        }
+    }
+}
+
+/// Errors of the device's control interface.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// All channel slots are taken.
+    #[error("all {0} channels are in use; close a client or raise --max-channels")]
+    TooManyChannels(usize),
+    /// No open channel has that id.
+    #[error("no open channel {0}")]
+    NoSuchChannel(u32),
+    /// The record is outside the array.
+    #[error("range {start:#x}+{len:#x} is outside the {size}-byte array")]
+    OutOfRange {
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+        /// Array size.
+        size: u64,
+    },
+    /// The permission table rejected the update.
+    #[error("permission table: {0}")]
+    Table(#[from] TableError),
+    /// The device is shutting down or has stopped.
+    #[error("the device has stopped")]
+    Stopped,
+    /// A system call failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A system call failed.
+    #[error("{0}")]
+    Errno(#[from] rustix::io::Errno),
+    /// Invalid configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+type Ack = mpsc::SyncSender<Result<(), DeviceError>>;
+
+enum Control {
+    AddChannel {
+        id: u32,
+        mem: Box<ChannelMem>,
+        kick: OwnedFd,
+        ack: Ack,
+    },
+    RemoveChannel {
+        id: u32,
+        ack: Ack,
+    },
+    Table {
+        ops: Vec<TableOp>,
+        ack: Ack,
+    },
+    Shutdown {
+        ack: Ack,
+    },
+}
+
+/// Counters the poller publishes for `status`.
+#[derive(Default)]
+struct Shared {
+    commands: AtomicU64,
+    command_errors: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    flushes: AtomicU64,
+    permission_misses: AtomicU64,
+    permission_denials: AtomicU64,
+    error_overflows: AtomicU64,
+    retag_stalls: AtomicU64,
+    phys_in_use: AtomicU64,
+    table_used: AtomicU64,
+    table_merges: AtomicU64,
+    table_evictions: AtomicU64,
+    table_updates: AtomicU64,
+    poller_sleeps: AtomicU64,
+    poller_wakeups: AtomicU64,
+    parks: AtomicU64,
+    channels_open: AtomicU64,
+    channels_reclaimed: AtomicU64,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Local {
+    commands: u64,
+    command_errors: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    flushes: u64,
+    permission_misses: u64,
+    permission_denials: u64,
+    error_overflows: u64,
+}
+
+/// An opened channel, for the control server to hand to its client.
+pub struct OpenedChannel {
+    /// Channel id.
+    pub id: u32,
+    /// The channel memfd (sealed).
+    pub memfd: OwnedFd,
+    /// The client's end of the kick eventfd.
+    pub kick: OwnedFd,
+    /// Geometry to tell the client.
+    pub info: ChannelInfo,
+}
+
+/// The running device: its control interface. The poller thread holds the rest.
+pub struct Device {
+    tx: Mutex<mpsc::Sender<Control>>,
+    waker: OwnedFd,
+    shared: Arc<Shared>,
+    config: DeviceConfig,
+    array_size: u64,
+    persistent: bool,
+    free_ids: Mutex<Vec<u32>>,
+    started: Instant,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+const WAKER: u64 = u64::MAX;
+
+impl Device {
+    /// Starts the poller over `media` with `clock`.
+    pub fn start<M: Media, C: Clock>(
+        config: DeviceConfig,
+        media: M,
+        clock: C,
+    ) -> Result<Device, DeviceError> {
+        config.validate().map_err(DeviceError::Config)?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let waker = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        epoll::add(
+            &ep,
+            &waker,
+            epoll::EventData::new_u64(WAKER),
+            epoll::EventFlags::IN,
+        )?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let array_size = media.size();
+        let persistent = media.persistent();
+        let poller = Poller {
+            table: PermissionTable::new(config.table_entries, config.max_channels, config.merge),
+            retag: Retag::new(config.phys_tags),
+            sched: Scheduler::new(),
+            channels: (0..config.max_channels).map(|_| None).collect(),
+            active: Vec::new(),
+            media,
+            clock,
+            rx,
+            epoll: ep,
+            waker: waker.try_clone()?,
+            shared: shared.clone(),
+            fences: Vec::new(),
+            removals: Vec::new(),
+            shutdown: None,
+            local: Local::default(),
+            park_after_ns: config.park_after.as_nanos() as u64,
+            timing: config.timing,
+            idle_passes: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("moneta-poller".into())
+            .spawn(move || poller.run())?;
+        Ok(Device {
+            tx: Mutex::new(tx),
+            waker,
+            shared,
+            free_ids: Mutex::new((0..config.max_channels as u32).rev().collect()),
+            config,
+            array_size,
+            persistent,
+            started: Instant::now(),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// Bytes in the array.
+    pub fn array_size(&self) -> u64 {
+        self.array_size
+    }
+
+    fn call(&self, make: impl FnOnce(Ack) -> Control) -> Result<(), DeviceError> {
+        let (ack, done) = mpsc::sync_channel(1);
+        self.tx
+            .lock()
+            .expect("control sender lock")
+            .send(make(ack))
+            .map_err(|_| DeviceError::Stopped)?;
+        rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        done.recv().map_err(|_| DeviceError::Stopped)?
+    }
+
+    /// Creates a channel and starts polling it. Fails with [`DeviceError::TooManyChannels`]
+    /// when all slots are taken.
+    pub fn open_channel(&self) -> Result<OpenedChannel, DeviceError> {
+        let id = self
+            .free_ids
+            .lock()
+            .expect("id pool lock")
+            .pop()
+            .ok_or(DeviceError::TooManyChannels(self.config.max_channels))?;
+        let result = (|| {
+            let (mem, memfd) = ChannelMem::create(id, self.config.geometry, self.array_size)?;
+            let kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+            let client_kick = kick.try_clone()?;
+            self.call(|ack| Control::AddChannel {
+                id,
+                mem: Box::new(mem),
+                kick,
+                ack,
+            })?;
+            Ok(OpenedChannel {
+                id,
+                memfd,
+                kick: client_kick,
+                info: ChannelInfo {
+                    channel: id,
+                    tags: TAGS_PER_CHANNEL as u32,
+                    slice_size: self.config.geometry.slice_size as u32,
+                    dma_offset: moneta_abi::DMA_OFFSET as u64,
+                    dma_size: self.config.geometry.dma_size as u64,
+                    array_size: self.array_size,
+                    channel_size: moneta_abi::channel_size(self.config.geometry.dma_size) as u64,
+                },
+            })
+        })();
+        if result.is_err() {
+            self.free_ids.lock().expect("id pool lock").push(id);
+        }
+        result
+    }
+
+    /// Reclaims a channel: waits for its requests in flight, drops its waiting ones, removes its
+    /// permission records, unmaps it. The id may be reused afterwards.
+    pub fn close_channel(&self, id: u32) -> Result<(), DeviceError> {
+        self.call(|ack| Control::RemoveChannel { id, ack })?;
+        self.free_ids.lock().expect("id pool lock").push(id);
+        Ok(())
+    }
+
+    /// Applies permission-table updates in order. Returns once they are in force and, for
+    /// removals, once no request issued before them is still in flight.
+    pub fn update(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {
+        for op in &ops {
+            if let TableOp::Insert { start, len, .. } | TableOp::RemoveRange { start, len, .. } =
+                *op
+            {
+                if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                    return Err(DeviceError::OutOfRange {
+                        start,
+                        len,
+                        size: self.array_size,
+                    });
+                }
+            }
+        }
+        self.call(|ack| Control::Table { ops, ack })
+    }
+
+    /// Clean shutdown: intake stops, requests in flight finish, the array is flushed, the
+    /// poller exits.
+    pub fn shutdown(&self) -> Result<(), DeviceError> {
+        let r = self.call(|ack| Control::Shutdown { ack });
+        if let Some(t) = self.thread.lock().expect("thread lock").take() {
+            let _ = t.join();
+        }
+        r
+    }
+
+    /// A snapshot of the counters.
+    pub fn report(&self) -> StatusReport {
+        let s = &self.shared;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatusReport {
+            pid: std::process::id() as u64,
+            uptime_ns: self.started.elapsed().as_nanos() as u64,
+            array_size: self.array_size,
+            persistent: self.persistent as u64,
+            channels_open: g(&s.channels_open),
+            channels_max: self.config.max_channels as u64,
+            phys_tags: self.config.phys_tags as u64,
+            phys_tags_in_use: g(&s.phys_in_use),
+            retag_stalls: g(&s.retag_stalls),
+            table_capacity: self.config.table_entries as u64,
+            table_used: g(&s.table_used),
+            table_merges: g(&s.table_merges),
+            table_evictions: g(&s.table_evictions),
+            permission_misses: g(&s.permission_misses),
+            permission_denials: g(&s.permission_denials),
+            commands: g(&s.commands),
+            command_errors: g(&s.command_errors),
+            bytes_read: g(&s.bytes_read),
+            bytes_written: g(&s.bytes_written),
+            flushes: g(&s.flushes),
+            error_overflows: g(&s.error_overflows),
+            poller_sleeps: g(&s.poller_sleeps),
+            poller_wakeups: g(&s.poller_wakeups),
+            parks: g(&s.parks),
+            table_updates: g(&s.table_updates),
+            channels_reclaimed: g(&s.channels_reclaimed),
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.thread.lock().map(|t| t.is_some()).unwrap_or(false) {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+struct Chan {
+    mem: Box<ChannelMem>,
+    kick: OwnedFd,
+    /// Tags taken from the doorbell and not yet completed.
+    in_flight: u64,
+    last_active: u64,
+    parked: bool,
+    closing: bool,
+}
+
+struct Pending {
+    channel: u32,
+    tag: u8,
+    cmd: Decoded,
+    t0: u64,
+}
+
+struct Issued {
+    channel: u32,
+    tag: u8,
+    phys: u16,
+    cmd: Decoded,
+    t0: u64,
+    status: Status,
+}
+
+struct Poller<M, C> {
+    media: M,
+    clock: C,
+    table: PermissionTable,
+    retag: Retag<Pending>,
+    sched: Scheduler<Issued>,
+    channels: Vec<Option<Chan>>,
+    active: Vec<u32>,
+    rx: mpsc::Receiver<Control>,
+    epoll: OwnedFd,
+    waker: OwnedFd,
+    shared: Arc<Shared>,
+    fences: Vec<(u64, Ack)>,
+    removals: Vec<(u32, Ack)>,
+    shutdown: Option<Ack>,
+    local: Local,
+    park_after_ns: u64,
+    timing: Timing,
+    idle_passes: u64,
+}
+
+/// How many passes a busy poller makes between looks at the kick eventfds of parked channels.
+const KICK_CHECK_PASSES: u64 = 256;
+
+impl<M: Media, C: Clock> Poller<M, C> {
+    fn run(mut self) {
+        let mut passes: u64 = 0;
+        loop {
+            let now = self.clock.now_ns();
+            let mut busy = self.apply_controls(now);
+            if self.shutdown.is_none() {
+                busy |= self.intake(now);
+            }
+            busy |= self.dispatch(now);
+            busy |= self.complete(self.clock.now_ns());
+            self.settle_fences();
+            passes = passes.wrapping_add(1);
+            if busy {
+                self.publish();
+            }
+            if self.shutdown.is_some() && self.retag.waiting() == 0 && self.sched.is_empty() {
+                self.finish_shutdown();
+                return;
+            }
+            if busy {
+                if passes % KICK_CHECK_PASSES == 0 {
+                    self.poll_kicks(Some(Duration::ZERO), now);
+                }
+                continue;
+            }
+            self.idle(now);
+        }
+    }
+
+    fn publish(&mut self) {
+        let s = &self.shared;
+        let l = self.local;
+        s.commands.store(l.commands, Ordering::Relaxed);
+        s.command_errors.store(l.command_errors, Ordering::Relaxed);
+        s.bytes_read.store(l.bytes_read, Ordering::Relaxed);
+        s.bytes_written.store(l.bytes_written, Ordering::Relaxed);
+        s.flushes.store(l.flushes, Ordering::Relaxed);
+        s.permission_misses.store(l.permission_misses, Ordering::Relaxed);
+        s.permission_denials.store(l.permission_denials, Ordering::Relaxed);
+        s.error_overflows.store(l.error_overflows, Ordering::Relaxed);
+        s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
+        s.phys_in_use.store(self.retag.in_use() as u64, Ordering::Relaxed);
+        let t = self.table.counters();
+        s.table_used.store(t.used, Ordering::Relaxed);
+        s.table_merges.store(t.merges, Ordering::Relaxed);
+        s.table_evictions.store(t.evictions, Ordering::Relaxed);
+    }
+
+    // ---- control updates -------------------------------------------------------------------
+
+    fn apply_controls(&mut self, now: u64) -> bool {
+        let mut any = false;
+        while let Ok(c) = self.rx.try_recv() {
+            any = true;
+            match c {
+                Control::AddChannel { id, mem, kick, ack } => {
+                    let r = self.add_channel(id, mem, kick, now);
+                    let _ = ack.send(r);
+                }
+                Control::RemoveChannel { id, ack } => self.remove_channel(id, ack),
+                Control::Table { ops, ack } => self.apply_table(ops, ack),
+                Control::Shutdown { ack } => self.shutdown = Some(ack),
+            }
+        }
+        if any {
+            self.publish();
+        }
+        any
+    }
+
+    fn add_channel(
+        &mut self,
+        id: u32,
+        mem: Box<ChannelMem>,
+        kick: OwnedFd,
+        now: u64,
+    ) -> Result<(), DeviceError> {
+        if self.shutdown.is_some() {
+            return Err(DeviceError::Stopped);
+        }
+        let slot = self
+            .channels
+            .get_mut(id as usize)
+            .ok_or(DeviceError::NoSuchChannel(id))?;
+        epoll::add(
+            &self.epoll,
+            &kick,
+            epoll::EventData::new_u64(u64::from(id)),
+            epoll::EventFlags::IN,
+        )?;
+        *slot = Some(Chan {
+            mem,
+            kick,
+            in_flight: 0,
+            last_active: now,
+            parked: false,
+            closing: false,
+        });
+        self.active.push(id);
+        self.shared.channels_open.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn open_chan(&self, id: u32) -> Option<&Chan> {
+        self.channels
+            .get(id as usize)
+            .and_then(|c| c.as_ref())
+            .filter(|c| !c.closing)
+    }
+
+    fn remove_channel(&mut self, id: u32, ack: Ack) {
+        let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+            let _ = ack.send(Err(DeviceError::NoSuchChannel(id)));
+            return;
+        };
+        ch.closing = true;
+        self.active.retain(|&a| a != id);
+        let mut aborted = Vec::new();
+        self.retag
+            .drain_waiting(|p| p.channel == id, |p| aborted.push(p));
+        for p in aborted {
+            self.publish_completion(p.channel, p.tag, p.cmd.completion, Status::Aborted, &p.cmd, 0, p.t0);
+            if let Some(c) = self.channels[id as usize].as_mut() {
+                c.in_flight &= !(1u64 << p.tag);
+            }
+        }
+        let _ = self.table.remove_channel(id);
+        self.removals.push((id, ack));
+        self.settle_fences();
+    }
+
+    fn apply_table(&mut self, ops: Vec<TableOp>, ack: Ack) {
+        let mut removal = false;
+        for op in &ops {
+            let ch = op.channel();
+            if self.open_chan(ch).is_none() {
+                let _ = ack.send(Err(DeviceError::NoSuchChannel(ch)));
+                return;
+            }
+        }
+        for op in ops {
+            let r = match op {
+                TableOp::Insert {
+                    channel,
+                    start,
+                    len,
+                    rights,
+                    file,
+                } => self.table.insert(channel, start, len, rights, file),
+                TableOp::RemoveRange {
+                    channel,
+                    start,
+                    len,
+                } => {
+                    removal = true;
+                    self.table.remove_range(channel, start, len)
+                }
+                TableOp::RemoveFile { channel, file } => {
+                    removal = true;
+                    self.table.remove_file(channel, file).map(|_| Default::default())
+                }
+            };
+            match r {
+                Ok(ev) => {
+                    for victim in ev.channels {
+                        if let Some(Some(c)) = self.channels.get(victim as usize) {
+                            c.mem.header().evictions.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = ack.send(Err(e.into()));
+                    return;
+                }
+            }
+        }
+        self.shared.table_updates.fetch_add(1, Ordering::Relaxed);
+        if removal {
+            // Revocation before reuse: answer once nothing issued before now is in flight.
+            self.fences.push((self.sched.fence(), ack));
+            self.settle_fences();
+        } else {
+            let _ = ack.send(Ok(()));
+        }
+    }
+
+    fn settle_fences(&mut self) {
+        if !self.fences.is_empty() {
+            let sched = &self.sched;
+            self.fences.retain(|(fence, ack)| {
+                if sched.passed(*fence) {
+                    let _ = ack.send(Ok(()));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        if !self.removals.is_empty() {
+            let mut i = 0;
+            while i < self.removals.len() {
+                let id = self.removals[i].0;
+                if self.sched.any(|r| r.channel == id) {
+                    i += 1;
+                    continue;
+                }
+                let (id, ack) = self.removals.swap_remove(i);
+                if let Some(ch) = self.channels[id as usize].take() {
+                    let _ = epoll::delete(&self.epoll, &ch.kick);
+                }
+                self.shared.channels_open.fetch_sub(1, Ordering::Relaxed);
+                self.shared.channels_reclaimed.fetch_add(1, Ordering::Relaxed);
+                let _ = ack.send(Ok(()));
+            }
+        }
+    }
+
+    fn finish_shutdown(&mut self) {
+        let _ = self.media.flush(0, self.media.size());
+        self.publish();
+        for (_, ack) in self.fences.drain(..) {
+            let _ = ack.send(Ok(()));
+        }
+        for (_, ack) in self.removals.drain(..) {
+            let _ = ack.send(Ok(()));
+        }
+        // Refuse anything still queued, then answer the shutdown itself.
+        while let Ok(c) = self.rx.try_recv() {
+            match c {
+                Control::AddChannel { ack, .. }
+                | Control::RemoveChannel { ack, .. }
+                | Control::Table { ack, .. }
+                | Control::Shutdown { ack } => {
+                    let _ = ack.send(Err(DeviceError::Stopped));
+                }
+            }
+        }
+        if let Some(ack) = self.shutdown.take() {
+            let _ = ack.send(Ok(()));
+        }
+    }
+
+    // ---- the data path ---------------------------------------------------------------------
+
+    /// Takes new commands from the doorbells of the active channels.
+    fn intake(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        for i in 0..self.active.len() {
+            let id = self.active[i];
+            let Some(ch) = self.channels[id as usize].as_mut() else {
+                continue;
+            };
+            let h = ch.mem.header();
+            if h.doorbell.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = h.doorbell.swap(0, Ordering::Acquire);
+            busy = true;
+            ch.last_active = now;
+            while bits != 0 {
+                let tag = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                self.take_command(id, tag, now);
+            }
+        }
+        busy
+    }
+
+    fn take_command(&mut self, id: u32, tag: usize, now: u64) {
+        let ch = self.channels[id as usize].as_mut().expect("active channel");
+        let bit = 1u64 << tag;
+        let slot = ch.mem.slot(tag);
+        // Copy the command out once; nothing below reads the slot again.
+        let mut words = [0u64; 8];
+        for (w, a) in words.iter_mut().zip(slot.command.words.iter()) {
+            *w = a.load(Ordering::Relaxed);
+        }
+        if ch.in_flight & bit != 0 {
+            // The tag's status belongs to the earlier command: report in the error queue only.
+            let rec = ErrorRecord {
+                channel: id,
+                tag: tag as u16,
+                opcode: words[0] as u16,
+                status: Status::TagBusy as u32,
+                cookie: words[3],
+                addr: words[1],
+            };
+            self.local.command_errors += 1;
+            if !ch.mem.push_error(&rec) {
+                self.local.error_overflows += 1;
+            }
+            return;
+        }
+        let geometry = ch.mem.geometry();
+        let array_size = self.media.size();
+        let cmd = match decode(&words) {
+            Ok(cmd) => cmd,
+            Err(e) => {
+                let d = Decoded {
+                    opcode: moneta_abi::Opcode::from_u16(words[0] as u16),
+                    completion: e.completion,
+                    addr: words[1],
+                    len: words[2],
+                    cookie: e.cookie,
+                };
+                self.publish_completion(id, tag as u8, e.completion, e.status, &d, 0, now);
+                return;
+            }
+        };
+        let limit = match cmd.opcode {
+            Opcode::Read | Opcode::Write => {
+                let dma_start = (tag * geometry.slice_size) as u64;
+                if dma_start
+                    .checked_add(cmd.len)
+                    .is_none_or(|e| e > geometry.dma_size as u64)
+                {
+                    Err(Status::BadDma)
+                } else if cmd.addr.checked_add(cmd.len).is_none_or(|e| e > array_size) {
+                    Err(Status::OutOfRange)
+                } else {
+                    Ok(())
+                }
+            }
+            Opcode::Flush if cmd.addr.checked_add(cmd.len).is_none_or(|e| e > array_size) => {
+                Err(Status::OutOfRange)
+            }
+            _ => Ok(()),
+        };
+        if let Err(status) = limit {
+            self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
+            return;
+        }
+        ch.in_flight |= bit;
+        self.retag.enqueue(Pending {
+            channel: id,
+            tag: tag as u8,
+            cmd,
+            t0: now,
+        });
+    }
+
+    /// Gives waiting requests physical tags, checks permission, moves data, schedules.
+    fn dispatch(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        while let Some((phys, p)) = self.retag.next() {
+            busy = true;
+            let ch = self.channels[p.channel as usize]
+                .as_ref()
+                .expect("waiting requests of a removed channel are dropped");
+            let cmd = p.cmd;
+            let need = match cmd.opcode {
+                Opcode::Read => READ,
+                Opcode::Write => WRITE,
+                _ => 0,
+            };
+            let checked = match cmd.opcode {
+                Opcode::Read | Opcode::Write => {
+                    self.table.check(p.channel, cmd.addr, cmd.len, need)
+                }
+                Opcode::Flush if cmd.len > 0 => self.table.check(p.channel, cmd.addr, cmd.len, 0),
+                _ => Ok(()),
+            };
+            let status = match checked {
+                Ok(()) => {
+                    let dma_off = u64::from(p.tag) * ch.mem.geometry().slice_size as u64;
+                    match cmd.opcode {
+                        Opcode::Read => {
+                            let dst = ch.mem.dma(dma_off, cmd.len).expect("validated at intake");
+                            // SAFETY: `dst` spans `len` bytes inside the sealed channel mapping
+                            // and the array range was bounds-checked at intake.
+                            unsafe { self.media.read(cmd.addr, dst, cmd.len as usize) };
+                            self.local.bytes_read += cmd.len;
+                        }
+                        Opcode::Write => {
+                            let src = ch.mem.dma(dma_off, cmd.len).expect("validated at intake");
+                            // SAFETY: as for reads; the client may change the buffer while we
+                            // copy, which only changes what it writes to its own range.
+                            unsafe { self.media.write(cmd.addr, src, cmd.len as usize) };
+                            self.local.bytes_written += cmd.len;
+                        }
+                        _ => {}
+                    }
+                    Status::Ok
+                }
+                Err(s) => s,
+            };
+            let mut ready = now
+                + match (status, cmd.opcode) {
+                    (Status::Ok, Opcode::Read) => self.timing.read_ns,
+                    (Status::Ok, Opcode::Write) => self.timing.write_ns,
+                    _ => 0,
+                };
+            if cmd.opcode == Opcode::Flush {
+                // A barrier completes after every earlier request of its channel.
+                let latest = self.sched.latest_for(|r| r.channel == p.channel);
+                ready = ready.max(latest.unwrap_or(0));
+            }
+            self.sched.issue(
+                ready,
+                Issued {
+                    channel: p.channel,
+                    tag: p.tag,
+                    phys,
+                    cmd,
+                    t0: p.t0,
+                    status,
+                },
+            );
+        }
+        busy
+    }
+
+    /// Publishes completions the scheduler says are due.
+    fn complete(&mut self, now: u64) -> bool {
+        let mut done = Vec::new();
+        if self.sched.complete_ready(now, |r| done.push(r)) == 0 {
+            return false;
+        }
+        for r in done {
+            let mut status = r.status;
+            if status == Status::Ok && r.cmd.opcode == Opcode::Flush {
+                self.local.flushes += 1;
+                if r.cmd.len > 0 && self.media.flush(r.cmd.addr, r.cmd.len).is_err() {
+                    status = Status::MediaError;
+                }
+            }
+            let bytes = match (status, r.cmd.opcode) {
+                (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
+                _ => 0,
+            };
+            self.retag.release(r.phys);
+            if let Some(ch) = self.channels[r.channel as usize].as_mut() {
+                ch.in_flight &= !(1u64 << r.tag);
+            }
+            self.publish_completion(r.channel, r.tag, r.cmd.completion, status, &r.cmd, bytes, r.t0);
+        }
+        true
+    }
+
+    /// Writes a completion the way the command asked (Moneta-D §4.4).
+    #[allow(clippy::too_many_arguments)]
+    fn publish_completion(
+        &mut self,
+        id: u32,
+        tag: u8,
+        mode: Completion,
+        status: Status,
+        cmd: &Decoded,
+        bytes: u64,
+        t0: u64,
+    ) {
+        self.local.commands += 1;
+        match status {
+            Status::Ok => {}
+            Status::PermissionMiss => self.local.permission_misses += 1,
+            Status::PermissionDenied => self.local.permission_denials += 1,
+            _ => {}
+        }
+        if status != Status::Ok {
+            self.local.command_errors += 1;
+        }
+        let device_ns = self.clock.now_ns().saturating_sub(t0);
+        let Some(ch) = self.channels[id as usize].as_ref() else {
+            return;
+        };
+        let st = &ch.mem.slot(tag as usize).status;
+        st.result.store(status as u32, Ordering::Relaxed);
+        st.bytes.store(bytes, Ordering::Relaxed);
+        st.cookie.store(cmd.cookie, Ordering::Relaxed);
+        st.device_ns.store(device_ns, Ordering::Relaxed);
+        let h = ch.mem.header();
+        if status != Status::Ok && mode != Completion::Dma {
+            let rec = ErrorRecord {
+                channel: id,
+                tag: u16::from(tag),
+                opcode: cmd.opcode.to_u16(),
+                status: status as u32,
+                cookie: cmd.cookie,
+                addr: cmd.addr,
+            };
+            if !ch.mem.push_error(&rec) {
+                self.local.error_overflows += 1;
+            }
+        }
+        match mode {
+            Completion::Dma => st.state.store(TAG_DONE, Ordering::Release),
+            Completion::Forward => {
+                h.tag_status_register
+                    .fetch_or(1u64 << tag, Ordering::Release);
+                h.completion_count.fetch_add(1, Ordering::Release);
+            }
+            Completion::Sleep => {
+                st.state.store(TAG_DONE, Ordering::SeqCst);
+                // Pairs with the client's store of `waiter` before it re-reads `state` and
+                // sleeps: either it sees DONE or we see its flag.
+                if st.waiter.load(Ordering::SeqCst) != 0 {
+                    let _ = rustix::thread::futex::wake(
+                        &st.state,
+                        rustix::thread::futex::Flags::empty(),
+                        u32::MAX,
+                    );
+                }
+            }
+        }
+    }
+
+    // ---- idling ----------------------------------------------------------------------------
+
+    fn idle(&mut self, now: u64) {
+        // Park channels that have been quiet long enough.
+        let park_after = self.park_after_ns;
+        let mut i = 0;
+        while i < self.active.len() {
+            let id = self.active[i];
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
+            if ch.in_flight == 0 && now.saturating_sub(ch.last_active) >= park_after {
+                let h = ch.mem.header();
+                h.parked.store(PARKED, Ordering::SeqCst);
+                // Pairs with the client's doorbell write before it reads `parked`.
+                if h.doorbell.load(Ordering::SeqCst) != 0 {
+                    h.parked.store(POLLING, Ordering::SeqCst);
+                    i += 1;
+                    continue;
+                }
+                ch.parked = true;
+                self.shared.parks.fetch_add(1, Ordering::Relaxed);
+                self.active.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        let quiet = self.active.is_empty()
+            && self.retag.waiting() == 0
+            && self.fences.is_empty()
+            && self.removals.is_empty()
+            && self.shutdown.is_none();
+        if quiet {
+            let timeout = self
+                .sched
+                .next_ready()
+                .map(|t| Duration::from_nanos(t.saturating_sub(now)));
+            self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
+            self.publish();
+            self.poll_kicks(timeout, now);
+            self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.idle_passes = self.idle_passes.wrapping_add(1);
+            if self.idle_passes % KICK_CHECK_PASSES == 0 {
+                self.poll_kicks(Some(Duration::ZERO), now);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for kicks of parked channels or the control
+    /// waker, and brings kicked channels back into the active set.
+    fn poll_kicks(&mut self, timeout: Option<Duration>, now: u64) {
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        });
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        let Ok((events, _)) = epoll::wait(&self.epoll, &mut space, ts.as_ref()) else {
+            return;
+        };
+        let keys: Vec<u64> = events.iter().map(|ev| ev.data.u64()).collect();
+        let mut buf = [0u8; 8];
+        for key in keys {
+            if key == WAKER {
+                let _ = rustix::io::read(&self.waker, &mut buf);
+                continue;
+            }
+            let id = key as u32;
+            let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+                continue;
+            };
+            let _ = rustix::io::read(ch.kick.as_fd(), &mut buf);
+            if ch.parked && !ch.closing {
+                ch.parked = false;
+                ch.last_active = now;
+                ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+                self.active.push(id);
+            }
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The media: the bytes of the NVM array.
+//!
+//! [`MappedArray`] maps a backing file `MAP_SHARED` (persistent: every completed write is in the
+//! page cache of the file, so it survives the death of `monetad`; `flush` makes a range durable
+//! against a crash of the machine) or a memfd (volatile). The array's file descriptor never
+//! leaves the daemon.
+//!
+//! Array addresses are what permission records and commands name; the media location of an
+//! address is the same number today. Wear leveling will remap between the two behind this
+//! trait.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// Errors opening or creating the array.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// The backing file could not be opened or created.
+    #[error("cannot open backing file {path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The backing file does not exist and no size was given to create it.
+    #[error("backing file {0} does not exist; give a size to create it")]
+    NoSize(PathBuf),
+    /// The backing file exists with another size than asked for.
+    #[error("backing file {path} holds {actual} bytes, not the {wanted} asked for; omit the size to use the file as it is")]
+    SizeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        actual: u64,
+        /// The size asked for.
+        wanted: u64,
+    },
+    /// Zero, or too large to map.
+    #[error("invalid array size {0}: must be between 4 KiB and 2^46 bytes and a multiple of 4 KiB")]
+    BadSize(u64),
+    /// Another daemon holds the backing file.
+    #[error("backing file {0} is in use by another monetad")]
+    Busy(PathBuf),
+    /// Mapping or sizing failed.
+    #[error("cannot map the array: {0}")]
+    Map(io::Error),
+}
+
+/// The bytes of the array, as the engine sees them.
+///
+/// Implementations are used by one thread at a time for data movement; `flush` may run on
+/// another thread.
+pub trait Media: Send + Sync + 'static {
+    /// Bytes in the array.
+    fn size(&self) -> u64;
+
+    /// Whether the contents survive the daemon (a file) or not (a memfd).
+    fn persistent(&self) -> bool;
+
+    /// Copies `len` bytes at array address `addr` to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes; `addr + len <= self.size()`.
+    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize);
+
+    /// Copies `len` bytes from `src` to array address `addr`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes; `addr + len <= self.size()`.
+    unsafe fn write(&self, addr: u64, src: *const u8, len: usize);
+
+    /// Makes `[addr, addr+len)` durable on the backing store (no-op for volatile media).
+    fn flush(&self, addr: u64, len: u64) -> io::Result<()>;
+}
+
+/// The array mapped from a backing file or a memfd.
+pub struct MappedArray {
+    map: MmapRaw,
+    size: u64,
+    persistent: bool,
+    _file: File,
+}
+
+/// Largest array we accept: 64 TiB.
+pub const MAX_ARRAY_SIZE: u64 = 1 << 46;
+
+fn check_size(size: u64) -> Result<(), MediaError> {
+    if size < 4096 || size > MAX_ARRAY_SIZE || size % 4096 != 0 {
+        return Err(MediaError::BadSize(size));
+    }
+    Ok(())
+}
+
+impl MappedArray {
+    /// Opens the backing file at `path`, creating it with `size` bytes (sparse) if it does not
+    /// exist. With `size` given, an existing file must have that size. The file is locked
+    /// (`flock`) so two daemons never serve one array.
+    pub fn open_file(path: &Path, size: Option<u64>) -> Result<Self, MediaError> {
+        let err = |source| MediaError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let exists = path.exists();
+        if !exists && size.is_none() {
+            return Err(MediaError::NoSize(path.to_owned()));
+        }
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(err)?;
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(err)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| MediaError::Busy(path.to_owned()))?;
+        let actual = file.metadata().map_err(err)?.len();
+        let size = match (exists, size) {
+            (true, Some(wanted)) if actual != wanted => {
+                return Err(MediaError::SizeMismatch {
+                    path: path.to_owned(),
+                    actual,
+                    wanted,
+                })
+            }
+            (true, _) => actual,
+            (false, Some(s)) => s,
+            (false, None) => unreachable!("checked above"),
+        };
+        check_size(size)?;
+        if !exists {
+            file.set_len(size).map_err(MediaError::Map)?;
+        }
+        Self::map(file, size, true)
+    }
+
+    /// A volatile array of `size` bytes in a memfd.
+    pub fn volatile(size: u64) -> Result<Self, MediaError> {
+        check_size(size)?;
+        let fd = rustix::fs::memfd_create("moneta-array", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| MediaError::Map(e.into()))?;
+        let file = File::from(fd);
+        file.set_len(size).map_err(MediaError::Map)?;
+        Self::map(file, size, false)
+    }
+
+    fn map(file: File, size: u64, persistent: bool) -> Result<Self, MediaError> {
+        let len = usize::try_from(size).map_err(|_| MediaError::BadSize(size))?;
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw(&file)
+            .map_err(MediaError::Map)?;
+        Ok(Self {
+            map,
+            size,
+            persistent,
+            _file: file,
+        })
+    }
+
+    fn ptr(&self, addr: u64, len: usize) -> *mut u8 {
+        assert!(
+            addr.checked_add(len as u64).is_some_and(|end| end <= self.size),
+            "media access out of range"
+        );
+        // SAFETY: addr + len <= size, checked above, and the mapping is `size` bytes long.
+        unsafe { self.map.as_mut_ptr().add(addr as usize) }
+    }
+}
+
+impl Media for MappedArray {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn persistent(&self) -> bool {
+        self.persistent
+    }
+
+    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
+        let src = self.ptr(addr, len);
+        // SAFETY: `src` is in bounds of the mapping (checked by `ptr`), `dst` is valid for `len`
+        // bytes (the caller's contract), and the array mapping never overlaps a channel mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
+    unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
+        let dst = self.ptr(addr, len);
+        // SAFETY: as in `read`, with the roles of the two ranges swapped.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
+    fn flush(&self, addr: u64, len: u64) -> io::Result<()> {
+        if !self.persistent || len == 0 {
+            return Ok(());
+        }
+        let end = addr.saturating_add(len).min(self.size);
+        if addr >= end {
+            return Ok(());
+        }
+        self.map.flush_range(addr as usize, (end - addr) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_array_persists_and_checks_size() {
+        let dir = std::env::temp_dir().join(format!("moneta-media-{}", std::process::id()));
+        let path = dir.join("a.img");
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(MappedArray::open_file(&path, None), Err(MediaError::NoSize(_))));
+        {
+            let a = MappedArray::open_file(&path, Some(1 << 20)).unwrap();
+            assert!(matches!(
+                MappedArray::open_file(&path, None),
+                Err(MediaError::Busy(_))
+            ));
+            let data = b"persistent bytes";
+            // SAFETY: `data` is valid for its length and the range is inside the array.
+            unsafe { a.write(4000, data.as_ptr(), data.len()) };
+            a.flush(4000, data.len() as u64).unwrap();
+        }
+        let a = MappedArray::open_file(&path, None).unwrap();
+        assert_eq!(a.size(), 1 << 20);
+        let mut buf = [0u8; 16];
+        // SAFETY: `buf` is valid for 16 bytes and the range is inside the array.
+        unsafe { a.read(4000, buf.as_mut_ptr(), 16) };
+        assert_eq!(&buf, b"persistent bytes");
+        drop(a);
+        assert!(matches!(
+            MappedArray::open_file(&path, Some(2 << 20)),
+            Err(MediaError::SizeMismatch { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn volatile_array_rejects_bad_sizes() {
+        assert!(MappedArray::volatile(0).is_err());
+        assert!(MappedArray::volatile(5000).is_err());
+        let a = MappedArray::volatile(8192).unwrap();
+        assert!(!a.persistent());
+        let mut b = [1u8; 8];
+        // SAFETY: `b` is valid for 8 bytes and the range is inside the array.
+        unsafe { a.read(8184, b.as_mut_ptr(), 8) };
+        assert_eq!(b, [0; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn out_of_range_access_panics() {
+        let a = MappedArray::volatile(4096).unwrap();
+        let mut b = [0u8; 8];
+        // SAFETY: `b` is valid for 8 bytes; the range is deliberately outside the array and
+        // the bounds assertion must fire before any copy.
+        unsafe { a.read(4092, b.as_mut_ptr(), 8) };
+    }
+}
