@@ -1,1 +1,85 @@
-//! libmoneta
+//! libmoneta: the untrusted user-space driver of the Moneta device (Moneta-D §2.2, §4).
+//!
+//! This crate holds the client core: the control connection to `monetad` ([`Control`]) and the
+//! channel driver ([`Channel`]) that submits raw commands through shared memory and waits for
+//! their completion without entering the kernel.
+//!
+//! ```no_run
+//! use libmoneta::{Channel, paths};
+//! use moneta_abi::Completion;
+//!
+//! let ch = Channel::open(&paths::default_socket())?;
+//! let mut buf = [0u8; 512];
+//! ch.read(0, &mut buf, Completion::Dma)?; // needs a record covering [0, 512)
+//! # Ok::<(), libmoneta::ClientError>(())
+//! ```
+
+pub mod channel;
+pub mod control;
+pub mod paths;
+
+use std::path::PathBuf;
+
+pub use channel::{Channel, Completed, Tag};
+pub use control::Control;
+pub use moneta_abi;
+
+/// Errors of the client core.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No daemon answers at the socket.
+    #[error("monetad is not running at {socket} ({source}); start it with `moneta start`")]
+    NotRunning {
+        /// The socket path tried.
+        socket: PathBuf,
+        /// Why the connection failed.
+        source: std::io::Error,
+    },
+    /// The daemon refused the request.
+    #[error("monetad refused: {message} (errno {errno})")]
+    Refused {
+        /// Positive errno.
+        errno: i32,
+        /// The daemon's reason.
+        message: String,
+    },
+    /// The daemon's reply was malformed.
+    #[error("control protocol error: {0}")]
+    Protocol(moneta_abi::control::Error),
+    /// The channel the daemon sent does not look like one.
+    #[error("bad channel: {0}")]
+    BadChannel(String),
+    /// The daemon closed the connection or died.
+    #[error("monetad went away")]
+    DeviceGone,
+    /// The daemon did not answer in time.
+    #[error("monetad did not answer in time")]
+    Timeout,
+    /// A command completed with an error status.
+    #[error("device status: {}", .0.name())]
+    Status(moneta_abi::Status),
+    /// A system call failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rustix::io::Errno> for ClientError {
+    fn from(e: rustix::io::Errno) -> Self {
+        ClientError::Io(e.into())
+    }
+}
+
+impl ClientError {
+    /// The errno a POSIX caller should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ClientError::NotRunning { .. } => 107, // ENOTCONN
+            ClientError::Refused { errno, .. } => *errno,
+            ClientError::Protocol(_) | ClientError::BadChannel(_) => 71, // EPROTO
+            ClientError::DeviceGone => 5,                                // EIO
+            ClientError::Timeout => 110,                                 // ETIMEDOUT
+            ClientError::Status(s) => s.errno(),
+            ClientError::Io(e) => e.raw_os_error().unwrap_or(5),
+        }
+    }
+}

@@ -219,10 +219,21 @@ mod tests {
         assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
         let w = cmd(Opcode::Unsupported(99), 512).to_words();
         let e = decode(&w).unwrap_err();
-        assert_eq!((e.status, e.completion, e.cookie), (Status::Malformed, Completion::Sleep, 77));
-        assert_eq!(decode(&cmd(Opcode::Write, 0).to_words()).unwrap_err().status, Status::Malformed);
+        assert_eq!(
+            (e.status, e.completion, e.cookie),
+            (Status::Malformed, Completion::Sleep, 77)
+        );
+        assert_eq!(
+            decode(&cmd(Opcode::Write, 0).to_words())
+                .unwrap_err()
+                .status,
+            Status::Malformed
+        );
         let mut nop = cmd(Opcode::Nop, 0);
-        assert_eq!(decode(&nop.to_words()).unwrap_err().status, Status::Malformed);
+        assert_eq!(
+            decode(&nop.to_words()).unwrap_err().status,
+            Status::Malformed
+        );
         nop.addr = 0;
         assert!(decode(&nop.to_words()).is_ok());
     }

@@ -100,7 +100,6 @@ impl core::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-
 /// A grant of one permission record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -340,13 +339,19 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
     fn u32(&mut self) -> Result<u32, Error> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn i32(&mut self) -> Result<i32, Error> {
-        Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, Error> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn zero32(&mut self, name: &'static str) -> Result<(), Error> {
         if self.u32()? != 0 {
@@ -408,7 +413,11 @@ pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
             w.u32(*abi_version).u32(0);
         }
         Request::Grant(g) => {
-            w.u32(g.channel).u32(g.rights).u64(g.start).u64(g.len).u64(g.file);
+            w.u32(g.channel)
+                .u32(g.rights)
+                .u64(g.start)
+                .u64(g.len)
+                .u64(g.file);
         }
         Request::Revoke {
             channel,
@@ -504,7 +513,10 @@ pub fn encode_reply(op: u16, seq: u32, result: &Result<ReplyBody, Failure>) -> V
                 ReplyBody::Empty => {}
                 ReplyBody::Channel(c) => {
                     w.u32(c.channel).u32(c.tags).u32(c.slice_size).u32(0);
-                    w.u64(c.dma_offset).u64(c.dma_size).u64(c.array_size).u64(c.channel_size);
+                    w.u64(c.dma_offset)
+                        .u64(c.dma_size)
+                        .u64(c.array_size)
+                        .u64(c.channel_size);
                 }
                 ReplyBody::Status(s) => {
                     let v = s.values();
@@ -562,9 +574,7 @@ pub fn decode_reply(bytes: &[u8], expect_op: u16) -> Result<Reply, Error> {
             for _ in 0..count {
                 v.push(r.u64()?);
             }
-            ReplyBody::Status(
-                StatusReport::from_values(&v).ok_or(Error::BadField("status count"))?,
-            )
+            ReplyBody::Status(StatusReport::from_values(&v).ok_or(Error::BadField("status count"))?)
         }
         _ => ReplyBody::Empty,
     };

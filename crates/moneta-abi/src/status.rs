@@ -68,11 +68,11 @@ impl Status {
         match self {
             Status::Ok => 0,
             Status::Malformed | Status::BadDma => 22, // EINVAL
-            Status::OutOfRange => 6,                   // ENXIO
+            Status::OutOfRange => 6,                  // ENXIO
             Status::PermissionMiss | Status::PermissionDenied => 13, // EACCES
-            Status::TagBusy => 16,                     // EBUSY
-            Status::MediaError => 5,                   // EIO
-            Status::Aborted => 125,                    // ECANCELED
+            Status::TagBusy => 16,                    // EBUSY
+            Status::MediaError => 5,                  // EIO
+            Status::Aborted => 125,                   // ECANCELED
         }
     }
 }

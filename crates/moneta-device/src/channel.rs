@@ -93,11 +93,14 @@ impl ChannelMem {
         h.abi_version.store(ABI_VERSION, Ordering::Relaxed);
         h.channel_id.store(id, Ordering::Relaxed);
         h.tags.store(TAGS_PER_CHANNEL as u32, Ordering::Relaxed);
-        h.slice_size.store(geometry.slice_size as u32, Ordering::Relaxed);
+        h.slice_size
+            .store(geometry.slice_size as u32, Ordering::Relaxed);
         h.dma_offset.store(DMA_OFFSET as u64, Ordering::Relaxed);
-        h.dma_size.store(geometry.dma_size as u64, Ordering::Relaxed);
+        h.dma_size
+            .store(geometry.dma_size as u64, Ordering::Relaxed);
         h.array_size.store(array_size, Ordering::Relaxed);
-        h.error_queue_len.store(ERROR_QUEUE_LEN as u32, Ordering::Relaxed);
+        h.error_queue_len
+            .store(ERROR_QUEUE_LEN as u32, Ordering::Relaxed);
         h.total_size.store(size as u64, Ordering::Relaxed);
         h.parked.store(POLLING, Ordering::Relaxed);
         h.magic.store(CHANNEL_MAGIC, Ordering::Release);
@@ -123,7 +126,13 @@ impl ChannelMem {
     pub fn slot(&self, tag: usize) -> &TagSlot {
         assert!(tag < TAGS_PER_CHANNEL);
         // SAFETY: in bounds (layout asserted in moneta-abi), aligned to 128 bytes, atomics only.
-        unsafe { &*self.base.as_ptr().add(tag_slot_offset(tag)).cast::<TagSlot>() }
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(tag_slot_offset(tag))
+                .cast::<TagSlot>()
+        }
     }
 
     /// Pushes an entry onto the channel's error queue; returns false (and counts an overflow)
@@ -139,7 +148,13 @@ impl ChannelMem {
         }
         let idx = head as usize % ERROR_QUEUE_LEN;
         // SAFETY: idx < ERROR_QUEUE_LEN, so the entry lies inside the error-queue page.
-        let e = unsafe { &*self.base.as_ptr().add(error_entry_offset(idx)).cast::<ErrorEntry>() };
+        let e = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(error_entry_offset(idx))
+                .cast::<ErrorEntry>()
+        };
         for (w, v) in e.words.iter().zip(rec.to_words()) {
             w.store(v, Ordering::Relaxed);
         }

@@ -545,11 +545,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
         s.bytes_read.store(l.bytes_read, Ordering::Relaxed);
         s.bytes_written.store(l.bytes_written, Ordering::Relaxed);
         s.flushes.store(l.flushes, Ordering::Relaxed);
-        s.permission_misses.store(l.permission_misses, Ordering::Relaxed);
-        s.permission_denials.store(l.permission_denials, Ordering::Relaxed);
-        s.error_overflows.store(l.error_overflows, Ordering::Relaxed);
+        s.permission_misses
+            .store(l.permission_misses, Ordering::Relaxed);
+        s.permission_denials
+            .store(l.permission_denials, Ordering::Relaxed);
+        s.error_overflows
+            .store(l.error_overflows, Ordering::Relaxed);
         s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
-        s.phys_in_use.store(self.retag.in_use() as u64, Ordering::Relaxed);
+        s.phys_in_use
+            .store(self.retag.in_use() as u64, Ordering::Relaxed);
         let t = self.table.counters();
         s.table_used.store(t.used, Ordering::Relaxed);
         s.table_merges.store(t.merges, Ordering::Relaxed);
@@ -629,7 +633,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
         self.retag
             .drain_waiting(|p| p.channel == id, |p| aborted.push(p));
         for p in aborted {
-            self.publish_completion(p.channel, p.tag, p.cmd.completion, Status::Aborted, &p.cmd, 0, p.t0);
+            self.publish_completion(
+                p.channel,
+                p.tag,
+                p.cmd.completion,
+                Status::Aborted,
+                &p.cmd,
+                0,
+                p.t0,
+            );
             if let Some(c) = self.channels[id as usize].as_mut() {
                 c.in_flight &= !(1u64 << p.tag);
             }
@@ -667,7 +679,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 }
                 TableOp::RemoveFile { channel, file } => {
                     removal = true;
-                    self.table.remove_file(channel, file).map(|_| Default::default())
+                    self.table
+                        .remove_file(channel, file)
+                        .map(|_| Default::default())
                 }
             };
             match r {
@@ -719,7 +733,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     let _ = epoll::delete(&self.epoll, &ch.kick);
                 }
                 self.shared.channels_open.fetch_sub(1, Ordering::Relaxed);
-                self.shared.channels_reclaimed.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .channels_reclaimed
+                    .fetch_add(1, Ordering::Relaxed);
                 let _ = ack.send(Ok(()));
             }
         }
@@ -942,7 +958,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
             if let Some(ch) = self.channels[r.channel as usize].as_mut() {
                 ch.in_flight &= !(1u64 << r.tag);
             }
-            self.publish_completion(r.channel, r.tag, r.cmd.completion, status, &r.cmd, bytes, r.t0);
+            self.publish_completion(
+                r.channel,
+                r.tag,
+                r.cmd.completion,
+                status,
+                &r.cmd,
+                bytes,
+                r.t0,
+            );
         }
         true
     }

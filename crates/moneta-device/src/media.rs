@@ -41,7 +41,9 @@ pub enum MediaError {
         wanted: u64,
     },
     /// Zero, or too large to map.
-    #[error("invalid array size {0}: must be between 4 KiB and 2^46 bytes and a multiple of 4 KiB")]
+    #[error(
+        "invalid array size {0}: must be between 4 KiB and 2^46 bytes and a multiple of 4 KiB"
+    )]
     BadSize(u64),
     /// Another daemon holds the backing file.
     #[error("backing file {0} is in use by another monetad")]
@@ -170,7 +172,8 @@ impl MappedArray {
 
     fn ptr(&self, addr: u64, len: usize) -> *mut u8 {
         assert!(
-            addr.checked_add(len as u64).is_some_and(|end| end <= self.size),
+            addr.checked_add(len as u64)
+                .is_some_and(|end| end <= self.size),
             "media access out of range"
         );
         // SAFETY: addr + len <= size, checked above, and the mapping is `size` bytes long.
@@ -221,7 +224,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("moneta-media-{}", std::process::id()));
         let path = dir.join("a.img");
         let _ = std::fs::remove_file(&path);
-        assert!(matches!(MappedArray::open_file(&path, None), Err(MediaError::NoSize(_))));
+        assert!(matches!(
+            MappedArray::open_file(&path, None),
+            Err(MediaError::NoSize(_))
+        ));
         {
             let a = MappedArray::open_file(&path, Some(1 << 20)).unwrap();
             assert!(matches!(

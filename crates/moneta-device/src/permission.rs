@@ -186,11 +186,11 @@ impl PermissionTable {
             } else {
                 self.floor(root, start - 1)
             };
-            let pred = (pred != NIL && self.mergeable(pred, start, file, rights, true))
-                .then_some(pred);
+            let pred =
+                (pred != NIL && self.mergeable(pred, start, file, rights, true)).then_some(pred);
             let succ = self.floor(root, end);
-            let succ = (succ != NIL && self.mergeable(succ, end, file, rights, false))
-                .then_some(succ);
+            let succ =
+                (succ != NIL && self.mergeable(succ, end, file, rights, false)).then_some(succ);
             match (pred, succ) {
                 (Some(p), Some(s)) => {
                     let s_end = self.nodes[s as usize].end;
@@ -375,7 +375,15 @@ impl PermissionTable {
 
     /// Allocates a node for a new record and links it into `channel`'s tree, evicting a record
     /// if the pool is full.
-    fn add(&mut self, channel: u32, start: u64, end: u64, rights: u8, file: u64, ev: &mut Evictions) {
+    fn add(
+        &mut self,
+        channel: u32,
+        start: u64,
+        end: u64,
+        rights: u8,
+        file: u64,
+        ev: &mut Evictions,
+    ) {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -648,7 +656,9 @@ mod tests {
         assert_eq!(ev.channels, vec![0]);
         assert_eq!(t.counters().evictions, 1);
         assert_eq!(t.check(1, 0, 10, READ), Ok(()));
-        let misses = (0..4).filter(|i| t.check(0, i * 100, 10, READ).is_err()).count();
+        let misses = (0..4)
+            .filter(|i| t.check(0, i * 100, 10, READ).is_err())
+            .count();
         assert_eq!(misses, 1);
         t.validate();
     }
@@ -661,7 +671,10 @@ mod tests {
         }
         assert_eq!(t.remove_channel(2).unwrap(), 30);
         assert_eq!(t.counters().used, 0);
-        assert_eq!(t.insert(5, 0, 1, READ, 0), Err(TableError::NoSuchChannel(5)));
+        assert_eq!(
+            t.insert(5, 0, 1, READ, 0),
+            Err(TableError::NoSuchChannel(5))
+        );
         assert_eq!(t.insert(0, 0, 0, READ, 0), Err(TableError::Invalid));
         assert_eq!(t.insert(0, 0, 1, 4, 0), Err(TableError::Invalid));
         t.validate();

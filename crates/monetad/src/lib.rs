@@ -1,1 +1,148 @@
-//! monetad
+//! `monetad`: the trusted Moneta device daemon.
+//!
+//! It wires the emulated device ([`moneta_device`]) to its control server ([`server`]): opens the
+//! array, starts the poller, binds the control socket, and runs until asked to stop (a shutdown
+//! request from its user or root, `SIGTERM` or `SIGINT`), when in-flight requests finish, the
+//! array is flushed, and the socket is removed.
+
+pub mod config;
+pub mod server;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+
+use moneta_device::{Device, MappedArray, MonotonicClock};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+
+pub use config::{Args, ArraySource, Config};
+pub use server::{Server, Stop};
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Bad settings.
+    #[error("{0}")]
+    Config(String),
+    /// Another daemon already answers on the socket.
+    #[error(
+        "a monetad is already serving {0}; stop it with `moneta stop` or pick another --socket"
+    )]
+    AlreadyRunning(std::path::PathBuf),
+    /// The array could not be opened.
+    #[error(transparent)]
+    Media(#[from] moneta_device::MediaError),
+    /// The device could not start.
+    #[error(transparent)]
+    Device(#[from] moneta_device::DeviceError),
+    /// The socket could not be set up.
+    #[error("control socket {path}: {source}")]
+    Socket {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+fn bind_socket(path: &Path, mode: u32) -> Result<std::os::fd::OwnedFd, DaemonError> {
+    let err = |source: std::io::Error| DaemonError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+        }
+    }
+    if path.exists() {
+        if libmoneta::Control::connect(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_owned()));
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| err(e.into()))?;
+    let addr = SocketAddrUnix::new(path).map_err(|e| err(e.into()))?;
+    rustix::net::bind(&fd, &addr).map_err(|e| err(e.into()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    rustix::net::listen(&fd, 256).map_err(|e| err(e.into()))?;
+    Ok(fd)
+}
+
+/// Raises the soft open-file limit to the hard limit: each channel holds descriptors.
+fn raise_fd_limit() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if lim.current < lim.maximum {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: lim.maximum,
+                maximum: lim.maximum,
+            },
+        );
+    }
+}
+
+/// Runs the daemon until it is asked to stop.
+pub fn run(config: Config) -> Result<(), DaemonError> {
+    raise_fd_limit();
+    let media = match &config.array {
+        ArraySource::File(path, size) => MappedArray::open_file(path, *size)?,
+        ArraySource::Volatile(size) => MappedArray::volatile(*size)?,
+    };
+    let listener = bind_socket(&config.socket, config.socket_mode)?;
+    let array_size = moneta_device::Media::size(&media);
+    let device = Arc::new(Device::start(
+        config.device.clone(),
+        media,
+        MonotonicClock::new(),
+    )?);
+    let pid_path = config::pid_file(&config.socket);
+    let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let server = Arc::new(Server::new(
+        device.clone(),
+        rustix::process::geteuid().as_raw(),
+        config.socket.clone(),
+        stop_tx.clone(),
+    ));
+    std::thread::Builder::new()
+        .name("moneta-accept".into())
+        .spawn(move || server.serve(listener))
+        .map_err(|e| DaemonError::Config(format!("cannot start the control server: {e}")))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| DaemonError::Config(format!("cannot install signal handlers: {e}")))?;
+    std::thread::Builder::new()
+        .name("moneta-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let _ = stop_tx.send(Stop::Signal(sig));
+            }
+        })
+        .map_err(|e| DaemonError::Config(format!("cannot start the signal thread: {e}")))?;
+    tracing::info!(
+        socket = %config.socket.display(),
+        array = ?config.array,
+        size = array_size,
+        pid = std::process::id(),
+        "monetad ready"
+    );
+    let why = stop_rx.recv().unwrap_or(Stop::Requested);
+    tracing::info!(?why, "stopping");
+    // Idempotent: after a shutdown request the device has already stopped.
+    let _ = device.shutdown();
+    let _ = std::fs::remove_file(&config.socket);
+    let _ = std::fs::remove_file(&pid_path);
+    tracing::info!("stopped: array flushed");
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! The channel driver: tags, submission, completion (Moneta-D §4.2, §4.4).
+//!
+//! Threads of a process share one channel. A thread takes a free virtual tag (lock-free), copies
+//! its data into the tag's DMA slice for a write, writes the command into the tag's slot, marks
+//! the tag submitted and rings the doorbell; if the device has parked the channel it also kicks
+//! the device's eventfd. It then waits in the way the command asked: spinning on the tag status
+//! entry (DMA completion), harvesting the tag status register when the completion count moves
+//! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep).
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use moneta_abi::control::ChannelInfo;
+use moneta_abi::{
+    error_entry_offset, tag_slot_offset, ChannelHeader, Command, Completion, ErrorEntry,
+    ErrorRecord, Opcode, Status, TagSlot, ABI_VERSION, CHANNEL_MAGIC, DMA_OFFSET, ERROR_QUEUE_LEN,
+    PARKED, TAGS_PER_CHANNEL, TAG_DONE, TAG_IDLE, TAG_SUBMITTED,
+};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use crate::control::Control;
+use crate::ClientError;
+
+/// How a completed command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// Status the device reported.
+    pub status: Status,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Nanoseconds the device spent on the command.
+    pub device_ns: u64,
+}
+
+/// A virtual tag held by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tag(pub u8);
+
+/// How long a waiter spins before it checks that the daemon is still there.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A process's channel to the device.
+pub struct Channel {
+    control: Control,
+    base: NonNull<u8>,
+    info: ChannelInfo,
+    memfd: OwnedFd,
+    kick: OwnedFd,
+    free: AtomicU64,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
+// handed out exclusively by the lock-free free mask.
+unsafe impl Send for Channel {}
+// SAFETY: as above; every shared field is an atomic.
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    /// Connects to the daemon at `socket` and opens a channel.
+    pub fn open(socket: &Path) -> Result<Channel, ClientError> {
+        Self::from_control(Control::connect(socket)?)
+    }
+
+    /// Opens a channel on an existing control connection; the channel lives as long as the
+    /// connection.
+    pub fn from_control(control: Control) -> Result<Channel, ClientError> {
+        let (info, memfd, kick) = control.open_channel_raw()?;
+        let size = rustix::fs::fstat(&memfd)?.st_size as u64;
+        let want = moneta_abi::channel_size(info.dma_size as usize) as u64;
+        if size != info.channel_size
+            || size != want
+            || info.tags as usize != TAGS_PER_CHANNEL
+            || info.dma_offset != DMA_OFFSET as u64
+            || (info.slice_size as u64).checked_mul(TAGS_PER_CHANNEL as u64) != Some(info.dma_size)
+        {
+            return Err(ClientError::BadChannel(format!(
+                "channel geometry does not match: memfd {size} bytes, {info:?}"
+            )));
+        }
+        // SAFETY: a fresh shared mapping of the whole memfd, which the daemon sealed against
+        // shrinking.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &memfd,
+                0,
+            )?
+        };
+        let ch = Channel {
+            control,
+            base: NonNull::new(ptr.cast()).expect("mmap returns non-null"),
+            info,
+            memfd,
+            kick,
+            free: AtomicU64::new(u64::MAX),
+        };
+        let h = ch.header();
+        if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC
+            || h.abi_version.load(Ordering::Relaxed) != ABI_VERSION
+            || h.channel_id.load(Ordering::Relaxed) != info.channel
+        {
+            return Err(ClientError::BadChannel(
+                "channel header does not carry this ABI's magic and version".into(),
+            ));
+        }
+        Ok(ch)
+    }
+
+    /// Channel id.
+    pub fn id(&self) -> u32 {
+        self.info.channel
+    }
+
+    /// Geometry.
+    pub fn info(&self) -> &ChannelInfo {
+        &self.info
+    }
+
+    /// The control connection this channel lives on.
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+
+    /// The channel memfd (sealed by the daemon).
+    pub fn memfd(&self) -> &OwnedFd {
+        &self.memfd
+    }
+
+    /// The header and registers.
+    pub fn header(&self) -> &ChannelHeader {
+        // SAFETY: page-aligned mapping of at least one page; atomics only.
+        unsafe { &*self.base.as_ptr().cast::<ChannelHeader>() }
+    }
+
+    /// Tag `tag`'s slot.
+    pub fn slot(&self, tag: Tag) -> &TagSlot {
+        assert!((tag.0 as usize) < TAGS_PER_CHANNEL);
+        // SAFETY: in bounds and aligned (layout asserted in moneta-abi); atomics only.
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(tag_slot_offset(tag.0 as usize))
+                .cast::<TagSlot>()
+        }
+    }
+
+    /// Bytes of DMA buffer per tag.
+    pub fn slice_size(&self) -> usize {
+        self.info.slice_size as usize
+    }
+
+    /// Takes a free tag, if any.
+    pub fn try_tag(&self) -> Option<Tag> {
+        let mut m = self.free.load(Ordering::Relaxed);
+        loop {
+            if m == 0 {
+                return None;
+            }
+            let bit = m.trailing_zeros();
+            match self.free.compare_exchange_weak(
+                m,
+                m & !(1u64 << bit),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(Tag(bit as u8)),
+                Err(now) => m = now,
+            }
+        }
+    }
+
+    /// Takes a free tag, waiting (spinning briefly, then sleeping with back-off) until one is.
+    pub fn tag(&self) -> Tag {
+        let mut spins = 0u32;
+        loop {
+            if let Some(t) = self.try_tag() {
+                return t;
+            }
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else if spins < 200 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Returns a tag to the free mask.
+    pub fn release(&self, tag: Tag) {
+        let prev = self.free.fetch_or(1u64 << tag.0, Ordering::Release);
+        debug_assert!(prev & (1u64 << tag.0) == 0, "tag released twice");
+    }
+
+    fn dma_ptr(&self, tag: Tag, off: usize, len: usize) -> *mut u8 {
+        let start = tag.0 as usize * self.slice_size() + off;
+        assert!(
+            start
+                .checked_add(len)
+                .is_some_and(|e| e <= self.info.dma_size as usize),
+            "DMA range outside the buffer"
+        );
+        // SAFETY: in bounds of the DMA buffer, which lies inside the mapping.
+        unsafe { self.base.as_ptr().add(DMA_OFFSET + start) }
+    }
+
+    /// Copies `data` into the DMA buffer at `off` bytes past tag `tag`'s slice start.
+    pub fn write_dma(&self, tag: Tag, off: usize, data: &[u8]) {
+        let dst = self.dma_ptr(tag, off, data.len());
+        // SAFETY: `dst` spans data.len() bytes of the mapping; the device reads this range only
+        // after the doorbell, so no reference to it exists.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+    }
+
+    /// Copies out of the DMA buffer at `off` bytes past tag `tag`'s slice start.
+    pub fn read_dma(&self, tag: Tag, off: usize, out: &mut [u8]) {
+        let src = self.dma_ptr(tag, off, out.len());
+        // SAFETY: `src` spans out.len() bytes of the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Writes `cmd` into `tag`'s slot and rings the doorbell; kicks the device if it parked the
+    /// channel.
+    pub fn submit(&self, tag: Tag, cmd: &Command) {
+        self.submit_words(tag, &cmd.to_words());
+    }
+
+    /// Like [`Channel::submit`] with raw command words (for tests of the device's decoder).
+    pub fn submit_words(&self, tag: Tag, words: &[u64; 8]) {
+        let slot = self.slot(tag);
+        for (a, &w) in slot.command.words.iter().zip(words) {
+            a.store(w, Ordering::Relaxed);
+        }
+        slot.status.waiter.store(0, Ordering::Relaxed);
+        slot.status.state.store(TAG_SUBMITTED, Ordering::Relaxed);
+        self.ring(1u64 << tag.0);
+    }
+
+    /// Sets doorbell bits and kicks the device if it parked the channel.
+    pub fn ring(&self, bits: u64) {
+        let h = self.header();
+        h.doorbell.fetch_or(bits, Ordering::SeqCst);
+        // Pairs with the device's store of PARKED before its last doorbell read.
+        if h.parked.load(Ordering::SeqCst) == PARKED {
+            self.kick();
+        }
+    }
+
+    /// Writes the kick eventfd: the need-wakeup path.
+    pub fn kick(&self) {
+        let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
+    }
+
+    /// Non-blocking check of `tag`; for forwarding it also harvests the tag status register.
+    pub fn poll(&self, tag: Tag, mode: Completion) -> Option<Completed> {
+        let st = &self.slot(tag).status;
+        if mode == Completion::Forward {
+            self.harvest();
+        }
+        if st.state.load(Ordering::Acquire) == TAG_DONE {
+            Some(self.take_completion(tag))
+        } else {
+            None
+        }
+    }
+
+    /// Waits for `tag`'s command to complete, in the way `mode` says.
+    pub fn wait(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
+        let st = &self.slot(tag).status;
+        match mode {
+            Completion::Dma => {
+                let mut spins = 0u32;
+                let mut since = None;
+                while st.state.load(Ordering::Acquire) != TAG_DONE {
+                    std::hint::spin_loop();
+                    spins = spins.wrapping_add(1);
+                    if spins % 4096 == 0 {
+                        self.check_alive(&mut since)?;
+                    }
+                }
+            }
+            Completion::Forward => {
+                let count = &self.header().completion_count;
+                let mut seen = u64::MAX;
+                let mut spins = 0u32;
+                let mut since = None;
+                loop {
+                    let c = count.load(Ordering::Acquire);
+                    if c != seen {
+                        seen = c;
+                        self.harvest();
+                    }
+                    if st.state.load(Ordering::Acquire) == TAG_DONE {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                    spins = spins.wrapping_add(1);
+                    if spins % 4096 == 0 {
+                        self.check_alive(&mut since)?;
+                    }
+                }
+            }
+            Completion::Sleep => {
+                st.waiter.store(1, Ordering::SeqCst);
+                let timeout = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                };
+                let mut since = None;
+                // Pairs with the device's store of DONE before it reads the waiter flag.
+                while st.state.load(Ordering::SeqCst) != TAG_DONE {
+                    match rustix::thread::futex::wait(
+                        &st.state,
+                        rustix::thread::futex::Flags::empty(),
+                        TAG_SUBMITTED,
+                        Some(&timeout),
+                    ) {
+                        Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                        Err(rustix::io::Errno::TIMEDOUT) => {
+                            if let Err(e) = self.check_alive(&mut since) {
+                                st.waiter.store(0, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                        Err(e) => {
+                            st.waiter.store(0, Ordering::Relaxed);
+                            return Err(e.into());
+                        }
+                    }
+                }
+                st.waiter.store(0, Ordering::Relaxed);
+            }
+        }
+        Ok(self.take_completion(tag))
+    }
+
+    fn check_alive(&self, since: &mut Option<Instant>) -> Result<(), ClientError> {
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= LIVENESS_INTERVAL {
+            if !self.control.alive() {
+                return Err(ClientError::DeviceGone);
+            }
+            *since = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Forwarding: takes the tag status register's bits and marks those tags done.
+    fn harvest(&self) {
+        let bits = self.header().tag_status_register.swap(0, Ordering::Acquire);
+        let mut b = bits;
+        while b != 0 {
+            let t = b.trailing_zeros() as u8;
+            b &= b - 1;
+            self.slot(Tag(t))
+                .status
+                .state
+                .store(TAG_DONE, Ordering::Release);
+        }
+    }
+
+    fn take_completion(&self, tag: Tag) -> Completed {
+        let st = &self.slot(tag).status;
+        let raw = st.result.load(Ordering::Relaxed);
+        let c = Completed {
+            status: Status::from_u32(raw).unwrap_or(Status::Malformed),
+            bytes: st.bytes.load(Ordering::Relaxed),
+            device_ns: st.device_ns.load(Ordering::Relaxed),
+        };
+        st.state.store(TAG_IDLE, Ordering::Relaxed);
+        c
+    }
+
+    /// Submits one command on a tag of the caller's and waits for it.
+    pub fn run(&self, tag: Tag, cmd: &Command) -> Result<Completed, ClientError> {
+        self.submit(tag, cmd);
+        self.wait(tag, cmd.completion)
+    }
+
+    fn checked(c: Completed) -> Result<Completed, ClientError> {
+        if c.status == Status::Ok {
+            Ok(c)
+        } else {
+            Err(ClientError::Status(c.status))
+        }
+    }
+
+    /// Reads `buf.len()` bytes at array address `addr`, in slice-sized commands on one tag.
+    pub fn read(&self, addr: u64, buf: &mut [u8], mode: Completion) -> Result<(), ClientError> {
+        let tag = self.tag();
+        let r = self.read_on(tag, addr, buf, mode);
+        self.release(tag);
+        r
+    }
+
+    /// [`Channel::read`] on a tag the caller holds.
+    pub fn read_on(
+        &self,
+        tag: Tag,
+        addr: u64,
+        buf: &mut [u8],
+        mode: Completion,
+    ) -> Result<(), ClientError> {
+        let slice = self.slice_size();
+        for (i, chunk) in buf.chunks_mut(slice).enumerate() {
+            let cmd = Command {
+                opcode: Opcode::Read,
+                completion: mode,
+                addr: addr + (i * slice) as u64,
+                len: chunk.len() as u64,
+                cookie: 0,
+            };
+            Self::checked(self.run(tag, &cmd)?)?;
+            self.read_dma(tag, 0, chunk);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at array address `addr`, in slice-sized commands on one tag.
+    pub fn write(&self, addr: u64, data: &[u8], mode: Completion) -> Result<(), ClientError> {
+        let tag = self.tag();
+        let r = self.write_on(tag, addr, data, mode);
+        self.release(tag);
+        r
+    }
+
+    /// [`Channel::write`] on a tag the caller holds.
+    pub fn write_on(
+        &self,
+        tag: Tag,
+        addr: u64,
+        data: &[u8],
+        mode: Completion,
+    ) -> Result<(), ClientError> {
+        let slice = self.slice_size();
+        for (i, chunk) in data.chunks(slice).enumerate() {
+            self.write_dma(tag, 0, chunk);
+            let cmd = Command {
+                opcode: Opcode::Write,
+                completion: mode,
+                addr: addr + (i * slice) as u64,
+                len: chunk.len() as u64,
+                cookie: 0,
+            };
+            Self::checked(self.run(tag, &cmd)?)?;
+        }
+        Ok(())
+    }
+
+    /// Barrier, and with `len > 0` persistence of `[addr, addr+len)`.
+    pub fn flush(&self, addr: u64, len: u64, mode: Completion) -> Result<(), ClientError> {
+        let tag = self.tag();
+        let cmd = Command {
+            opcode: Opcode::Flush,
+            completion: mode,
+            addr,
+            len,
+            cookie: 0,
+        };
+        let r = self.run(tag, &cmd).and_then(Self::checked);
+        self.release(tag);
+        r.map(|_| ())
+    }
+
+    /// A command that does nothing: the channel's round trip.
+    pub fn nop(&self, mode: Completion) -> Result<Completed, ClientError> {
+        let tag = self.tag();
+        let cmd = Command {
+            opcode: Opcode::Nop,
+            completion: mode,
+            addr: 0,
+            len: 0,
+            cookie: 0,
+        };
+        let r = self.run(tag, &cmd);
+        self.release(tag);
+        r
+    }
+
+    /// Pops the oldest entry of the channel's error queue.
+    pub fn pop_error(&self) -> Option<ErrorRecord> {
+        let h = self.header();
+        let tail = h.err_tail.load(Ordering::Relaxed);
+        let head = h.err_head.load(Ordering::Acquire);
+        if head == tail {
+            return None;
+        }
+        let idx = tail as usize % ERROR_QUEUE_LEN;
+        // SAFETY: idx < ERROR_QUEUE_LEN: the entry lies in the error-queue page; atomics only.
+        let e = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(error_entry_offset(idx))
+                .cast::<ErrorEntry>()
+        };
+        let mut w = [0u64; 4];
+        for (o, a) in w.iter_mut().zip(e.words.iter()) {
+            *o = a.load(Ordering::Relaxed);
+        }
+        h.err_tail.store(tail.wrapping_add(1), Ordering::Release);
+        Some(ErrorRecord::from_words(w))
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `from_control`; no reference into it
+        // outlives `self`.
+        let _ = unsafe {
+            rustix::mm::munmap(self.base.as_ptr().cast(), self.info.channel_size as usize)
+        };
+    }
+}

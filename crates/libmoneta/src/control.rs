@@ -1,0 +1,200 @@
+//! The control connection: requests to `monetad` over its Unix socket.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use moneta_abi::control::{
+    self, decode_reply, encode_request, ChannelInfo, Grant, ReplyBody, Request, StatusReport,
+    MAX_MESSAGE,
+};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendFlags, SocketAddrUnix, SocketType,
+};
+
+use crate::ClientError;
+
+/// Seconds a control call waits for the daemon's answer.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A connection to `monetad`'s control socket.
+pub struct Control {
+    fd: OwnedFd,
+    seq: AtomicU32,
+    lock: Mutex<()>,
+}
+
+impl Control {
+    /// Connects to the daemon at `socket`.
+    pub fn connect(socket: &Path) -> Result<Control, ClientError> {
+        let not_running = |e: rustix::io::Errno| ClientError::NotRunning {
+            socket: socket.to_owned(),
+            source: e.into(),
+        };
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let addr = SocketAddrUnix::new(socket).map_err(not_running)?;
+        rustix::net::connect(&fd, &addr).map_err(not_running)?;
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(CONTROL_TIMEOUT),
+        )?;
+        Ok(Control {
+            fd,
+            seq: AtomicU32::new(1),
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// The socket, for liveness checks.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Sends `req` and returns the reply body and any file descriptors that came with it.
+    pub fn call(&self, req: &Request) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
+        let _g = self.lock.lock().expect("control lock");
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let msg = encode_request(seq, req);
+        self.send_raw(&msg)?;
+        let (bytes, fds) = self.recv_raw()?;
+        let reply = decode_reply(&bytes, req.op()).map_err(ClientError::Protocol)?;
+        if reply.seq != seq {
+            return Err(ClientError::Protocol(control::Error::BadField("seq")));
+        }
+        match reply.result {
+            Ok(body) => Ok((body, fds)),
+            Err(f) => Err(ClientError::Refused {
+                errno: f.errno,
+                message: f.message,
+            }),
+        }
+    }
+
+    /// Sends raw bytes as one message (for tests of the daemon's parser).
+    pub fn send_raw(&self, msg: &[u8]) -> Result<(), ClientError> {
+        let mut space = [MaybeUninit::<u8>::uninit(); 0];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        rustix::net::sendmsg(
+            &self.fd,
+            &[IoSlice::new(msg)],
+            &mut cmsg,
+            SendFlags::NOSIGNAL,
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
+            e => e.into(),
+        })?;
+        Ok(())
+    }
+
+    /// Receives one message and the descriptors passed with it.
+    pub fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
+        let mut buf = vec![0u8; MAX_MESSAGE + 1];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+        let r = rustix::net::recvmsg(
+            &self.fd,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut cmsg,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::AGAIN => ClientError::Timeout,
+            rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
+            e => e.into(),
+        })?;
+        let mut fds = Vec::new();
+        for m in cmsg.drain() {
+            if let RecvAncillaryMessage::ScmRights(it) = m {
+                fds.extend(it);
+            }
+        }
+        if r.bytes == 0 {
+            return Err(ClientError::DeviceGone);
+        }
+        buf.truncate(r.bytes);
+        Ok((buf, fds))
+    }
+
+    /// True while the daemon's end of the connection is open.
+    pub fn alive(&self) -> bool {
+        let mut b = [0u8; 1];
+        match rustix::net::recv(&self.fd, &mut b, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((0, _)) => false,
+            Ok(_) => true,
+            Err(rustix::io::Errno::AGAIN) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Liveness check.
+    pub fn ping(&self) -> Result<(), ClientError> {
+        self.call(&Request::Ping).map(|_| ())
+    }
+
+    /// Device counters.
+    pub fn status(&self) -> Result<StatusReport, ClientError> {
+        match self.call(&Request::Status)?.0 {
+            ReplyBody::Status(s) => Ok(s),
+            _ => Err(ClientError::Protocol(control::Error::BadField("status"))),
+        }
+    }
+
+    /// Administrative grant of a permission record (daemon's user or root only).
+    pub fn grant(&self, g: Grant) -> Result<(), ClientError> {
+        self.call(&Request::Grant(g)).map(|_| ())
+    }
+
+    /// Administrative revocation of a channel's coverage of a range; returns once no request in
+    /// flight uses the revoked records.
+    pub fn revoke(&self, channel: u32, start: u64, len: u64) -> Result<(), ClientError> {
+        self.call(&Request::Revoke {
+            channel,
+            start,
+            len,
+        })
+        .map(|_| ())
+    }
+
+    /// Administrative revocation of a channel's records of one file.
+    pub fn revoke_file(&self, channel: u32, file: u64) -> Result<(), ClientError> {
+        self.call(&Request::RevokeFile { channel, file })
+            .map(|_| ())
+    }
+
+    /// Asks the daemon to shut down cleanly.
+    pub fn shutdown(&self) -> Result<(), ClientError> {
+        self.call(&Request::Shutdown).map(|_| ())
+    }
+
+    /// Asks for a channel; returns its geometry, memfd and kick eventfd.
+    pub fn open_channel_raw(&self) -> Result<(ChannelInfo, OwnedFd, OwnedFd), ClientError> {
+        let (body, mut fds) = self.call(&Request::OpenChannel {
+            abi_version: moneta_abi::ABI_VERSION,
+        })?;
+        let ReplyBody::Channel(info) = body else {
+            return Err(ClientError::Protocol(control::Error::BadField("channel")));
+        };
+        if fds.len() != 2 {
+            return Err(ClientError::BadChannel(format!(
+                "expected 2 descriptors with the channel, got {}",
+                fds.len()
+            )));
+        }
+        let kick = fds.pop().expect("two fds");
+        let memfd = fds.pop().expect("two fds");
+        let _ = memfd.as_fd();
+        Ok((info, memfd, kick))
+    }
+}

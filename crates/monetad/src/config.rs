@@ -1,0 +1,278 @@
+//! The daemon's settings: command-line flags over an optional TOML file over defaults.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use moneta_device::{DeviceConfig, DmaGeometry, Timing};
+use serde::Deserialize;
+
+/// Default array size for a new backing file: 1 GiB (sparse).
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+
+/// Parses sizes such as `4096`, `64K`, `16M`, `1G`, `2T` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_uppercase();
+            let m: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown size unit in `{s}`")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64K, 16M, 1G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
+/// `monetad`: the Moneta device daemon.
+///
+/// Serves an emulated NVM array to client processes through per-process channels in shared
+/// memory, checking an extent permission table on every request. Every option can also be set
+/// in the TOML file given with --config (same names, with underscores); flags win.
+#[derive(Parser, Debug, Default, Clone)]
+#[command(name = "monetad", version)]
+pub struct Args {
+    /// TOML configuration file.
+    #[arg(long, env = "MONETAD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Control socket path [default: $MONETA_SOCKET, $XDG_RUNTIME_DIR/moneta/monetad.sock or
+    /// /tmp/moneta-$UID/monetad.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Backing file of the array (created if missing) [default: $MONETA_DEVICE or
+    /// ~/.local/share/moneta/device.img].
+    #[arg(long, conflicts_with = "volatile")]
+    pub device: Option<PathBuf>,
+    /// Keep the array in a memfd: fast, gone when the daemon exits.
+    #[arg(long)]
+    pub volatile: bool,
+    /// Array size when creating it (e.g. 1G). An existing backing file must match if given.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Most channels open at once [default: 1024].
+    #[arg(long)]
+    pub max_channels: Option<usize>,
+    /// Physical tags shared by all channels [default: 64].
+    #[arg(long)]
+    pub phys_tags: Option<usize>,
+    /// Permission table entries [default: 16384].
+    #[arg(long)]
+    pub table_entries: Option<usize>,
+    /// Do not merge adjacent permission records.
+    #[arg(long)]
+    pub no_merge: bool,
+    /// DMA buffer per channel; must be 64 slices [default: 1M].
+    #[arg(long, value_parser = parse_size)]
+    pub dma_size: Option<u64>,
+    /// DMA slice per tag [default: 16K].
+    #[arg(long, value_parser = parse_size)]
+    pub slice_size: Option<u64>,
+    /// Microseconds a channel's doorbell must stay quiet before it is parked and, when all are,
+    /// the poller sleeps [default: 200].
+    #[arg(long)]
+    pub park_after_us: Option<u64>,
+    /// Nanoseconds added to every read by the media model [default: 0].
+    #[arg(long)]
+    pub read_latency_ns: Option<u64>,
+    /// Nanoseconds added to every write by the media model [default: 0].
+    #[arg(long)]
+    pub write_latency_ns: Option<u64>,
+    /// Mode bits of the control socket, octal [default: 666; access is also limited by the
+    /// socket's directory].
+    #[arg(long)]
+    pub socket_mode: Option<String>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    socket: Option<PathBuf>,
+    device: Option<PathBuf>,
+    volatile: Option<bool>,
+    size: Option<toml::Value>,
+    max_channels: Option<usize>,
+    phys_tags: Option<usize>,
+    table_entries: Option<usize>,
+    merge: Option<bool>,
+    dma_size: Option<toml::Value>,
+    slice_size: Option<toml::Value>,
+    park_after_us: Option<u64>,
+    read_latency_ns: Option<u64>,
+    write_latency_ns: Option<u64>,
+    socket_mode: Option<String>,
+}
+
+fn toml_size(v: &Option<toml::Value>, name: &str) -> Result<Option<u64>, String> {
+    match v {
+        None => Ok(None),
+        Some(toml::Value::Integer(i)) if *i >= 0 => Ok(Some(*i as u64)),
+        Some(toml::Value::String(s)) => parse_size(s).map(Some),
+        Some(other) => Err(format!("`{name}` must be a size, not {other}")),
+    }
+}
+
+/// Where the array lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArraySource {
+    /// A backing file, created with the size if missing.
+    File(PathBuf, Option<u64>),
+    /// A memfd of this size.
+    Volatile(u64),
+}
+
+/// Resolved settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Control socket.
+    pub socket: PathBuf,
+    /// The array.
+    pub array: ArraySource,
+    /// Engine settings.
+    pub device: DeviceConfig,
+    /// Socket file mode.
+    pub socket_mode: u32,
+}
+
+impl Config {
+    /// Resolves flags over the TOML file over defaults.
+    pub fn resolve(args: &Args) -> Result<Config, String> {
+        let file: FileConfig = match &args.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read config {}: {e}", p.display()))?;
+                toml::from_str(&text).map_err(|e| format!("config {}: {e}", p.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let d = DeviceConfig::default();
+        let size = args.size.or(toml_size(&file.size, "size")?);
+        let volatile = args.volatile || file.volatile.unwrap_or(false);
+        let array = if volatile && args.device.is_none() {
+            ArraySource::Volatile(size.unwrap_or(DEFAULT_SIZE))
+        } else {
+            let path = args
+                .device
+                .clone()
+                .or(file.device)
+                .unwrap_or_else(libmoneta::paths::default_device);
+            let exists = path.exists();
+            ArraySource::File(path, size.or((!exists).then_some(DEFAULT_SIZE)))
+        };
+        let dma_size = args
+            .dma_size
+            .or(toml_size(&file.dma_size, "dma_size")?)
+            .unwrap_or(d.geometry.dma_size as u64);
+        let slice_size = args
+            .slice_size
+            .or(toml_size(&file.slice_size, "slice_size")?)
+            .unwrap_or(d.geometry.slice_size as u64);
+        let device = DeviceConfig {
+            max_channels: args
+                .max_channels
+                .or(file.max_channels)
+                .unwrap_or(d.max_channels),
+            phys_tags: args.phys_tags.or(file.phys_tags).unwrap_or(d.phys_tags),
+            table_entries: args
+                .table_entries
+                .or(file.table_entries)
+                .unwrap_or(d.table_entries),
+            merge: !args.no_merge && file.merge.unwrap_or(true),
+            geometry: DmaGeometry {
+                dma_size: usize::try_from(dma_size).map_err(|_| "dma size too large")?,
+                slice_size: usize::try_from(slice_size).map_err(|_| "slice size too large")?,
+            },
+            park_after: args
+                .park_after_us
+                .or(file.park_after_us)
+                .map(Duration::from_micros)
+                .unwrap_or(d.park_after),
+            timing: Timing {
+                read_ns: args.read_latency_ns.or(file.read_latency_ns).unwrap_or(0),
+                write_ns: args.write_latency_ns.or(file.write_latency_ns).unwrap_or(0),
+            },
+        };
+        device.validate()?;
+        let mode = args
+            .socket_mode
+            .clone()
+            .or(file.socket_mode)
+            .unwrap_or_else(|| "666".into());
+        let socket_mode = u32::from_str_radix(&mode, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| format!("socket mode `{mode}` is not octal permission bits"))?;
+        Ok(Config {
+            socket: args
+                .socket
+                .clone()
+                .or(file.socket)
+                .unwrap_or_else(libmoneta::paths::default_socket),
+            array,
+            device,
+            socket_mode,
+        })
+    }
+}
+
+/// The pid file beside a socket.
+pub fn pid_file(socket: &Path) -> PathBuf {
+    socket.with_extension("pid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn flags_win_over_file_and_bad_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("monetad-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.toml");
+        std::fs::write(
+            &p,
+            "volatile = true\nsize = \"64M\"\nphys_tags = 8\nmerge = false\n",
+        )
+        .unwrap();
+        let args = Args {
+            config: Some(p.clone()),
+            phys_tags: Some(16),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args).unwrap();
+        assert_eq!(c.array, ArraySource::Volatile(64 << 20));
+        assert_eq!(c.device.phys_tags, 16);
+        assert!(!c.device.merge);
+        std::fs::write(&p, "bogus_key = 1\n").unwrap();
+        assert!(Config::resolve(&args).unwrap_err().contains("bogus_key"));
+        let bad = Args {
+            slice_size: Some(8 << 10),
+            volatile: true,
+            ..Default::default()
+        };
+        assert!(Config::resolve(&bad).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,353 @@
+//! The control server: `monetad`'s Unix socket.
+//!
+//! Each connection is served by its own thread. The peer's credentials come from `SO_PEERCRED`
+//! at accept time and decide what it may do: anyone may open a channel and read the counters;
+//! administrative grants, revocations and shutdown are limited to the daemon's own user and
+//! root. A connection owns at most one channel; when the connection closes, for whatever reason
+//! (exit, crash, kill), its channel is reclaimed. Nothing a client sends is trusted: every
+//! message is decoded from bytes, malformed ones get an `EPROTO` reply, and a connection that
+//! keeps sending them is dropped.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use moneta_abi::control::{
+    self, decode_request, encode_reply, errno, peek_header, Failure, ReplyBody, Request,
+    MAX_MESSAGE,
+};
+use moneta_device::{Device, DeviceError, TableOp};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
+
+/// Malformed messages a connection may send before it is dropped.
+pub const MAX_PROTOCOL_ERRORS: u32 = 64;
+/// Connections served at once beyond the channel limit (status queries, administration).
+pub const EXTRA_CONNECTIONS: usize = 64;
+
+/// Why the daemon stops.
+#[derive(Debug)]
+pub enum Stop {
+    /// A client asked (and the device has already shut down).
+    Requested,
+    /// A signal.
+    Signal(i32),
+}
+
+/// The control server.
+pub struct Server {
+    device: Arc<Device>,
+    owner_uid: u32,
+    max_connections: usize,
+    connections: AtomicUsize,
+    stopping: AtomicBool,
+    stop: mpsc::Sender<Stop>,
+    /// The socket path, for messages.
+    pub socket: PathBuf,
+}
+
+fn fail(errno: i32, message: impl Into<String>) -> Failure {
+    Failure {
+        errno,
+        message: message.into(),
+    }
+}
+
+fn device_failure(e: DeviceError) -> Failure {
+    let errno = match &e {
+        DeviceError::TooManyChannels(_) => errno::EMFILE,
+        DeviceError::NoSuchChannel(_) => errno::ENOENT,
+        DeviceError::OutOfRange { .. } => errno::ERANGE,
+        DeviceError::Table(_) | DeviceError::Config(_) => errno::EINVAL,
+        DeviceError::Stopped => errno::EBUSY,
+        DeviceError::Io(_) | DeviceError::Errno(_) => errno::ENOMEM,
+    };
+    fail(errno, e.to_string())
+}
+
+struct Conn {
+    fd: OwnedFd,
+    uid: u32,
+    pid: i32,
+    channel: Option<u32>,
+    protocol_errors: u32,
+}
+
+impl Server {
+    /// A server for `device`, answering to `owner_uid` for administration.
+    pub fn new(
+        device: Arc<Device>,
+        owner_uid: u32,
+        socket: PathBuf,
+        stop: mpsc::Sender<Stop>,
+    ) -> Server {
+        let max_connections = device.config().max_channels + EXTRA_CONNECTIONS;
+        Server {
+            device,
+            owner_uid,
+            max_connections,
+            connections: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stop,
+            socket,
+        }
+    }
+
+    /// Accepts connections on `listener` until the daemon stops.
+    pub fn serve(self: Arc<Self>, listener: OwnedFd) {
+        loop {
+            let conn = match rustix::net::accept_with(&listener, rustix::net::SocketFlags::CLOEXEC)
+            {
+                Ok(c) => c,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            if self.stopping.load(Ordering::Relaxed) {
+                continue;
+            }
+            let cred = match rustix::net::sockopt::socket_peercred(&conn) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("no peer credentials: {e}");
+                    continue;
+                }
+            };
+            let _ = rustix::net::sockopt::set_socket_timeout(
+                &conn,
+                rustix::net::sockopt::Timeout::Send,
+                Some(Duration::from_secs(5)),
+            );
+            if self.connections.fetch_add(1, Ordering::AcqRel) >= self.max_connections {
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+                refuse_busy(&conn, self.max_connections);
+                continue;
+            }
+            let me = self.clone();
+            let c = Conn {
+                fd: conn,
+                uid: cred.uid.as_raw(),
+                pid: cred.pid.as_raw_nonzero().get(),
+                channel: None,
+                protocol_errors: 0,
+            };
+            let spawned = std::thread::Builder::new()
+                .name("moneta-conn".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    me.connection(c);
+                    me.connections.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a connection thread: {e}");
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn connection(&self, mut c: Conn) {
+        tracing::debug!(pid = c.pid, uid = c.uid, "client connected");
+        let mut buf = vec![0u8; MAX_MESSAGE + 1];
+        loop {
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+            let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+            let r = rustix::net::recvmsg(
+                &c.fd,
+                &mut [IoSliceMut::new(&mut buf)],
+                &mut cmsg,
+                RecvFlags::CMSG_CLOEXEC,
+            );
+            // Descriptors a client sends us are dropped (closed) here, unused.
+            cmsg.drain().for_each(drop);
+            let r = match r {
+                Ok(r) => r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => break,
+            };
+            if r.bytes == 0 {
+                break;
+            }
+            let msg = &buf[..r.bytes];
+            let oversize = r.flags.contains(ReturnFlags::TRUNC) || r.bytes > MAX_MESSAGE;
+            let decoded = if oversize {
+                Err(control::Error::TooLong)
+            } else {
+                decode_request(msg)
+            };
+            match decoded {
+                Ok((seq, req)) => {
+                    let op = req.op();
+                    let (result, fds) = self.handle(&mut c, req);
+                    if self.reply(&c, op, seq, &result, &fds).is_err() {
+                        break;
+                    }
+                    if op == control::OP_SHUTDOWN && result.is_ok() {
+                        let _ = self.stop.send(Stop::Requested);
+                    }
+                }
+                Err(e) => {
+                    c.protocol_errors += 1;
+                    let (op, seq) = peek_header(msg).unwrap_or((0, 0));
+                    tracing::debug!(pid = c.pid, "malformed control message: {e}");
+                    let f = Err(fail(errno::EPROTO, format!("malformed request: {e}")));
+                    if self
+                        .reply(&c, op & !control::REPLY_BIT, seq, &f, &[])
+                        .is_err()
+                        || c.protocol_errors >= MAX_PROTOCOL_ERRORS
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(id) = c.channel.take() {
+            match self.device.close_channel(id) {
+                Ok(()) => tracing::debug!(pid = c.pid, channel = id, "channel reclaimed"),
+                Err(e) => tracing::debug!(channel = id, "channel reclaim: {e}"),
+            }
+        }
+    }
+
+    fn reply(
+        &self,
+        c: &Conn,
+        op: u16,
+        seq: u32,
+        result: &Result<ReplyBody, Failure>,
+        fds: &[OwnedFd],
+    ) -> rustix::io::Result<()> {
+        let bytes = encode_reply(op, seq, result);
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        if !borrowed.is_empty() {
+            cmsg.push(SendAncillaryMessage::ScmRights(&borrowed));
+        }
+        rustix::net::sendmsg(
+            &c.fd,
+            &[IoSlice::new(&bytes)],
+            &mut cmsg,
+            SendFlags::NOSIGNAL,
+        )
+        .map(|_| ())
+    }
+
+    fn admin(&self, c: &Conn) -> Result<(), Failure> {
+        if c.uid == self.owner_uid || c.uid == 0 {
+            Ok(())
+        } else {
+            Err(fail(
+                errno::EPERM,
+                format!(
+                    "administrative requests are limited to the daemon's user (uid {}) and root",
+                    self.owner_uid
+                ),
+            ))
+        }
+    }
+
+    fn handle(&self, c: &mut Conn, req: Request) -> (Result<ReplyBody, Failure>, Vec<OwnedFd>) {
+        let empty = |r: Result<(), Failure>| (r.map(|()| ReplyBody::Empty), Vec::new());
+        match req {
+            Request::Ping => empty(Ok(())),
+            Request::Status => (Ok(ReplyBody::Status(self.device.report())), Vec::new()),
+            Request::OpenChannel { abi_version } => {
+                if abi_version != moneta_abi::ABI_VERSION {
+                    return empty(Err(fail(
+                        errno::EPROTONOSUPPORT,
+                        format!(
+                            "client speaks channel ABI {abi_version}, this daemon speaks {}",
+                            moneta_abi::ABI_VERSION
+                        ),
+                    )));
+                }
+                if c.channel.is_some() {
+                    return empty(Err(fail(
+                        errno::EEXIST,
+                        "this connection already has a channel; open another connection",
+                    )));
+                }
+                match self.device.open_channel() {
+                    Ok(opened) => {
+                        c.channel = Some(opened.id);
+                        tracing::debug!(pid = c.pid, channel = opened.id, "channel opened");
+                        (
+                            Ok(ReplyBody::Channel(opened.info)),
+                            vec![opened.memfd, opened.kick],
+                        )
+                    }
+                    Err(e) => {
+                        tracing::info!(pid = c.pid, "channel refused: {e}");
+                        empty(Err(device_failure(e)))
+                    }
+                }
+            }
+            Request::Grant(g) => empty(self.admin(c).and_then(|()| {
+                self.device
+                    .update(vec![TableOp::Insert {
+                        channel: g.channel,
+                        start: g.start,
+                        len: g.len,
+                        rights: g.rights as u8,
+                        file: g.file,
+                    }])
+                    .map_err(device_failure)
+            })),
+            Request::Revoke {
+                channel,
+                start,
+                len,
+            } => empty(self.admin(c).and_then(|()| {
+                self.device
+                    .update(vec![TableOp::RemoveRange {
+                        channel,
+                        start,
+                        len,
+                    }])
+                    .map_err(device_failure)
+            })),
+            Request::RevokeFile { channel, file } => empty(self.admin(c).and_then(|()| {
+                self.device
+                    .update(vec![TableOp::RemoveFile { channel, file }])
+                    .map_err(device_failure)
+            })),
+            Request::Shutdown => empty(self.admin(c).and_then(|()| {
+                self.stopping.store(true, Ordering::Relaxed);
+                tracing::info!(pid = c.pid, "shutdown requested");
+                self.device.shutdown().map_err(device_failure)
+            })),
+        }
+    }
+}
+
+/// Answers a connection over the limit with one `EMFILE` reply to its first request.
+fn refuse_busy(conn: &OwnedFd, max: usize) {
+    let _ = rustix::net::sockopt::set_socket_timeout(
+        conn,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_millis(100)),
+    );
+    let mut buf = [0u8; 64];
+    let (op, seq) = match rustix::net::recv(conn, &mut buf, RecvFlags::empty()) {
+        Ok((n, _)) => peek_header(&buf[..n.min(64)]).unwrap_or((0, 0)),
+        Err(_) => (0, 0),
+    };
+    let msg = encode_reply(
+        op & !control::REPLY_BIT,
+        seq,
+        &Err(fail(
+            errno::EMFILE,
+            format!("monetad serves at most {max} connections; try again later"),
+        )),
+    );
+    let _ = rustix::net::send(conn, &msg, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
+}

@@ -1,0 +1,216 @@
+//! Helpers for tests that run real `monetad` processes and real client processes.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libmoneta::{Channel, Control};
+use moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
+
+/// A private directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "moneta-test-{tag}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `monetad` process, killed on drop.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub dir: TempDir,
+    pub args: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts a daemon on a volatile 64 MiB array with extra `args`.
+    pub fn start(args: &[&str]) -> Daemon {
+        let mut all = vec!["--volatile", "--size", "64M"];
+        all.extend_from_slice(args);
+        Self::start_raw(&all, TempDir::new("d"))
+    }
+
+    /// Starts a daemon with exactly `args` (plus --socket) in `dir`.
+    pub fn start_raw(args: &[&str], dir: TempDir) -> Daemon {
+        let socket = dir.0.join("monetad.sock");
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut d = Daemon {
+            child: None,
+            socket,
+            dir,
+            args,
+        };
+        d.spawn();
+        d
+    }
+
+    /// (Re)starts the process with the same arguments.
+    pub fn spawn(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_monetad"))
+            .args(&self.args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn monetad");
+        self.child = Some(child);
+        wait_for_socket(&self.socket, self.child.as_mut().unwrap());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn control(&self) -> Control {
+        Control::connect(&self.socket).expect("connect")
+    }
+
+    pub fn channel(&self) -> Channel {
+        Channel::open(&self.socket).expect("open channel")
+    }
+
+    /// Kills with SIGKILL and reaps.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let c = self.child.as_mut()?;
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Some(s) = c.try_wait().unwrap() {
+                self.child = None;
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// The daemon's CPU time (user + system) in clock ticks.
+    pub fn cpu_ticks(&self) -> u64 {
+        cpu_ticks(self.pid())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+pub fn wait_for_socket(socket: &Path, child: &mut Child) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("monetad exited early: {s}");
+        }
+        if Control::connect(socket).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("monetad did not come up at {}", socket.display());
+}
+
+pub fn grant(ctl: &Control, channel: u32, start: u64, len: u64, rw: bool, file: u64) {
+    ctl.grant(Grant {
+        channel,
+        rights: if rw {
+            RIGHT_READ | RIGHT_WRITE
+        } else {
+            RIGHT_READ
+        },
+        start,
+        len,
+        file,
+    })
+    .expect("grant");
+}
+
+/// Re-runs this test binary as a separate process playing `role` (see [`child_role`]).
+pub fn spawn_role(role: &str, args: &[String]) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("MONETA_TEST_ROLE", role)
+        .env("MONETA_TEST_ARGS", args.join("\u{1f}"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn child role")
+}
+
+/// In a child started by [`spawn_role`]: its role and arguments.
+pub fn child_role() -> Option<(String, Vec<String>)> {
+    let role = std::env::var("MONETA_TEST_ROLE").ok()?;
+    let args = std::env::var("MONETA_TEST_ARGS").unwrap_or_default();
+    Some((role, args.split('\u{1f}').map(String::from).collect()))
+}
+
+/// A deterministic byte pattern for address `addr` under `seed`.
+pub fn pattern(seed: u8, addr: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| {
+            let a = addr + i;
+            (a as u8) ^ ((a >> 8) as u8).wrapping_mul(31) ^ seed
+        })
+        .collect()
+}
+
+/// Raises this process's open-file soft limit to the hard limit.
+pub fn raise_nofile() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
+}
+
+/// Whether this process may change its uid. In CI (`CI=true`) tests that need it must not be
+/// skipped, so this panics there instead of returning false.
+pub fn can_setuid(test: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test} needs root, and CI must run it");
+    }
+    eprintln!("SKIPPED {test}: needs root to run a client as another user");
+    false
+}
