@@ -1,1 +1,138 @@
-fn main() {}
+//! `moneta`: the one command users type.
+
+mod bench;
+mod daemon;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use libmoneta::{paths, Control};
+
+/// Moneta: storage at memory speed, from user space, with protection.
+#[derive(Parser)]
+#[command(name = "moneta", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start monetad in the background on the default device (a backing file under the user's
+    /// data directory) or the one given.
+    Start {
+        /// Control socket [default: $MONETA_SOCKET or the user's runtime directory].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Backing file of the array [default: $MONETA_DEVICE or
+        /// ~/.local/share/moneta/device.img].
+        #[arg(long, conflicts_with = "volatile")]
+        device: Option<PathBuf>,
+        /// Array size when creating the backing file (e.g. 1G) [default: 1G].
+        #[arg(long)]
+        size: Option<String>,
+        /// Keep the array in memory only.
+        #[arg(long)]
+        volatile: bool,
+        /// Further monetad options (see `monetad --help`), after `--`.
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// Stop monetad cleanly: requests in flight finish, the array is flushed.
+    Stop {
+        /// Control socket.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Show the device's counters.
+    Status {
+        /// Control socket.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure I/O paths against the kernel (see docs/performance.md).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Cmd::Start {
+            socket,
+            device,
+            size,
+            volatile,
+            extra,
+        } => {
+            let socket = socket.unwrap_or_else(paths::default_socket);
+            let mut args = Vec::new();
+            if volatile {
+                args.push("--volatile".to_string());
+            } else {
+                args.push("--device".into());
+                args.push(
+                    device
+                        .unwrap_or_else(paths::default_device)
+                        .display()
+                        .to_string(),
+                );
+            }
+            if let Some(s) = size {
+                args.push("--size".into());
+                args.push(s);
+            }
+            args.extend(extra);
+            let log = socket.with_extension("log");
+            daemon::start(&socket, &args, &log).map(|s| {
+                println!(
+                    "monetad started: pid {}, socket {}, log {}",
+                    s.pid,
+                    s.socket.display(),
+                    s.log.display()
+                );
+            })
+        }
+        Cmd::Stop { socket } => {
+            let socket = socket.unwrap_or_else(paths::default_socket);
+            daemon::stop(&socket).map(|()| println!("monetad stopped"))
+        }
+        Cmd::Status { socket, json } => {
+            let socket = socket.unwrap_or_else(paths::default_socket);
+            status(&socket, json)
+        }
+        Cmd::Bench(a) => bench::run(a).map(|_| ()),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moneta: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status(socket: &std::path::Path, json: bool) -> Result<(), String> {
+    let s = Control::connect(socket)
+        .and_then(|c| c.status())
+        .map_err(|e| e.to_string())?;
+    let names = moneta_abi::control::StatusReport::NAMES;
+    let values = s.values();
+    if json {
+        let map: serde_json::Map<String, serde_json::Value> = names
+            .iter()
+            .zip(values)
+            .map(|(n, v)| (n.to_string(), v.into()))
+            .collect();
+        println!("{}", serde_json::Value::Object(map));
+        return Ok(());
+    }
+    println!("monetad at {}", socket.display());
+    for (n, v) in names.iter().zip(values) {
+        println!("  {:<20} {v}", n.replace('_', " "));
+    }
+    Ok(())
+}

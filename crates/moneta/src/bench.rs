@@ -1,0 +1,850 @@
+//! `moneta bench`: one engine that times the same I/O pattern through different paths.
+//!
+//! Paths: `moneta-raw` (raw commands on a granted extent through a channel), `kernel-psync`
+//! (`pread`/`pwrite` on a file, by default in `/dev/shm`), and `perm-check` (the permission
+//! table's check alone, in process). Each configuration runs `--runs` times, paths alternating,
+//! after a discarded warm-up; the reported run is the median by p50 latency, with the spread of
+//! p50 over all runs.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use libmoneta::{Channel, Control, Tag};
+use moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
+use moneta_abi::{Command, Completion, Opcode};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// An I/O path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    /// Raw commands through a channel on an administratively granted extent.
+    MonetaRaw,
+    /// pread/pwrite on a file (tmpfs by default).
+    KernelPsync,
+    /// The permission table's check alone.
+    PermCheck,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::MonetaRaw => "moneta-raw",
+            Path::KernelPsync => "kernel-psync",
+            Path::PermCheck => "perm-check",
+        }
+    }
+}
+
+/// What each operation does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Random reads.
+    Read,
+    /// Random writes.
+    Write,
+    /// Random reads and writes, half each.
+    Randrw,
+    /// Sequential reads.
+    Seqread,
+    /// Sequential writes.
+    Seqwrite,
+}
+
+/// Completion strategy for the Moneta paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompletionArg {
+    /// DMA completion: spin on the tag status entry.
+    Spin,
+    /// Forwarding: spin on the completion count.
+    Forward,
+    /// Issue-sleep: sleep on a futex.
+    Sleep,
+}
+
+impl From<CompletionArg> for Completion {
+    fn from(c: CompletionArg) -> Self {
+        match c {
+            CompletionArg::Spin => Completion::Dma,
+            CompletionArg::Forward => Completion::Forward,
+            CompletionArg::Sleep => Completion::Sleep,
+        }
+    }
+}
+
+/// Options of `moneta bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Paths to measure (repeatable). Without any: the comparison of moneta-raw against
+    /// kernel-psync for 512 B and 4 KiB reads and writes, the permission check, and the idle
+    /// daemon's CPU.
+    #[arg(long = "path", value_enum)]
+    pub paths: Vec<Path>,
+    /// Operation.
+    #[arg(long, value_enum, default_value = "read")]
+    pub op: Op,
+    /// Request sizes in bytes (comma-separated; K/M suffixes allowed).
+    #[arg(long, value_delimiter = ',', value_parser = monetad::config::parse_size)]
+    pub size: Vec<u64>,
+    /// Requests in flight per thread (moneta-raw only; kernel-psync is synchronous).
+    #[arg(long, default_value_t = 1)]
+    pub qd: usize,
+    /// Threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Seconds of discarded warm-up before each configuration.
+    #[arg(long, default_value_t = 0.5)]
+    pub warmup: f64,
+    /// Runs per configuration; the median is reported with the spread.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// File for kernel-psync [default: /dev/shm/moneta-bench-PID].
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Bytes of the region the requests fall in.
+    #[arg(long, default_value = "64M", value_parser = monetad::config::parse_size)]
+    pub region: u64,
+    /// Completion strategy for moneta-raw.
+    #[arg(long, value_enum, default_value = "spin")]
+    pub completion: CompletionArg,
+    /// Records installed for perm-check (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1000u64, 16384])]
+    pub records: Vec<u64>,
+    /// Use the daemon at this socket (the bench needs to be its user or root to grant itself
+    /// an extent). Without it the bench starts a private daemon on a volatile array and stops
+    /// it at the end.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print one JSON object per configuration instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Seed of the random offsets.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Latency percentiles in nanoseconds.
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+pub struct Latency {
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Mean.
+    pub mean: u64,
+    /// Maximum.
+    pub max: u64,
+}
+
+/// CPU seconds.
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+pub struct Cpu {
+    /// User time.
+    pub user_s: f64,
+    /// System time.
+    pub sys_s: f64,
+}
+
+/// One configuration's result (the median run).
+#[derive(Serialize, Clone, Debug)]
+pub struct Record {
+    /// Path.
+    pub path: &'static str,
+    /// Operation.
+    pub op: Op,
+    /// Request bytes.
+    pub size: u64,
+    /// Queue depth per thread.
+    pub qd: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Completion strategy (Moneta paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion: Option<CompletionArg>,
+    /// Operations completed.
+    pub ops: u64,
+    /// Seconds measured.
+    pub seconds: f64,
+    /// Operations per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_s: f64,
+    /// Latency.
+    pub lat_ns: Latency,
+    /// CPU of this process.
+    pub cpu: Cpu,
+    /// CPU of the daemon (Moneta paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_cpu: Option<Cpu>,
+    /// Runs taken.
+    pub runs: usize,
+    /// Lowest and highest p50 over the runs.
+    pub p50_spread: [u64; 2],
+    /// Records installed (perm-check).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<u64>,
+}
+
+struct RunResult {
+    hist: Histogram<u64>,
+    ops: u64,
+    seconds: f64,
+    cpu: Cpu,
+    device_cpu: Option<Cpu>,
+}
+
+fn rusage_self() -> Cpu {
+    proc_cpu(std::process::id()).unwrap_or_default()
+}
+
+fn proc_cpu(pid: u32) -> Option<Cpu> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    let tick = 100.0; // USER_HZ on Linux
+    Some(Cpu {
+        user_s: f.get(11)?.parse::<f64>().ok()? / tick,
+        sys_s: f.get(12)?.parse::<f64>().ok()? / tick,
+    })
+}
+
+fn sub(a: Cpu, b: Cpu) -> Cpu {
+    Cpu {
+        user_s: a.user_s - b.user_s,
+        sys_s: a.sys_s - b.sys_s,
+    }
+}
+
+/// Picks request offsets.
+struct Offsets {
+    rng: rand::rngs::StdRng,
+    size: u64,
+    slots: u64,
+    next: u64,
+    sequential: bool,
+}
+
+impl Offsets {
+    fn new(seed: u64, size: u64, region: u64, sequential: bool, thread: usize) -> Self {
+        let slots = (region / size).max(1);
+        Offsets {
+            rng: rand::rngs::StdRng::seed_from_u64(seed ^ (thread as u64).wrapping_mul(0x9e37)),
+            size,
+            slots,
+            next: (thread as u64 * slots / 8) % slots,
+            sequential,
+        }
+    }
+    fn next(&mut self) -> u64 {
+        let slot = if self.sequential {
+            let s = self.next;
+            self.next = (self.next + 1) % self.slots;
+            s
+        } else {
+            self.rng.gen_range(0..self.slots)
+        };
+        slot * self.size
+    }
+    fn is_write(&mut self, op: Op) -> bool {
+        match op {
+            Op::Read | Op::Seqread => false,
+            Op::Write | Op::Seqwrite => true,
+            Op::Randrw => self.rng.gen_bool(0.5),
+        }
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// A target a run drives: everything set up once per configuration.
+enum Target {
+    Moneta {
+        ch: Arc<Channel>,
+        daemon_pid: u32,
+        mode: Completion,
+    },
+    Kernel {
+        fd: Arc<OwnedFd>,
+    },
+}
+
+fn run_threads(
+    a: &BenchArgs,
+    size: u64,
+    target: &Target,
+    seconds: f64,
+) -> Result<RunResult, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let cpu0 = rusage_self();
+    let dev0 = match target {
+        Target::Moneta { daemon_pid, .. } => proc_cpu(*daemon_pid),
+        _ => None,
+    };
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..a.threads {
+        let stop = stop.clone();
+        let a = a.clone();
+        let job: Box<dyn FnOnce() -> Result<(Histogram<u64>, u64), String> + Send> = match target {
+            Target::Moneta { ch, mode, .. } => {
+                let ch = ch.clone();
+                let mode = *mode;
+                Box::new(move || moneta_thread(&a, size, &ch, mode, t, &stop))
+            }
+            Target::Kernel { fd } => {
+                let fd = fd.clone();
+                Box::new(move || kernel_thread(&a, size, &fd, t, &stop))
+            }
+        };
+        handles.push(std::thread::spawn(job));
+    }
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = new_hist();
+    let mut ops = 0;
+    for h in handles {
+        let (th, n) = h
+            .join()
+            .map_err(|_| "a bench thread panicked".to_string())??;
+        hist.add(&th).map_err(|e| e.to_string())?;
+        ops += n;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu = sub(rusage_self(), cpu0);
+    let device_cpu = match (target, dev0) {
+        (Target::Moneta { daemon_pid, .. }, Some(d0)) => proc_cpu(*daemon_pid).map(|d| sub(d, d0)),
+        _ => None,
+    };
+    Ok(RunResult {
+        hist,
+        ops,
+        seconds: elapsed,
+        cpu,
+        device_cpu,
+    })
+}
+
+fn moneta_thread(
+    a: &BenchArgs,
+    size: u64,
+    ch: &Channel,
+    mode: Completion,
+    thread: usize,
+    stop: &AtomicBool,
+) -> Result<(Histogram<u64>, u64), String> {
+    let span = (size as usize).div_ceil(ch.slice_size());
+    let qd = a.qd;
+    let first = thread * qd * span;
+    let tags: Vec<Tag> = (0..qd).map(|i| Tag((first + i * span) as u8)).collect();
+    let mut offs = Offsets::new(
+        a.seed,
+        size,
+        a.region,
+        matches!(a.op, Op::Seqread | Op::Seqwrite),
+        thread,
+    );
+    let mut hist = new_hist();
+    let mut buf = vec![0x5au8; size as usize];
+    let mut ops = 0u64;
+    let mut started = vec![Instant::now(); qd];
+    let mut writes = vec![false; qd];
+    let submit =
+        |i: usize, offs: &mut Offsets, buf: &[u8], started: &mut [Instant], writes: &mut [bool]| {
+            let w = offs.is_write(a.op);
+            let addr = offs.next();
+            started[i] = Instant::now();
+            writes[i] = w;
+            if w {
+                ch.write_dma(tags[i], 0, buf);
+            }
+            ch.submit(
+                tags[i],
+                &Command {
+                    opcode: if w { Opcode::Write } else { Opcode::Read },
+                    completion: mode,
+                    addr,
+                    len: size,
+                    cookie: 0,
+                },
+            );
+        };
+    for i in 0..qd {
+        submit(i, &mut offs, &buf, &mut started, &mut writes);
+    }
+    let mut i = 0;
+    loop {
+        let c = ch.wait(tags[i], mode).map_err(|e| e.to_string())?;
+        if c.status != moneta_abi::Status::Ok {
+            return Err(format!("device status {}", c.status.name()));
+        }
+        if !writes[i] {
+            ch.read_dma(tags[i], 0, &mut buf);
+        }
+        let ns = started[i].elapsed().as_nanos() as u64;
+        hist.record(ns.max(1)).ok();
+        ops += 1;
+        if stop.load(Ordering::Relaxed) {
+            // Drain the rest.
+            for k in 1..qd {
+                let j = (i + k) % qd;
+                ch.wait(tags[j], mode).map_err(|e| e.to_string())?;
+            }
+            break;
+        }
+        submit(i, &mut offs, &buf, &mut started, &mut writes);
+        i = (i + 1) % qd;
+    }
+    Ok((hist, ops))
+}
+
+fn kernel_thread(
+    a: &BenchArgs,
+    size: u64,
+    fd: &OwnedFd,
+    thread: usize,
+    stop: &AtomicBool,
+) -> Result<(Histogram<u64>, u64), String> {
+    let mut offs = Offsets::new(
+        a.seed,
+        size,
+        a.region,
+        matches!(a.op, Op::Seqread | Op::Seqwrite),
+        thread,
+    );
+    let mut hist = new_hist();
+    let mut buf = vec![0x5au8; size as usize];
+    let mut ops = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let w = offs.is_write(a.op);
+        let addr = offs.next();
+        let t = Instant::now();
+        let r = if w {
+            rustix::io::pwrite(fd, &buf, addr)
+        } else {
+            rustix::io::pread(fd, &mut buf, addr)
+        };
+        let ns = t.elapsed().as_nanos() as u64;
+        match r {
+            Ok(n) if n as u64 == size => {}
+            Ok(n) => return Err(format!("short transfer: {n} of {size}")),
+            Err(e) => return Err(format!("kernel I/O failed: {e}")),
+        }
+        hist.record(ns.max(1)).ok();
+        ops += 1;
+    }
+    Ok((hist, ops))
+}
+
+fn summarize(
+    a: &BenchArgs,
+    path: Path,
+    size: u64,
+    mut runs: Vec<RunResult>,
+    completion: Option<CompletionArg>,
+) -> Record {
+    let n = runs.len();
+    let mut p50s: Vec<u64> = runs.iter().map(|r| r.hist.value_at_quantile(0.5)).collect();
+    p50s.sort_unstable();
+    runs.sort_by_key(|r| r.hist.value_at_quantile(0.5));
+    let r = runs.swap_remove(n / 2);
+    let h = &r.hist;
+    let iops = r.ops as f64 / r.seconds;
+    Record {
+        path: path.name(),
+        op: a.op,
+        size,
+        qd: if path == Path::MonetaRaw { a.qd } else { 1 },
+        threads: a.threads,
+        completion,
+        ops: r.ops,
+        seconds: r.seconds,
+        iops,
+        mib_s: iops * size as f64 / (1 << 20) as f64,
+        lat_ns: Latency {
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            mean: h.mean() as u64,
+            max: h.max(),
+        },
+        cpu: r.cpu,
+        device_cpu: r.device_cpu,
+        runs: n,
+        p50_spread: [p50s[0], p50s[n - 1]],
+        records: None,
+    }
+}
+
+/// The permission check alone: `records` records in one channel's tree, random lookups.
+pub fn perm_check(records: u64, seed: u64) -> Record {
+    let records = records.max(1);
+    let mut t = moneta_device::PermissionTable::new(records as usize, 2, true);
+    for i in 0..records {
+        // Gaps between records keep them from merging.
+        t.insert(
+            1,
+            i * 8192,
+            4096,
+            moneta_device::READ | moneta_device::WRITE,
+            i,
+        )
+        .expect("insert");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let addrs: Vec<u64> = (0..1 << 16)
+        .map(|_| rng.gen_range(0..records) * 8192 + rng.gen_range(0..3584))
+        .collect();
+    let rounds = 32;
+    let mut best = f64::MAX;
+    let mut hist = new_hist();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let mut ok = 0u64;
+        for &a in &addrs {
+            ok += t
+                .check(1, std::hint::black_box(a), 512, moneta_device::READ)
+                .is_ok() as u64;
+        }
+        let ns = start.elapsed().as_nanos() as f64 / addrs.len() as f64;
+        assert_eq!(ok, addrs.len() as u64);
+        best = best.min(ns);
+        hist.record((ns * 1000.0) as u64).ok();
+    }
+    let p50 = hist.value_at_quantile(0.5) as f64 / 1000.0;
+    let ops = (rounds * addrs.len()) as u64;
+    Record {
+        path: Path::PermCheck.name(),
+        op: Op::Read,
+        size: 512,
+        qd: 1,
+        threads: 1,
+        completion: None,
+        ops,
+        seconds: p50 * ops as f64 / 1e9,
+        iops: 1e9 / p50,
+        mib_s: 0.0,
+        lat_ns: Latency {
+            p50: p50.round() as u64,
+            p90: (hist.value_at_quantile(0.9) as f64 / 1000.0).round() as u64,
+            p99: (hist.value_at_quantile(0.99) as f64 / 1000.0).round() as u64,
+            p999: (hist.value_at_quantile(0.999) as f64 / 1000.0).round() as u64,
+            mean: (hist.mean() / 1000.0).round() as u64,
+            max: (hist.max() as f64 / 1000.0).round() as u64,
+        },
+        cpu: Cpu::default(),
+        device_cpu: None,
+        runs: rounds,
+        p50_spread: [
+            best.round() as u64,
+            (hist.max() as f64 / 1000.0).round() as u64,
+        ],
+        records: Some(records),
+    }
+}
+
+/// A daemon the bench uses: its own private one, or the user's.
+struct BenchDaemon {
+    socket: PathBuf,
+    pid: u32,
+    private: Option<PathBuf>,
+}
+
+impl BenchDaemon {
+    fn get(a: &BenchArgs, region: u64) -> Result<BenchDaemon, String> {
+        if let Some(s) = &a.socket {
+            let st = Control::connect(s)
+                .and_then(|c| c.status())
+                .map_err(|e| e.to_string())?;
+            return Ok(BenchDaemon {
+                socket: s.clone(),
+                pid: st.pid as u32,
+                private: None,
+            });
+        }
+        let dir = std::env::temp_dir().join(format!("moneta-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let socket = dir.join("monetad.sock");
+        let size = region.next_multiple_of(1 << 20).max(64 << 20);
+        let started = crate::daemon::start(
+            &socket,
+            &["--volatile".into(), "--size".into(), size.to_string()],
+            &dir.join("monetad.log"),
+        )?;
+        Ok(BenchDaemon {
+            socket,
+            pid: started.pid,
+            private: Some(dir),
+        })
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        if let Some(dir) = self.private.take() {
+            let _ = crate::daemon::stop(&self.socket);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn moneta_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
+    let ch = Channel::open(&d.socket).map_err(|e| e.to_string())?;
+    ch.control()
+        .grant(Grant {
+            channel: ch.id(),
+            rights: RIGHT_READ | RIGHT_WRITE,
+            start: 0,
+            len: a.region,
+            file: 0,
+        })
+        .map_err(|e| format!("cannot grant the bench an extent: {e}"))?;
+    Ok(Target::Moneta {
+        ch: Arc::new(ch),
+        daemon_pid: d.pid,
+        mode: a.completion.into(),
+    })
+}
+
+fn kernel_target(a: &BenchArgs) -> Result<(Target, PathBuf), String> {
+    let path = a
+        .target
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/moneta-bench-{}", std::process::id())));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // Fill the region so reads hit allocated pages, as the array's do.
+    let chunk = vec![0xa5u8; 1 << 20];
+    let mut off = 0;
+    while off < a.region {
+        let n = chunk.len().min((a.region - off) as usize);
+        rustix::io::pwrite(&f, &chunk[..n], off).map_err(|e| e.to_string())?;
+        off += n as u64;
+    }
+    Ok((
+        Target::Kernel {
+            fd: Arc::new(f.into()),
+        },
+        path,
+    ))
+}
+
+fn validate(a: &BenchArgs, sizes: &[u64], slice: usize) -> Result<(), String> {
+    if a.threads == 0 || a.qd == 0 || a.runs == 0 || a.duration <= 0.0 {
+        return Err("threads, qd, runs and duration must be positive".into());
+    }
+    for &s in sizes {
+        if s == 0 || s > a.region {
+            return Err(format!(
+                "size {s} must be between 1 and the region ({})",
+                a.region
+            ));
+        }
+        let span = (s as usize).div_ceil(slice);
+        if a.threads * a.qd * span > moneta_abi::TAGS_PER_CHANNEL {
+            return Err(format!(
+                "threads x qd x slices per request = {} exceeds the channel's 64 tags",
+                a.threads * a.qd * span
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the benchmark; returns the records.
+pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
+    let compare = a.paths.is_empty();
+    if compare {
+        a.paths = vec![Path::KernelPsync, Path::MonetaRaw];
+    }
+    let sizes = if a.size.is_empty() {
+        vec![512, 4096]
+    } else {
+        a.size.clone()
+    };
+    let ops = if compare {
+        vec![Op::Read, Op::Write]
+    } else {
+        vec![a.op]
+    };
+    let io_paths: Vec<Path> = a
+        .paths
+        .iter()
+        .copied()
+        .filter(|p| *p != Path::PermCheck)
+        .collect();
+    if io_paths.contains(&Path::KernelPsync) && a.qd != 1 && !io_paths.contains(&Path::MonetaRaw) {
+        return Err("kernel-psync is synchronous: use --threads, not --qd".into());
+    }
+    validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE)?;
+    let mut out = Vec::new();
+    let daemon = if io_paths.contains(&Path::MonetaRaw) {
+        Some(BenchDaemon::get(&a, a.region)?)
+    } else {
+        None
+    };
+    let moneta = match &daemon {
+        Some(d) => Some(moneta_target(d, &a)?),
+        None => None,
+    };
+    let kernel = if io_paths.contains(&Path::KernelPsync) {
+        Some(kernel_target(&a)?)
+    } else {
+        None
+    };
+    for &op in &ops {
+        for &size in &sizes {
+            let mut cfg = a.clone();
+            cfg.op = op;
+            let mut results: Vec<(Path, Vec<RunResult>)> =
+                io_paths.iter().map(|&p| (p, Vec::new())).collect();
+            // Warm-up, discarded, then runs alternating between paths.
+            for (p, _) in &results {
+                let t = target_for(*p, &moneta, &kernel);
+                let mut w = cfg.clone();
+                if *p == Path::KernelPsync {
+                    w.qd = 1;
+                }
+                run_threads(&w, size, t, cfg.warmup)?;
+            }
+            for _ in 0..cfg.runs {
+                for (p, rs) in results.iter_mut() {
+                    let t = target_for(*p, &moneta, &kernel);
+                    let mut w = cfg.clone();
+                    if *p == Path::KernelPsync {
+                        w.qd = 1;
+                    }
+                    rs.push(run_threads(&w, size, t, cfg.duration)?);
+                }
+            }
+            for (p, rs) in results {
+                let completion = (p == Path::MonetaRaw).then_some(cfg.completion);
+                let rec = summarize(&cfg, p, size, rs, completion);
+                if a.json {
+                    println!("{}", serde_json::to_string(&rec).expect("serialize"));
+                }
+                out.push(rec);
+            }
+        }
+    }
+    if a.paths.contains(&Path::PermCheck) || compare {
+        for &n in &a.records {
+            let rec = perm_check(n, a.seed);
+            if a.json {
+                println!("{}", serde_json::to_string(&rec).expect("serialize"));
+            }
+            out.push(rec);
+        }
+    }
+    if !a.json {
+        print_table(&out);
+    }
+    if compare {
+        if let Some(d) = &daemon {
+            drop(moneta);
+            let idle = idle_cpu(d.pid, Duration::from_secs(2));
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"path": "moneta-idle", "seconds": 2.0, "cpu_pct": idle})
+                );
+            } else if let Some(pct) = idle {
+                println!("idle daemon: {pct:.2}% of one CPU over 2 s");
+            }
+        }
+    }
+    if let Some((_, path)) = kernel {
+        if a.target.is_none() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    Ok(out)
+}
+
+fn target_for<'a>(p: Path, m: &'a Option<Target>, k: &'a Option<(Target, PathBuf)>) -> &'a Target {
+    match p {
+        Path::MonetaRaw => m.as_ref().expect("moneta target"),
+        Path::KernelPsync => &k.as_ref().expect("kernel target").0,
+        Path::PermCheck => unreachable!("perm-check is not an I/O path"),
+    }
+}
+
+/// The daemon's CPU use over `over`, in percent of one CPU, after letting it settle.
+pub fn idle_cpu(pid: u32, over: Duration) -> Option<f64> {
+    std::thread::sleep(Duration::from_millis(200));
+    let a = proc_cpu(pid)?;
+    std::thread::sleep(over);
+    let b = proc_cpu(pid)?;
+    let d = sub(b, a);
+    Some((d.user_s + d.sys_s) / over.as_secs_f64() * 100.0)
+}
+
+fn print_table(recs: &[Record]) {
+    use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header([
+        "path",
+        "op",
+        "size",
+        "qd",
+        "thr",
+        "p50 ns",
+        "p99 ns",
+        "p50 spread",
+        "kIOPS",
+        "MiB/s",
+        "vs kernel p50",
+    ]);
+    for r in recs {
+        let kernel = recs.iter().find(|k| {
+            k.path == "kernel-psync" && k.op == r.op && k.size == r.size && k.threads == r.threads
+        });
+        let ratio = match kernel {
+            Some(k) if r.path != "kernel-psync" && r.path != "perm-check" => {
+                format!("{:.2}x", r.lat_ns.p50 as f64 / k.lat_ns.p50 as f64)
+            }
+            _ => String::new(),
+        };
+        let what = match r.records {
+            Some(n) => format!("{} ({n} rec)", r.path),
+            None => r.path.to_string(),
+        };
+        t.add_row([
+            what,
+            format!("{:?}", r.op).to_lowercase(),
+            r.size.to_string(),
+            r.qd.to_string(),
+            r.threads.to_string(),
+            r.lat_ns.p50.to_string(),
+            r.lat_ns.p99.to_string(),
+            format!("{}-{}", r.p50_spread[0], r.p50_spread[1]),
+            format!("{:.1}", r.iops / 1000.0),
+            format!("{:.1}", r.mib_s),
+            ratio,
+        ]);
+    }
+    println!("{t}");
+}
