@@ -299,6 +299,8 @@ impl Device {
             park_after_ns: config.park_after.as_nanos() as u64,
             timing: config.timing,
             idle_passes: 0,
+            busy_passes: 0,
+            done: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("moneta-poller".into())
@@ -502,7 +504,15 @@ struct Poller<M, C> {
     park_after_ns: u64,
     timing: Timing,
     idle_passes: u64,
+    busy_passes: u64,
+    done: Vec<Issued>,
 }
+
+/// How many busy passes between publications of the counters.
+const PUBLISH_PASSES: u64 = 1024;
+
+/// Idle passes after which the counters are published.
+const IDLE_PUBLISH_PASSES: u64 = 64;
 
 /// How many passes a busy poller makes between looks at the kick eventfds of parked channels.
 const KICK_CHECK_PASSES: u64 = 256;
@@ -521,7 +531,13 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.settle_fences();
             passes = passes.wrapping_add(1);
             if busy {
-                self.publish();
+                // Counters reach `status` every so many busy passes and whenever the poller
+                // goes idle.
+                self.busy_passes = self.busy_passes.wrapping_add(1);
+                self.idle_passes = 0;
+                if self.busy_passes % PUBLISH_PASSES == 0 {
+                    self.publish();
+                }
             }
             if self.shutdown.is_some() && self.retag.waiting() == 0 && self.sched.is_empty() {
                 self.finish_shutdown();
@@ -921,54 +937,65 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 let latest = self.sched.latest_for(|r| r.channel == p.channel);
                 ready = ready.max(latest.unwrap_or(0));
             }
-            self.sched.issue(
-                ready,
-                Issued {
-                    channel: p.channel,
-                    tag: p.tag,
-                    phys,
-                    cmd,
-                    t0: p.t0,
-                    status,
-                },
-            );
+            let issued = Issued {
+                channel: p.channel,
+                tag: p.tag,
+                phys,
+                cmd,
+                t0: p.t0,
+                status,
+            };
+            if ready <= now {
+                // Due already (no modeled latency): complete in this pass.
+                self.finish(issued);
+            } else {
+                self.sched.issue(ready, issued);
+            }
         }
         busy
     }
 
     /// Publishes completions the scheduler says are due.
     fn complete(&mut self, now: u64) -> bool {
-        let mut done = Vec::new();
-        if self.sched.complete_ready(now, |r| done.push(r)) == 0 {
+        if self.sched.is_empty() {
             return false;
         }
-        for r in done {
-            let mut status = r.status;
-            if status == Status::Ok && r.cmd.opcode == Opcode::Flush {
-                self.local.flushes += 1;
-                if r.cmd.len > 0 && self.media.flush(r.cmd.addr, r.cmd.len).is_err() {
-                    status = Status::MediaError;
-                }
-            }
-            let bytes = match (status, r.cmd.opcode) {
-                (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
-                _ => 0,
-            };
-            self.retag.release(r.phys);
-            if let Some(ch) = self.channels[r.channel as usize].as_mut() {
-                ch.in_flight &= !(1u64 << r.tag);
-            }
-            self.publish_completion(
-                r.channel,
-                r.tag,
-                r.cmd.completion,
-                status,
-                &r.cmd,
-                bytes,
-                r.t0,
-            );
+        let mut done = std::mem::take(&mut self.done);
+        self.sched.complete_ready(now, |r| done.push(r));
+        let any = !done.is_empty();
+        for r in done.drain(..) {
+            self.finish(r);
         }
-        true
+        self.done = done;
+        any
+    }
+
+    /// Ends a request that held a physical tag.
+    fn finish(&mut self, r: Issued) {
+        let mut status = r.status;
+        if status == Status::Ok && r.cmd.opcode == Opcode::Flush {
+            self.local.flushes += 1;
+            if r.cmd.len > 0 && self.media.flush(r.cmd.addr, r.cmd.len).is_err() {
+                status = Status::MediaError;
+            }
+        }
+        let bytes = match (status, r.cmd.opcode) {
+            (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
+            _ => 0,
+        };
+        self.retag.release(r.phys);
+        if let Some(ch) = self.channels[r.channel as usize].as_mut() {
+            ch.in_flight &= !(1u64 << r.tag);
+        }
+        self.publish_completion(
+            r.channel,
+            r.tag,
+            r.cmd.completion,
+            status,
+            &r.cmd,
+            bytes,
+            r.t0,
+        );
     }
 
     /// Writes a completion the way the command asked (Moneta-D §4.4).
@@ -1041,6 +1068,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
     // ---- idling ----------------------------------------------------------------------------
 
     fn idle(&mut self, now: u64) {
+        if self.idle_passes == IDLE_PUBLISH_PASSES {
+            self.publish();
+        }
         // Park channels that have been quiet long enough.
         let park_after = self.park_after_ns;
         let mut i = 0;
@@ -1082,7 +1112,6 @@ impl<M: Media, C: Clock> Poller<M, C> {
             if self.idle_passes % KICK_CHECK_PASSES == 0 {
                 self.poll_kicks(Some(Duration::ZERO), now);
             }
-            std::hint::spin_loop();
         }
     }
 

@@ -35,6 +35,22 @@ struct Node {
     height: u8,
 }
 
+#[derive(Clone, Copy, Debug)]
+struct Key {
+    start: u64,
+    /// Left and right subtree.
+    child: [u32; 2],
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    end: u64,
+    file: u64,
+    channel: u32,
+    rights: u8,
+    height: u8,
+}
+
 const EMPTY: Node = Node {
     start: 0,
     end: 0,
@@ -93,7 +109,10 @@ pub struct TableCounters {
 
 /// The permission table: a fixed pool of records and a root table of per-channel trees.
 pub struct PermissionTable {
-    nodes: Vec<Node>,
+    /// What a search touches, kept apart so the search stays in cache.
+    keys: Vec<Key>,
+    /// The rest of each record.
+    meta: Vec<Meta>,
     free: Vec<u32>,
     roots: Vec<u32>,
     merge: bool,
@@ -107,7 +126,23 @@ impl PermissionTable {
     pub fn new(capacity: usize, channels: usize, merge: bool) -> Self {
         assert!(capacity < NIL as usize && channels < FREE as usize);
         Self {
-            nodes: vec![EMPTY; capacity],
+            keys: vec![
+                Key {
+                    start: 0,
+                    child: [NIL, NIL]
+                };
+                capacity
+            ],
+            meta: vec![
+                Meta {
+                    end: 0,
+                    file: 0,
+                    channel: FREE,
+                    rights: 0,
+                    height: 0
+                };
+                capacity
+            ],
             free: (0..capacity as u32).rev().collect(),
             roots: vec![NIL; channels],
             merge,
@@ -116,9 +151,37 @@ impl PermissionTable {
         }
     }
 
+    fn node(&self, i: u32) -> Node {
+        let (k, m) = (self.keys[i as usize], self.meta[i as usize]);
+        Node {
+            start: k.start,
+            end: m.end,
+            file: m.file,
+            channel: m.channel,
+            left: k.child[0],
+            right: k.child[1],
+            rights: m.rights,
+            height: m.height,
+        }
+    }
+
+    fn set(&mut self, i: u32, n: Node) {
+        self.keys[i as usize] = Key {
+            start: n.start,
+            child: [n.left, n.right],
+        };
+        self.meta[i as usize] = Meta {
+            end: n.end,
+            file: n.file,
+            channel: n.channel,
+            rights: n.rights,
+            height: n.height,
+        };
+    }
+
     /// Capacity in records.
     pub fn capacity(&self) -> usize {
-        self.nodes.len()
+        self.keys.len()
     }
 
     /// Counters.
@@ -143,7 +206,7 @@ impl PermissionTable {
             if n == NIL {
                 return Err(Status::PermissionMiss);
             }
-            let node = &self.nodes[n as usize];
+            let node = &self.meta[n as usize];
             if node.end <= at {
                 return Err(Status::PermissionMiss);
             }
@@ -175,7 +238,7 @@ impl PermissionTable {
         if len == 0 || rights & !(READ | WRITE) != 0 {
             return Err(TableError::Invalid);
         }
-        if self.nodes.len() < 2 {
+        if self.keys.len() < 2 {
             return Err(TableError::NoRoom);
         }
         let mut ev = self.remove_range(channel, start, len)?;
@@ -193,24 +256,24 @@ impl PermissionTable {
                 (succ != NIL && self.mergeable(succ, end, file, rights, false)).then_some(succ);
             match (pred, succ) {
                 (Some(p), Some(s)) => {
-                    let s_end = self.nodes[s as usize].end;
-                    let s_start = self.nodes[s as usize].start;
+                    let s_end = self.meta[s as usize].end;
+                    let s_start = self.keys[s as usize].start;
                     self.delete(channel, s_start);
-                    self.nodes[p as usize].end = s_end;
+                    self.meta[p as usize].end = s_end;
                     // Three records became one.
                     self.counters.merges += 2;
                     return Ok(ev);
                 }
                 (Some(p), None) => {
                     // Extending a node's end keeps the tree's order: nothing else overlaps.
-                    self.nodes[p as usize].end = end;
+                    self.meta[p as usize].end = end;
                     self.counters.merges += 1;
                     return Ok(ev);
                 }
                 (None, Some(s)) => {
                     // Lowering a node's start down to the end of its predecessor's range keeps
                     // the tree's order for the same reason.
-                    self.nodes[s as usize].start = start;
+                    self.keys[s as usize].start = start;
                     self.counters.merges += 1;
                     return Ok(ev);
                 }
@@ -222,7 +285,7 @@ impl PermissionTable {
     }
 
     fn mergeable(&self, n: u32, at: u64, file: u64, rights: u8, is_pred: bool) -> bool {
-        let node = &self.nodes[n as usize];
+        let node = self.node(n);
         let touches = if is_pred {
             node.end == at
         } else {
@@ -247,17 +310,17 @@ impl PermissionTable {
         }
         let mut overlapping = Vec::new();
         let first = self.floor(root, start);
-        let mut key = if first != NIL && self.nodes[first as usize].end > start {
-            self.nodes[first as usize].start
+        let mut key = if first != NIL && self.meta[first as usize].end > start {
+            self.keys[first as usize].start
         } else {
             start
         };
         loop {
             let n = self.ceil(self.roots[channel as usize], key);
-            if n == NIL || self.nodes[n as usize].start >= end {
+            if n == NIL || self.keys[n as usize].start >= end {
                 break;
             }
-            let node = self.nodes[n as usize];
+            let node = self.node(n);
             overlapping.push(node);
             key = node.start + 1;
         }
@@ -327,7 +390,7 @@ impl PermissionTable {
         if n == NIL {
             return;
         }
-        let node = self.nodes[n as usize];
+        let node = self.node(n);
         self.collect(node.left, f);
         f(&node);
         self.collect(node.right, f);
@@ -338,21 +401,23 @@ impl PermissionTable {
             return;
         }
         out.push(n);
-        self.collect_idx(self.nodes[n as usize].left, out);
-        self.collect_idx(self.nodes[n as usize].right, out);
+        self.collect_idx(self.keys[n as usize].child[0], out);
+        self.collect_idx(self.keys[n as usize].child[1], out);
     }
 
     /// The node with the greatest start `<= key`, or NIL.
     #[inline]
     fn floor(&self, mut n: u32, key: u64) -> u32 {
         let mut best = NIL;
+        // Branches, not conditional moves: speculation runs ahead down the likely path and
+        // hides the latency of the dependent loads better.
         while n != NIL {
-            let node = &self.nodes[n as usize];
-            if node.start <= key {
+            let k = &self.keys[n as usize];
+            if k.start <= key {
                 best = n;
-                n = node.right;
+                n = k.child[1];
             } else {
-                n = node.left;
+                n = k.child[0];
             }
         }
         best
@@ -362,12 +427,12 @@ impl PermissionTable {
     fn ceil(&self, mut n: u32, key: u64) -> u32 {
         let mut best = NIL;
         while n != NIL {
-            let node = &self.nodes[n as usize];
+            let node = &self.keys[n as usize];
             if node.start >= key {
                 best = n;
-                n = node.left;
+                n = node.child[0];
             } else {
-                n = node.right;
+                n = node.child[1];
             }
         }
         best
@@ -392,16 +457,19 @@ impl PermissionTable {
                 self.free.pop().expect("eviction frees a node")
             }
         };
-        self.nodes[idx as usize] = Node {
-            start,
-            end,
-            file,
-            channel,
-            left: NIL,
-            right: NIL,
-            rights,
-            height: 1,
-        };
+        self.set(
+            idx,
+            Node {
+                start,
+                end,
+                file,
+                channel,
+                left: NIL,
+                right: NIL,
+                rights,
+                height: 1,
+            },
+        );
         self.counters.used += 1;
         let root = self.roots[channel as usize];
         self.roots[channel as usize] = self.insert_node(root, idx);
@@ -409,11 +477,11 @@ impl PermissionTable {
 
     /// Evicts the next record in clock order; returns its channel.
     fn evict_one(&mut self) -> u32 {
-        let cap = self.nodes.len();
+        let cap = self.keys.len();
         for _ in 0..cap {
             let i = self.hand;
             self.hand = (self.hand + 1) % cap;
-            let node = self.nodes[i];
+            let node = self.node(i as u32);
             if node.channel != FREE {
                 self.delete(node.channel, node.start);
                 self.counters.evictions += 1;
@@ -424,7 +492,7 @@ impl PermissionTable {
     }
 
     fn release(&mut self, i: u32) {
-        self.nodes[i as usize] = EMPTY;
+        self.set(i, EMPTY);
         self.free.push(i);
         self.counters.used -= 1;
     }
@@ -443,30 +511,30 @@ impl PermissionTable {
         if n == NIL {
             0
         } else {
-            self.nodes[n as usize].height
+            self.meta[n as usize].height
         }
     }
 
     fn fix(&mut self, n: u32) {
         let h = 1 + self
-            .height(self.nodes[n as usize].left)
-            .max(self.height(self.nodes[n as usize].right));
-        self.nodes[n as usize].height = h;
+            .height(self.keys[n as usize].child[0])
+            .max(self.height(self.keys[n as usize].child[1]));
+        self.meta[n as usize].height = h;
     }
 
     fn rotate_right(&mut self, n: u32) -> u32 {
-        let l = self.nodes[n as usize].left;
-        self.nodes[n as usize].left = self.nodes[l as usize].right;
-        self.nodes[l as usize].right = n;
+        let l = self.keys[n as usize].child[0];
+        self.keys[n as usize].child[0] = self.keys[l as usize].child[1];
+        self.keys[l as usize].child[1] = n;
         self.fix(n);
         self.fix(l);
         l
     }
 
     fn rotate_left(&mut self, n: u32) -> u32 {
-        let r = self.nodes[n as usize].right;
-        self.nodes[n as usize].right = self.nodes[r as usize].left;
-        self.nodes[r as usize].left = n;
+        let r = self.keys[n as usize].child[1];
+        self.keys[n as usize].child[1] = self.keys[r as usize].child[0];
+        self.keys[r as usize].child[0] = n;
         self.fix(n);
         self.fix(r);
         r
@@ -474,19 +542,28 @@ impl PermissionTable {
 
     fn rebalance(&mut self, n: u32) -> u32 {
         self.fix(n);
-        let (l, r) = (self.nodes[n as usize].left, self.nodes[n as usize].right);
+        let (l, r) = (
+            self.keys[n as usize].child[0],
+            self.keys[n as usize].child[1],
+        );
         let bal = i32::from(self.height(l)) - i32::from(self.height(r));
         if bal > 1 {
-            let (ll, lr) = (self.nodes[l as usize].left, self.nodes[l as usize].right);
+            let (ll, lr) = (
+                self.keys[l as usize].child[0],
+                self.keys[l as usize].child[1],
+            );
             if self.height(ll) < self.height(lr) {
-                self.nodes[n as usize].left = self.rotate_left(l);
+                self.keys[n as usize].child[0] = self.rotate_left(l);
             }
             return self.rotate_right(n);
         }
         if bal < -1 {
-            let (rl, rr) = (self.nodes[r as usize].left, self.nodes[r as usize].right);
+            let (rl, rr) = (
+                self.keys[r as usize].child[0],
+                self.keys[r as usize].child[1],
+            );
             if self.height(rr) < self.height(rl) {
-                self.nodes[n as usize].right = self.rotate_right(r);
+                self.keys[n as usize].child[1] = self.rotate_right(r);
             }
             return self.rotate_left(n);
         }
@@ -497,13 +574,13 @@ impl PermissionTable {
         if root == NIL {
             return idx;
         }
-        let key = self.nodes[idx as usize].start;
-        if key < self.nodes[root as usize].start {
-            let l = self.insert_node(self.nodes[root as usize].left, idx);
-            self.nodes[root as usize].left = l;
+        let key = self.keys[idx as usize].start;
+        if key < self.keys[root as usize].start {
+            let l = self.insert_node(self.keys[root as usize].child[0], idx);
+            self.keys[root as usize].child[0] = l;
         } else {
-            let r = self.insert_node(self.nodes[root as usize].right, idx);
-            self.nodes[root as usize].right = r;
+            let r = self.insert_node(self.keys[root as usize].child[1], idx);
+            self.keys[root as usize].child[1] = r;
         }
         self.rebalance(root)
     }
@@ -514,15 +591,15 @@ impl PermissionTable {
         if root == NIL {
             return (NIL, None);
         }
-        let node = self.nodes[root as usize];
+        let node = self.node(root);
         let removed;
         if key < node.start {
             let (l, r) = self.delete_node(node.left, key);
-            self.nodes[root as usize].left = l;
+            self.keys[root as usize].child[0] = l;
             removed = r;
         } else if key > node.start {
             let (r, rem) = self.delete_node(node.right, key);
-            self.nodes[root as usize].right = r;
+            self.keys[root as usize].child[1] = r;
             removed = rem;
         } else {
             if node.left == NIL {
@@ -532,20 +609,20 @@ impl PermissionTable {
                 return (node.left, Some(root));
             }
             let (right, min) = self.remove_min(node.right);
-            self.nodes[min as usize].left = node.left;
-            self.nodes[min as usize].right = right;
+            self.keys[min as usize].child[0] = node.left;
+            self.keys[min as usize].child[1] = right;
             return (self.rebalance(min), Some(root));
         }
         (self.rebalance(root), removed)
     }
 
     fn remove_min(&mut self, root: u32) -> (u32, u32) {
-        let left = self.nodes[root as usize].left;
+        let left = self.keys[root as usize].child[0];
         if left == NIL {
-            return (self.nodes[root as usize].right, root);
+            return (self.keys[root as usize].child[1], root);
         }
         let (l, min) = self.remove_min(left);
-        self.nodes[root as usize].left = l;
+        self.keys[root as usize].child[0] = l;
         (self.rebalance(root), min)
     }
 
@@ -558,14 +635,14 @@ impl PermissionTable {
             self.validate_node(root, c as u32, &mut prev_end, &mut seen);
         }
         assert_eq!(seen as u64, self.counters.used);
-        assert_eq!(seen + self.free.len(), self.nodes.len());
+        assert_eq!(seen + self.free.len(), self.keys.len());
     }
 
     fn validate_node(&self, n: u32, c: u32, prev_end: &mut Option<u64>, seen: &mut usize) -> u8 {
         if n == NIL {
             return 0;
         }
-        let node = self.nodes[n as usize];
+        let node = self.node(n);
         assert_eq!(node.channel, c);
         let hl = self.validate_node(node.left, c, prev_end, seen);
         assert!(node.start < node.end);
