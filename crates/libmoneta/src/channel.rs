@@ -282,7 +282,7 @@ impl Channel {
                 while st.state.load(Ordering::Acquire) != TAG_DONE {
                     std::hint::spin_loop();
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 {
+                    if spins.is_multiple_of(4096) {
                         self.check_alive(&mut since)?;
                     }
                 }
@@ -303,7 +303,7 @@ impl Channel {
                     }
                     std::hint::spin_loop();
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 {
+                    if spins.is_multiple_of(4096) {
                         self.check_alive(&mut since)?;
                     }
                 }

@@ -83,7 +83,7 @@ impl Control {
 
     /// Sends raw bytes as one message (for tests of the daemon's parser).
     pub fn send_raw(&self, msg: &[u8]) -> Result<(), ClientError> {
-        let mut space = [MaybeUninit::<u8>::uninit(); 0];
+        let mut space: [MaybeUninit<u8>; 0] = [];
         let mut cmsg = SendAncillaryBuffer::new(&mut space);
         rustix::net::sendmsg(
             &self.fd,

@@ -31,8 +31,8 @@ impl DmaGeometry {
     /// 4 KiB, and the buffer is at most 64 MiB.
     pub fn validate(&self) -> Result<(), String> {
         let ok = self.slice_size >= 4096
-            && self.slice_size % 4096 == 0
-            && self.dma_size % 4096 == 0
+            && self.slice_size.is_multiple_of(4096)
+            && self.dma_size.is_multiple_of(4096)
             && self.dma_size <= 64 << 20
             && self.slice_size.checked_mul(TAGS_PER_CHANNEL) == Some(self.dma_size);
         if ok {

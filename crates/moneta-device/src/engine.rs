@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 
 use moneta_abi::control::{ChannelInfo, StatusReport};
 use moneta_abi::{
-    decode, Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL,
-    TAG_DONE,
+    Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL, TAG_DONE,
 };
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::channel::{ChannelMem, DmaGeometry};
 use crate::clock::Clock;
+use crate::command::validate;
 use crate::media::Media;
 use crate::permission::{PermissionTable, TableError, READ, WRITE};
 use crate::retag::Retag;
@@ -535,7 +535,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 // goes idle.
                 self.busy_passes = self.busy_passes.wrapping_add(1);
                 self.idle_passes = 0;
-                if self.busy_passes % PUBLISH_PASSES == 0 {
+                if self.busy_passes.is_multiple_of(PUBLISH_PASSES) {
                     self.publish();
                 }
             }
@@ -544,7 +544,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 return;
             }
             if busy {
-                if passes % KICK_CHECK_PASSES == 0 {
+                if passes.is_multiple_of(KICK_CHECK_PASSES) {
                     self.poll_kicks(Some(Duration::ZERO), now);
                 }
                 continue;
@@ -833,45 +833,14 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             return;
         }
-        let geometry = ch.mem.geometry();
-        let array_size = self.media.size();
-        let cmd = match decode(&words) {
+        let cmd = match validate(&words, tag, ch.mem.geometry(), self.media.size()) {
             Ok(cmd) => cmd,
-            Err(e) => {
-                let d = Decoded {
-                    opcode: moneta_abi::Opcode::from_u16(words[0] as u16),
-                    completion: e.completion,
-                    addr: words[1],
-                    len: words[2],
-                    cookie: e.cookie,
-                };
-                self.publish_completion(id, tag as u8, e.completion, e.status, &d, 0, now);
+            Err(r) => {
+                self.publish_completion(id, tag as u8, r.completion, r.status, &r.cmd, 0, now);
                 return;
             }
         };
-        let limit = match cmd.opcode {
-            Opcode::Read | Opcode::Write => {
-                let dma_start = (tag * geometry.slice_size) as u64;
-                if dma_start
-                    .checked_add(cmd.len)
-                    .is_none_or(|e| e > geometry.dma_size as u64)
-                {
-                    Err(Status::BadDma)
-                } else if cmd.addr.checked_add(cmd.len).is_none_or(|e| e > array_size) {
-                    Err(Status::OutOfRange)
-                } else {
-                    Ok(())
-                }
-            }
-            Opcode::Flush if cmd.addr.checked_add(cmd.len).is_none_or(|e| e > array_size) => {
-                Err(Status::OutOfRange)
-            }
-            _ => Ok(()),
-        };
-        if let Err(status) = limit {
-            self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
-            return;
-        }
+        let ch = self.channels[id as usize].as_mut().expect("active channel");
         ch.in_flight |= bit;
         self.retag.enqueue(Pending {
             channel: id,
@@ -884,7 +853,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// Gives waiting requests physical tags, checks permission, moves data, schedules.
     fn dispatch(&mut self, now: u64) -> bool {
         let mut busy = false;
-        while let Some((phys, p)) = self.retag.next() {
+        while let Some((phys, p)) = self.retag.take() {
             busy = true;
             let ch = self.channels[p.channel as usize]
                 .as_ref()
@@ -1109,7 +1078,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
         } else {
             self.idle_passes = self.idle_passes.wrapping_add(1);
-            if self.idle_passes % KICK_CHECK_PASSES == 0 {
+            if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
                 self.poll_kicks(Some(Duration::ZERO), now);
             }
         }

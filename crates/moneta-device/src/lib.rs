@@ -8,6 +8,7 @@
 
 pub mod channel;
 pub mod clock;
+pub mod command;
 pub mod engine;
 pub mod media;
 pub mod permission;

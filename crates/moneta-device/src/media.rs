@@ -92,7 +92,7 @@ pub struct MappedArray {
 pub const MAX_ARRAY_SIZE: u64 = 1 << 46;
 
 fn check_size(size: u64) -> Result<(), MediaError> {
-    if size < 4096 || size > MAX_ARRAY_SIZE || size % 4096 != 0 {
+    if !(4096..=MAX_ARRAY_SIZE).contains(&size) || !size.is_multiple_of(4096) {
         return Err(MediaError::BadSize(size));
     }
     Ok(())

@@ -32,7 +32,7 @@ impl<T> Retag<T> {
     }
 
     /// Takes the oldest waiting request together with a free physical tag, if both exist.
-    pub fn next(&mut self) -> Option<(u16, T)> {
+    pub fn take(&mut self) -> Option<(u16, T)> {
         if self.waiting.is_empty() {
             return None;
         }
@@ -98,20 +98,20 @@ mod tests {
         for i in 0..4 {
             r.enqueue(i);
         }
-        let (t0, a) = r.next().unwrap();
-        let (t1, b) = r.next().unwrap();
+        let (t0, a) = r.take().unwrap();
+        let (t1, b) = r.take().unwrap();
         assert_eq!((a, b), (0, 1));
         assert_eq!(r.stalls(), 0);
-        assert!(r.next().is_none());
+        assert!(r.take().is_none());
         assert_eq!(r.in_use(), 2);
         assert_eq!(r.stalls(), 2);
         r.enqueue(4);
-        assert!(r.next().is_none());
+        assert!(r.take().is_none());
         assert_eq!(r.stalls(), 3);
         r.release(t1);
-        assert_eq!(r.next().unwrap().1, 2);
+        assert_eq!(r.take().unwrap().1, 2);
         r.release(t0);
-        assert_eq!(r.next().unwrap().1, 3);
+        assert_eq!(r.take().unwrap().1, 3);
         let mut dropped = vec![];
         r.drain_waiting(|&x| x == 4, |x| dropped.push(x));
         assert_eq!(dropped, vec![4]);

@@ -285,6 +285,10 @@ enum Target {
     },
 }
 
+/// One bench thread's work: its latency histogram and operation count.
+type ThreadOutcome = Result<(Histogram<u64>, u64), String>;
+type Job = Box<dyn FnOnce() -> ThreadOutcome + Send>;
+
 fn run_threads(
     a: &BenchArgs,
     size: u64,
@@ -302,7 +306,7 @@ fn run_threads(
     for t in 0..a.threads {
         let stop = stop.clone();
         let a = a.clone();
-        let job: Box<dyn FnOnce() -> Result<(Histogram<u64>, u64), String> + Send> = match target {
+        let job: Job = match target {
             Target::Moneta { ch, mode, .. } => {
                 let ch = ch.clone();
                 let mode = *mode;

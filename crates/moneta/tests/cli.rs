@@ -1,0 +1,222 @@
+//! The `moneta` command as a user runs it: a real daemon started and stopped, a real bench.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn moneta(args: &[&str], env: &[(&str, &PathBuf)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moneta"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run moneta")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("moneta-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+#[test]
+fn start_status_stop_on_the_default_paths() {
+    let dir = tempdir("life");
+    let runtime = dir.0.join("run");
+    let data = dir.0.join("data");
+    let env = [("XDG_RUNTIME_DIR", &runtime), ("XDG_DATA_HOME", &data)];
+    let o = moneta(&["start", "--size", "64M"], &env);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("monetad started"));
+    let socket = runtime.join("moneta/monetad.sock");
+    assert!(socket.exists());
+    assert!(
+        data.join("moneta/device.img").exists(),
+        "default device file"
+    );
+    let o = moneta(&["start"], &env);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("already running"), "{}", text(&o));
+    let o = moneta(&["status", "--json"], &env);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["array_size"], 64 << 20);
+    assert_eq!(v["persistent"], 1);
+    assert_eq!(v["channels_max"], 1024);
+    assert_eq!(v["table_capacity"], 16384);
+    let o = moneta(&["status"], &env);
+    assert!(text(&o).contains("channels open"));
+    let o = moneta(&["stop"], &env);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!socket.exists());
+    let o = moneta(&["status"], &env);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not running"), "{}", text(&o));
+}
+
+#[test]
+fn bench_emits_well_formed_records_in_a_tiny_configuration() {
+    let dir = tempdir("bench");
+    let target = dir.0.join("kernel.dat");
+    let t = target.display().to_string();
+    let o = moneta(
+        &[
+            "bench",
+            "--path",
+            "moneta-raw",
+            "--path",
+            "kernel-psync",
+            "--path",
+            "perm-check",
+            "--size",
+            "512,4K",
+            "--threads",
+            "2",
+            "--duration",
+            "0.2",
+            "--warmup",
+            "0.05",
+            "--runs",
+            "2",
+            "--records",
+            "100",
+            "--region",
+            "4M",
+            "--target",
+            &t,
+            "--json",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let recs: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 2 * 2 + 1);
+    for r in &recs {
+        for k in [
+            "path", "op", "size", "qd", "threads", "ops", "seconds", "iops", "mib_s", "lat_ns",
+            "cpu",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
+        }
+        let lat = &r["lat_ns"];
+        let (p50, p99, max) = (
+            lat["p50"].as_u64().unwrap(),
+            lat["p99"].as_u64().unwrap(),
+            lat["max"].as_u64().unwrap(),
+        );
+        assert!(p50 > 0 && p50 <= p99 && p99 <= max, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0);
+        let iops = r["iops"].as_f64().unwrap();
+        if r["path"] != "perm-check" {
+            let ops = r["ops"].as_f64().unwrap();
+            let secs = r["seconds"].as_f64().unwrap();
+            assert!((iops - ops / secs).abs() < 1e-6 * iops.max(1.0));
+            let size = r["size"].as_f64().unwrap();
+            let mib = r["mib_s"].as_f64().unwrap();
+            assert!((mib - iops * size / 1048576.0).abs() < 1e-6 * mib.max(1.0));
+            assert_eq!(r["threads"], 2);
+        }
+    }
+    assert!(recs
+        .iter()
+        .any(|r| r["path"] == "moneta-raw" && r["device_cpu"].is_object()));
+    assert!(recs
+        .iter()
+        .any(|r| r["path"] == "perm-check" && r["records"] == 100));
+    assert!(!target.exists() || std::fs::metadata(&target).unwrap().len() == 4 << 20);
+}
+
+#[test]
+fn bench_runs_every_completion_strategy_with_queue_depth() {
+    for c in ["spin", "forward", "sleep"] {
+        let o = moneta(
+            &[
+                "bench",
+                "--path",
+                "moneta-raw",
+                "--op",
+                "randrw",
+                "--qd",
+                "4",
+                "--size",
+                "4K",
+                "--duration",
+                "0.1",
+                "--warmup",
+                "0",
+                "--runs",
+                "1",
+                "--region",
+                "1M",
+                "--completion",
+                c,
+                "--json",
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{c}: {}", text(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["completion"], c);
+        assert_eq!(r["qd"], 4);
+        assert!(r["ops"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn bench_refuses_impossible_configurations() {
+    for (args, msg) in [
+        (
+            &["bench", "--path", "moneta-raw", "--qd", "0"][..],
+            "positive",
+        ),
+        (
+            &[
+                "bench",
+                "--path",
+                "moneta-raw",
+                "--qd",
+                "16",
+                "--threads",
+                "8",
+            ][..],
+            "64 tags",
+        ),
+        (
+            &["bench", "--path", "kernel-psync", "--qd", "4"][..],
+            "synchronous",
+        ),
+        (
+            &[
+                "bench",
+                "--path",
+                "moneta-raw",
+                "--size",
+                "1M",
+                "--region",
+                "512K",
+            ][..],
+            "region",
+        ),
+    ] {
+        let o = moneta(args, &[]);
+        assert!(!o.status.success());
+        assert!(text(&o).contains(msg), "{args:?}: {}", text(&o));
+    }
+}
