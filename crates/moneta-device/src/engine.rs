@@ -301,6 +301,7 @@ impl Device {
             idle_passes: 0,
             busy_passes: 0,
             done: Vec::new(),
+            now: 0,
         };
         let thread = std::thread::Builder::new()
             .name("moneta-poller".into())
@@ -506,10 +507,15 @@ struct Poller<M, C> {
     idle_passes: u64,
     busy_passes: u64,
     done: Vec<Issued>,
+    /// The clock as last read.
+    now: u64,
 }
 
 /// How many busy passes between publications of the counters.
 const PUBLISH_PASSES: u64 = 1024;
+
+/// Idle passes between looks at the clock (for parking and sleeping).
+const IDLE_CHECK_PASSES: u64 = 16;
 
 /// Idle passes after which the counters are published.
 const IDLE_PUBLISH_PASSES: u64 = 64;
@@ -521,13 +527,14 @@ impl<M: Media, C: Clock> Poller<M, C> {
     fn run(mut self) {
         let mut passes: u64 = 0;
         loop {
-            let now = self.clock.now_ns();
-            let mut busy = self.apply_controls(now);
+            // The clock is read only when a pass has something to time: an idle pass is a few
+            // loads, so a doorbell is noticed quickly.
+            let mut busy = self.apply_controls();
             if self.shutdown.is_none() {
-                busy |= self.intake(now);
+                busy |= self.intake();
             }
-            busy |= self.dispatch(now);
-            busy |= self.complete(self.clock.now_ns());
+            busy |= self.dispatch();
+            busy |= self.complete();
             self.settle_fences();
             passes = passes.wrapping_add(1);
             if busy {
@@ -545,11 +552,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             if busy {
                 if passes.is_multiple_of(KICK_CHECK_PASSES) {
-                    self.poll_kicks(Some(Duration::ZERO), now);
+                    self.poll_kicks(Some(Duration::ZERO));
                 }
                 continue;
             }
-            self.idle(now);
+            self.idle();
         }
     }
 
@@ -578,10 +585,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     // ---- control updates -------------------------------------------------------------------
 
-    fn apply_controls(&mut self, now: u64) -> bool {
+    /// Reads the clock.
+    fn tick(&mut self) -> u64 {
+        self.now = self.clock.now_ns();
+        self.now
+    }
+
+    fn apply_controls(&mut self) -> bool {
         let mut any = false;
         while let Ok(c) = self.rx.try_recv() {
             any = true;
+            let now = self.tick();
             match c {
                 Control::AddChannel { id, mem, kick, ack } => {
                     let r = self.add_channel(id, mem, kick, now);
@@ -785,7 +799,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     // ---- the data path ---------------------------------------------------------------------
 
     /// Takes new commands from the doorbells of the active channels.
-    fn intake(&mut self, now: u64) -> bool {
+    fn intake(&mut self) -> bool {
         let mut busy = false;
         for i in 0..self.active.len() {
             let id = self.active[i];
@@ -797,6 +811,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 continue;
             }
             let mut bits = h.doorbell.swap(0, Ordering::Acquire);
+            let now = if busy { self.now } else { self.clock.now_ns() };
+            self.now = now;
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
             busy = true;
             ch.last_active = now;
             while bits != 0 {
@@ -851,7 +868,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 
     /// Gives waiting requests physical tags, checks permission, moves data, schedules.
-    fn dispatch(&mut self, now: u64) -> bool {
+    fn dispatch(&mut self) -> bool {
+        if self.retag.waiting() == 0 {
+            return false;
+        }
+        let now = self.tick();
         let mut busy = false;
         while let Some((phys, p)) = self.retag.take() {
             busy = true;
@@ -925,10 +946,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 
     /// Publishes completions the scheduler says are due.
-    fn complete(&mut self, now: u64) -> bool {
+    fn complete(&mut self) -> bool {
         if self.sched.is_empty() {
             return false;
         }
+        let now = self.tick();
         let mut done = std::mem::take(&mut self.done);
         self.sched.complete_ready(now, |r| done.push(r));
         let any = !done.is_empty();
@@ -989,7 +1011,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if status != Status::Ok {
             self.local.command_errors += 1;
         }
-        let device_ns = self.clock.now_ns().saturating_sub(t0);
+        let device_ns = self.now.saturating_sub(t0);
         let Some(ch) = self.channels[id as usize].as_ref() else {
             return;
         };
@@ -1036,7 +1058,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     // ---- idling ----------------------------------------------------------------------------
 
-    fn idle(&mut self, now: u64) {
+    fn idle(&mut self) {
+        self.idle_passes = self.idle_passes.wrapping_add(1);
+        if !self.idle_passes.is_multiple_of(IDLE_CHECK_PASSES) {
+            return;
+        }
+        let now = self.tick();
         if self.idle_passes == IDLE_PUBLISH_PASSES {
             self.publish();
         }
@@ -1074,19 +1101,16 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 .map(|t| Duration::from_nanos(t.saturating_sub(now)));
             self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
             self.publish();
-            self.poll_kicks(timeout, now);
+            self.poll_kicks(timeout);
             self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.idle_passes = self.idle_passes.wrapping_add(1);
-            if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
-                self.poll_kicks(Some(Duration::ZERO), now);
-            }
+        } else if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
+            self.poll_kicks(Some(Duration::ZERO));
         }
     }
 
     /// Waits up to `timeout` (forever with `None`) for kicks of parked channels or the control
     /// waker, and brings kicked channels back into the active set.
-    fn poll_kicks(&mut self, timeout: Option<Duration>, now: u64) {
+    fn poll_kicks(&mut self, timeout: Option<Duration>) {
         let ts = timeout.map(|d| rustix::time::Timespec {
             tv_sec: d.as_secs() as i64,
             tv_nsec: i64::from(d.subsec_nanos()),
@@ -1096,6 +1120,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         };
         let keys: Vec<u64> = events.iter().map(|ev| ev.data.u64()).collect();
+        let now = self.tick();
         let mut buf = [0u8; 8];
         for key in keys {
             if key == WAKER {

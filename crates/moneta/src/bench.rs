@@ -56,6 +56,8 @@ pub enum Op {
     Seqread,
     /// Sequential writes.
     Seqwrite,
+    /// Commands that move no data: the channel's round trip (moneta-raw only).
+    Nop,
 }
 
 /// Completion strategy for the Moneta paths.
@@ -262,7 +264,7 @@ impl Offsets {
     }
     fn is_write(&mut self, op: Op) -> bool {
         match op {
-            Op::Read | Op::Seqread => false,
+            Op::Read | Op::Seqread | Op::Nop => false,
             Op::Write | Op::Seqwrite => true,
             Op::Randrw => self.rng.gen_bool(0.5),
         }
@@ -398,7 +400,7 @@ fn moneta_thread(
         if c.status != moneta_abi::Status::Ok {
             return Err(format!("device status {}", c.status.name()));
         }
-        if !writes[i] {
+        if !writes[i] && a.op != Op::Nop {
             ch.read_dma(tags[i], 0, &mut buf);
         }
         let ns = started[i].elapsed().as_nanos() as u64;
@@ -699,6 +701,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         .copied()
         .filter(|p| *p != Path::PermCheck)
         .collect();
+    if io_paths.contains(&Path::KernelPsync) && a.op == Op::Nop {
+        return Err("--op nop measures the channel alone: use it with --path moneta-raw".into());
+    }
     if io_paths.contains(&Path::KernelPsync) && a.qd != 1 && !io_paths.contains(&Path::MonetaRaw) {
         return Err("kernel-psync is synchronous: use --threads, not --qd".into());
     }

@@ -92,6 +92,12 @@ fn raise_fd_limit() {
 
 /// Runs the daemon until it is asked to stop.
 pub fn run(config: Config) -> Result<(), DaemonError> {
+    // Handlers first: once the socket exists, a SIGTERM must mean a clean shutdown.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| DaemonError::Config(format!("cannot install signal handlers: {e}")))?;
     raise_fd_limit();
     let media = match &config.array {
         ArraySource::File(path, size) => MappedArray::open_file(path, *size)?,
@@ -117,11 +123,6 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         .name("moneta-accept".into())
         .spawn(move || server.serve(listener))
         .map_err(|e| DaemonError::Config(format!("cannot start the control server: {e}")))?;
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])
-    .map_err(|e| DaemonError::Config(format!("cannot install signal handlers: {e}")))?;
     std::thread::Builder::new()
         .name("moneta-signals".into())
         .spawn(move || {

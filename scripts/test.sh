@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the tests need and runs all of them: formatting, lints, fuzzing (bounded), unit
+# and integration tests (real monetad processes, real client processes).
+#
+# Environment: MONETA_FUZZ_SECONDS (per fuzz target, default 30).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v c++ >/dev/null || need_apt+=(g++)        # libFuzzer is built from C++ sources
+command -v make >/dev/null || need_apt+=(make)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
+fi
+
+echo "== fmt"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== fuzz"
+scripts/fuzz.sh "${MONETA_FUZZ_SECONDS:-30}"
+echo "== tests"
+cargo test --workspace
