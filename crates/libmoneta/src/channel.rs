@@ -1,23 +1,26 @@
 //! The channel driver: tags, submission, completion (Moneta-D §4.2, §4.4).
 //!
 //! Threads of a process share one channel. A thread takes a free virtual tag (lock-free), copies
-//! its data into the tag's DMA slice for a write, writes the command into the tag's slot, marks
-//! the tag submitted and rings the doorbell; if the device has parked the channel it also kicks
-//! the device's eventfd. It then waits in the way the command asked: spinning on the tag status
-//! entry (DMA completion), harvesting the tag status register when the completion count moves
-//! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep).
+//! its data into the tag's DMA slice for a write, writes the command (with the tag's next
+//! sequence number) into the tag's slot and flips the tag's doorbell bit; if the device has
+//! parked the channel it also kicks the device's eventfd. It then waits in the way the command
+//! asked until the tag's `state` word holds that sequence number: spinning on it (DMA
+//! completion), harvesting the tag status register when the completion count moves
+//! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep). On the DMA path
+//! the client never writes the status entry, so the only cache lines that cross between the two
+//! cores are the command, the doorbell, the status entry and the data.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use moneta_abi::control::ChannelInfo;
 use moneta_abi::{
     error_entry_offset, tag_slot_offset, ChannelHeader, Command, Completion, ErrorEntry,
     ErrorRecord, Opcode, Status, TagSlot, ABI_VERSION, CHANNEL_MAGIC, DMA_OFFSET, ERROR_QUEUE_LEN,
-    PARKED, TAGS_PER_CHANNEL, TAG_DONE, TAG_IDLE, TAG_SUBMITTED,
+    PARKED, TAGS_PER_CHANNEL,
 };
 use rustix::mm::{MapFlags, ProtFlags};
 
@@ -50,6 +53,10 @@ pub struct Channel {
     memfd: OwnedFd,
     kick: OwnedFd,
     free: AtomicU64,
+    /// Sequence number of the command last submitted on each tag.
+    seqs: [AtomicU32; TAGS_PER_CHANNEL],
+    /// Serializes consumers of the error queue (rare, off the data path).
+    err_lock: std::sync::Mutex<()>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -99,6 +106,8 @@ impl Channel {
             memfd,
             kick,
             free: AtomicU64::new(u64::MAX),
+            seqs: std::array::from_fn(|_| AtomicU32::new(0)),
+            err_lock: std::sync::Mutex::new(()),
         };
         let h = ch.header();
         if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC
@@ -227,27 +236,45 @@ impl Channel {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
     }
 
-    /// Writes `cmd` into `tag`'s slot and rings the doorbell; kicks the device if it parked the
-    /// channel.
+    /// Writes `cmd` into `tag`'s slot with the tag's next sequence number and rings the
+    /// doorbell; kicks the device if it parked the channel. `cmd.seq` is ignored.
     pub fn submit(&self, tag: Tag, cmd: &Command) {
-        self.submit_words(tag, &cmd.to_words());
+        self.prepare(tag, cmd);
+        self.ring(1u64 << tag.0);
     }
 
-    /// Like [`Channel::submit`] with raw command words (for tests of the device's decoder).
+    /// Writes `cmd` into `tag`'s slot with the tag's next sequence number, without ringing:
+    /// several prepared tags can then be rung at once with [`Channel::ring`].
+    pub fn prepare(&self, tag: Tag, cmd: &Command) {
+        let seq = self.seqs[tag.0 as usize]
+            .load(Ordering::Relaxed)
+            .wrapping_add(1);
+        let mut c = *cmd;
+        c.seq = seq;
+        self.write_slot(tag, &c.to_words());
+    }
+
+    /// Writes raw command words into `tag`'s slot and rings its doorbell bit (for tests of the
+    /// device's decoder). The sequence number in word 0 becomes the one [`Channel::wait`] waits
+    /// for.
     pub fn submit_words(&self, tag: Tag, words: &[u64; 8]) {
+        self.write_slot(tag, words);
+        self.ring(1u64 << tag.0);
+    }
+
+    fn write_slot(&self, tag: Tag, words: &[u64; 8]) {
         let slot = self.slot(tag);
         for (a, &w) in slot.command.words.iter().zip(words) {
             a.store(w, Ordering::Relaxed);
         }
-        slot.status.waiter.store(0, Ordering::Relaxed);
-        slot.status.state.store(TAG_SUBMITTED, Ordering::Relaxed);
-        self.ring(1u64 << tag.0);
+        self.seqs[tag.0 as usize].store((words[0] >> 32) as u32, Ordering::Relaxed);
     }
 
-    /// Sets doorbell bits and kicks the device if it parked the channel.
+    /// Flips doorbell bits (one submission per bit) and kicks the device if it parked the
+    /// channel.
     pub fn ring(&self, bits: u64) {
         let h = self.header();
-        h.doorbell.fetch_or(bits, Ordering::SeqCst);
+        h.doorbell.fetch_xor(bits, Ordering::SeqCst);
         // Pairs with the device's store of PARKED before its last doorbell read.
         if h.parked.load(Ordering::SeqCst) == PARKED {
             self.kick();
@@ -261,11 +288,11 @@ impl Channel {
 
     /// Non-blocking check of `tag`; for forwarding it also harvests the tag status register.
     pub fn poll(&self, tag: Tag, mode: Completion) -> Option<Completed> {
-        let st = &self.slot(tag).status;
         if mode == Completion::Forward {
             self.harvest();
         }
-        if st.state.load(Ordering::Acquire) == TAG_DONE {
+        let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
+        if self.slot(tag).status.state.load(Ordering::Acquire) == want {
             Some(self.take_completion(tag))
         } else {
             None
@@ -275,11 +302,12 @@ impl Channel {
     /// Waits for `tag`'s command to complete, in the way `mode` says.
     pub fn wait(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
         let st = &self.slot(tag).status;
+        let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
         match mode {
             Completion::Dma => {
                 let mut spins = 0u32;
                 let mut since = None;
-                while st.state.load(Ordering::Acquire) != TAG_DONE {
+                while st.state.load(Ordering::Acquire) != want {
                     std::hint::spin_loop();
                     spins = spins.wrapping_add(1);
                     if spins.is_multiple_of(4096) {
@@ -298,7 +326,7 @@ impl Channel {
                         seen = c;
                         self.harvest();
                     }
-                    if st.state.load(Ordering::Acquire) == TAG_DONE {
+                    if st.state.load(Ordering::Acquire) == want {
                         break;
                     }
                     std::hint::spin_loop();
@@ -315,12 +343,16 @@ impl Channel {
                     tv_nsec: 100_000_000,
                 };
                 let mut since = None;
-                // Pairs with the device's store of DONE before it reads the waiter flag.
-                while st.state.load(Ordering::SeqCst) != TAG_DONE {
+                // Pairs with the device's store of `state` before it reads the waiter flag.
+                loop {
+                    let now = st.state.load(Ordering::SeqCst);
+                    if now == want {
+                        break;
+                    }
                     match rustix::thread::futex::wait(
                         &st.state,
                         rustix::thread::futex::Flags::empty(),
-                        TAG_SUBMITTED,
+                        now,
                         Some(&timeout),
                     ) {
                         Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
@@ -353,17 +385,18 @@ impl Channel {
         Ok(())
     }
 
-    /// Forwarding: takes the tag status register's bits and marks those tags done.
+    /// Forwarding: takes the tag status register's bits and publishes each of those tags'
+    /// sequence numbers in its status entry, for whichever thread waits on it.
     fn harvest(&self) {
-        let bits = self.header().tag_status_register.swap(0, Ordering::Acquire);
-        let mut b = bits;
+        let mut b = self.header().tag_status_register.swap(0, Ordering::Acquire);
         while b != 0 {
-            let t = b.trailing_zeros() as u8;
+            let t = b.trailing_zeros() as usize;
             b &= b - 1;
-            self.slot(Tag(t))
+            let seq = self.seqs[t].load(Ordering::Relaxed);
+            self.slot(Tag(t as u8))
                 .status
                 .state
-                .store(TAG_DONE, Ordering::Release);
+                .store(seq, Ordering::Release);
         }
     }
 
@@ -375,7 +408,6 @@ impl Channel {
             bytes: st.bytes.load(Ordering::Relaxed),
             device_ns: st.device_ns.load(Ordering::Relaxed),
         };
-        st.state.store(TAG_IDLE, Ordering::Relaxed);
         c
     }
 
@@ -417,6 +449,7 @@ impl Channel {
                 addr: addr + (i * slice) as u64,
                 len: chunk.len() as u64,
                 cookie: 0,
+                seq: 0,
             };
             Self::checked(self.run(tag, &cmd)?)?;
             self.read_dma(tag, 0, chunk);
@@ -449,6 +482,7 @@ impl Channel {
                 addr: addr + (i * slice) as u64,
                 len: chunk.len() as u64,
                 cookie: 0,
+                seq: 0,
             };
             Self::checked(self.run(tag, &cmd)?)?;
         }
@@ -464,6 +498,7 @@ impl Channel {
             addr,
             len,
             cookie: 0,
+            seq: 0,
         };
         let r = self.run(tag, &cmd).and_then(Self::checked);
         self.release(tag);
@@ -479,6 +514,7 @@ impl Channel {
             addr: 0,
             len: 0,
             cookie: 0,
+            seq: 0,
         };
         let r = self.run(tag, &cmd);
         self.release(tag);
@@ -486,8 +522,10 @@ impl Channel {
     }
 
     /// Pops the oldest entry of the channel's error queue.
+    /// Safe with several consuming threads: each entry goes to one of them.
     pub fn pop_error(&self) -> Option<ErrorRecord> {
         let h = self.header();
+        let _one_consumer = self.err_lock.lock().unwrap_or_else(|e| e.into_inner());
         let tail = h.err_tail.load(Ordering::Relaxed);
         let head = h.err_head.load(Ordering::Acquire);
         if head == tail {

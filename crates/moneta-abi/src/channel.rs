@@ -75,7 +75,9 @@ pub struct ChannelHeader {
     /// Bytes in the whole channel memfd.
     pub total_size: AtomicU64,
 
-    /// Client-written: bit `k` set means tag `k` holds a new command (the COMMAND register).
+    /// Client-written: a client flips bit `k` (atomic XOR) to submit the command in tag `k`'s
+    /// slot (the COMMAND register). The device keeps the value it saw last and takes every bit
+    /// that changed since, so it never writes this word.
     pub doorbell: AtomicU64,
     /// Padding to the next cache line.
     pub pad1: [AtomicU64; 7],
@@ -142,19 +144,14 @@ pub struct CommandSlot {
     pub words: [AtomicU64; 8],
 }
 
-/// Tag state: the slot holds no request the client is waiting for.
-pub const TAG_IDLE: u32 = 0;
-/// Tag state: the client rang the doorbell and waits.
-pub const TAG_SUBMITTED: u32 = 1;
-/// Tag state: the device (DMA completion, issue-sleep) or the client's forwarding reader
-/// marked the request complete; `result` and `bytes` are valid.
-pub const TAG_DONE: u32 = 2;
-
-/// One entry of the tag status table (TAGSTATUSTABLE). `result` and `bytes` are written by the
-/// device before it publishes completion.
+/// One entry of the tag status table (TAGSTATUSTABLE). `result`, `bytes`, `cookie` and
+/// `device_ns` are written by the device before it publishes completion in `state`.
 #[repr(C, align(64))]
 pub struct TagStatus {
-    /// [`TAG_IDLE`], [`TAG_SUBMITTED`] or [`TAG_DONE`]; also the futex word of issue-sleep.
+    /// The sequence number of the last command completed on this tag: written by the device
+    /// for DMA completion and issue-sleep, by the client's forwarding reader for forwarding.
+    /// A client waits for it to equal the sequence number of its command. The futex word of
+    /// issue-sleep.
     pub state: AtomicU32,
     /// A [`crate::status::Status`] code.
     pub result: AtomicU32,

@@ -1,8 +1,12 @@
 //! Command encoding: what a client writes into a tag slot before ringing the doorbell.
 //!
-//! Word 0: opcode (bits 0-15), flags (bits 16-31), reserved zero (bits 32-63).
+//! Word 0: opcode (bits 0-15), flags (bits 16-31), sequence number (bits 32-63).
 //! Word 1: array address in bytes. Word 2: length in bytes. Word 3: cookie (echoed back).
 //! Words 4-7: reserved, zero.
+//!
+//! The sequence number is the client's: the device writes it into the tag's `state` word when
+//! the command completes, which is how the client recognises *this* command's completion
+//! without ever writing the status entry itself.
 //!
 //! Commands are byte-addressed and of any size and alignment (Moneta-D §2.3). The data moves
 //! between the array and the DMA buffer starting at the tag's slice (`tag * slice_size`); a
@@ -107,12 +111,16 @@ pub struct Command {
     pub len: u64,
     /// Opaque value echoed in the status entry and error entries.
     pub cookie: u64,
+    /// Written into the tag's `state` word on completion.
+    pub seq: u32,
 }
 
 impl Command {
     /// Encodes the command into slot words.
     pub fn to_words(&self) -> CommandWords {
-        let w0 = u64::from(self.opcode.to_u16()) | (u64::from(self.completion as u16) << 16);
+        let w0 = u64::from(self.opcode.to_u16())
+            | (u64::from(self.completion as u16) << 16)
+            | (u64::from(self.seq) << 32);
         [w0, self.addr, self.len, self.cookie, 0, 0, 0, 0]
     }
 }
@@ -131,6 +139,8 @@ pub struct Decoded {
     pub len: u64,
     /// Cookie.
     pub cookie: u64,
+    /// Sequence number to publish on completion.
+    pub seq: u32,
 }
 
 /// Why a command failed decoding, with the status the device reports for it.
@@ -143,6 +153,8 @@ pub struct DecodeError {
     pub completion: Completion,
     /// The cookie, echoed.
     pub cookie: u64,
+    /// The sequence number, echoed.
+    pub seq: u32,
 }
 
 /// Decodes raw slot words. Only the shape is checked here; limits that depend on the channel
@@ -150,18 +162,19 @@ pub struct DecodeError {
 pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
     let opcode_raw = w[0] as u16;
     let flags = (w[0] >> 16) as u16;
-    let reserved = (w[0] >> 32) as u32;
+    let seq = (w[0] >> 32) as u32;
     let cookie = w[3];
     let completion = Completion::from_bits(flags);
     let fail = |status| DecodeError {
         status,
         completion: completion.unwrap_or(Completion::Dma),
         cookie,
+        seq,
     };
     let Some(completion) = completion else {
         return Err(fail(Status::Malformed));
     };
-    if flags & !FLAG_KNOWN != 0 || reserved != 0 || w[4..].iter().any(|&x| x != 0) {
+    if flags & !FLAG_KNOWN != 0 || w[4..].iter().any(|&x| x != 0) {
         return Err(fail(Status::Malformed));
     }
     let opcode = Opcode::from_u16(opcode_raw);
@@ -178,6 +191,7 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
         addr,
         len,
         cookie,
+        seq,
     })
 }
 
@@ -192,6 +206,7 @@ mod tests {
             addr: 4096,
             len,
             cookie: 77,
+            seq: 0xdead_beef,
         }
     }
 
@@ -202,7 +217,7 @@ mod tests {
             let d = decode(&c.to_words()).unwrap();
             assert_eq!(d.opcode, op);
             assert_eq!(d.completion, Completion::Sleep);
-            assert_eq!((d.addr, d.len, d.cookie), (4096, 512, 77));
+            assert_eq!((d.addr, d.len, d.cookie, d.seq), (4096, 512, 77, 0xdead_beef));
         }
     }
 
@@ -212,7 +227,7 @@ mod tests {
         w[0] |= 3 << 16; // completion mode 3
         assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
         let mut w = cmd(Opcode::Read, 512).to_words();
-        w[0] |= 1 << 40; // reserved
+        w[0] |= 1 << 20; // an unknown flag
         assert_eq!(decode(&w).unwrap_err().status, Status::Malformed);
         let mut w = cmd(Opcode::Read, 512).to_words();
         w[7] = 1;

@@ -64,7 +64,8 @@ pub mod errno {
     pub const EPROTO: i32 = 71;
     /// Connection already has a channel.
     pub const EEXIST: i32 = 17;
-    /// Protocol or ABI version not supported.
+    /// Channel ABI version not supported (OPEN_CHANNEL). A control-protocol version mismatch
+    /// in a header is answered with EPROTO.
     pub const EPROTONOSUPPORT: i32 = 93;
 }
 
@@ -241,13 +242,14 @@ status_report! {
     permission_denials,
     /// Requests completed (any status).
     commands,
-    /// Requests completed with an error status.
+    /// Requests completed with an error status, plus doorbell rings refused because the tag
+    /// was busy (those complete nothing: they are reported in the error queue only).
     command_errors,
     /// Bytes read from the array.
     bytes_read,
     /// Bytes written to the array.
     bytes_written,
-    /// Flush commands.
+    /// Flush commands that passed the permission check (including any whose persist failed).
     flushes,
     /// Error entries dropped because a channel's queue was full.
     error_overflows,

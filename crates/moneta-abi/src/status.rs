@@ -25,7 +25,8 @@ pub enum Status {
     TagBusy = 6,
     /// The media failed to persist a flushed range.
     MediaError = 7,
-    /// The device shut down or the channel closed before the command ran.
+    /// The channel closed while the command waited for a physical tag. (Commands rung after a
+    /// shutdown began are never taken: their client sees the daemon's socket close.)
     Aborted = 8,
 }
 

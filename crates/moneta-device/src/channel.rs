@@ -2,8 +2,9 @@
 //!
 //! The device creates the memfd, sizes it, seals it against shrinking and growing (so no client
 //! can make a device access fault), maps it, writes the identity words, and hands the fd to the
-//! client. From then on it reads only the doorbell, the command words (once per command) and the
-//! waiter flags, and treats each as hostile.
+//! client. From then on it reads only the doorbell, the command words (once per command), the
+//! waiter flags and the error queue's consumer index, and treats each as hostile: indices are
+//! reduced modulo the queue length, and a tail that leaves no room means "full".
 
 use std::io;
 use std::os::fd::OwnedFd;

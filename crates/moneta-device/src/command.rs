@@ -37,6 +37,7 @@ pub fn validate(
             addr: words[1],
             len: words[2],
             cookie: e.cookie,
+            seq: e.seq,
         },
     })?;
     let in_array = |addr: u64, len: u64| addr.checked_add(len).is_some_and(|e| e <= array_size);
@@ -84,6 +85,7 @@ mod tests {
             addr,
             len,
             cookie: 3,
+            seq: 11,
         }
         .to_words()
     }

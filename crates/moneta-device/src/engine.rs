@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use moneta_abi::control::{ChannelInfo, StatusReport};
 use moneta_abi::{
-    Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL, TAG_DONE,
+    Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL,
 };
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
@@ -465,6 +465,8 @@ struct Chan {
     kick: OwnedFd,
     /// Tags taken from the doorbell and not yet completed.
     in_flight: u64,
+    /// The doorbell as last read: a bit that differs now is a new command.
+    seen: u64,
     last_active: u64,
     parked: bool,
     closing: bool,
@@ -636,6 +638,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             mem,
             kick,
             in_flight: 0,
+            seen: 0,
             last_active: now,
             parked: false,
             closing: false,
@@ -806,11 +809,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let Some(ch) = self.channels[id as usize].as_mut() else {
                 continue;
             };
-            let h = ch.mem.header();
-            if h.doorbell.load(Ordering::Relaxed) == 0 {
+            let bell = ch.mem.header().doorbell.load(Ordering::Acquire);
+            let mut bits = bell ^ ch.seen;
+            if bits == 0 {
                 continue;
             }
-            let mut bits = h.doorbell.swap(0, Ordering::Acquire);
+            ch.seen = bell;
             let now = if busy { self.now } else { self.clock.now_ns() };
             self.now = now;
             let ch = self.channels[id as usize].as_mut().expect("active channel");
@@ -1035,21 +1039,22 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         match mode {
-            Completion::Dma => st.state.store(TAG_DONE, Ordering::Release),
+            Completion::Dma => st.state.store(cmd.seq, Ordering::Release),
             Completion::Forward => {
                 h.tag_status_register
                     .fetch_or(1u64 << tag, Ordering::Release);
                 h.completion_count.fetch_add(1, Ordering::Release);
             }
             Completion::Sleep => {
-                st.state.store(TAG_DONE, Ordering::SeqCst);
+                st.state.store(cmd.seq, Ordering::SeqCst);
                 // Pairs with the client's store of `waiter` before it re-reads `state` and
-                // sleeps: either it sees DONE or we see its flag.
+                // sleeps: either it sees its sequence number or we see its flag.
                 if st.waiter.load(Ordering::SeqCst) != 0 {
                     let _ = rustix::thread::futex::wake(
                         &st.state,
                         rustix::thread::futex::Flags::empty(),
-                        u32::MAX,
+                        // FUTEX_WAKE takes a signed count: i32::MAX means "all".
+                        i32::MAX as u32,
                     );
                 }
             }
@@ -1076,8 +1081,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
             if ch.in_flight == 0 && now.saturating_sub(ch.last_active) >= park_after {
                 let h = ch.mem.header();
                 h.parked.store(PARKED, Ordering::SeqCst);
-                // Pairs with the client's doorbell write before it reads `parked`.
-                if h.doorbell.load(Ordering::SeqCst) != 0 {
+                // Pairs with the client's doorbell flip before it reads `parked`.
+                if h.doorbell.load(Ordering::SeqCst) != ch.seen {
                     h.parked.store(POLLING, Ordering::SeqCst);
                     i += 1;
                     continue;

@@ -16,7 +16,7 @@ pub mod retag;
 pub mod scheduler;
 
 pub use channel::{ChannelMem, DmaGeometry};
-pub use clock::{Clock, MonotonicClock};
+pub use clock::{Clock, MonotonicClock, SystemClock};
 pub use engine::{Device, DeviceConfig, DeviceError, OpenedChannel, TableOp};
 pub use media::{MappedArray, Media, MediaError};
 pub use permission::{PermissionTable, READ, WRITE};

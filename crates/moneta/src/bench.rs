@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use libmoneta::{Channel, Control, Tag};
+use moneta_device::Clock;
 use moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::{Command, Completion, Opcode};
 use rand::{Rng, SeedableRng};
@@ -271,6 +272,13 @@ impl Offsets {
     }
 }
 
+/// The clock every path's latencies are taken with (the TSC where invariant: cheaper to read
+/// than `Instant`, and the same for every path).
+fn clock() -> &'static moneta_device::SystemClock {
+    static CLOCK: std::sync::OnceLock<moneta_device::SystemClock> = std::sync::OnceLock::new();
+    CLOCK.get_or_init(moneta_device::SystemClock::best)
+}
+
 fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
@@ -369,13 +377,14 @@ fn moneta_thread(
     let mut hist = new_hist();
     let mut buf = vec![0x5au8; size as usize];
     let mut ops = 0u64;
-    let mut started = vec![Instant::now(); qd];
+    let clk = clock();
+    let mut started = vec![0u64; qd];
     let mut writes = vec![false; qd];
     let submit =
-        |i: usize, offs: &mut Offsets, buf: &[u8], started: &mut [Instant], writes: &mut [bool]| {
+        |i: usize, offs: &mut Offsets, buf: &[u8], started: &mut [u64], writes: &mut [bool]| {
             let w = offs.is_write(a.op);
             let addr = offs.next();
-            started[i] = Instant::now();
+            started[i] = clk.now_ns();
             writes[i] = w;
             if w {
                 ch.write_dma(tags[i], 0, buf);
@@ -388,6 +397,7 @@ fn moneta_thread(
                     addr,
                     len: size,
                     cookie: 0,
+                    seq: 0,
                 },
             );
         };
@@ -403,7 +413,7 @@ fn moneta_thread(
         if !writes[i] && a.op != Op::Nop {
             ch.read_dma(tags[i], 0, &mut buf);
         }
-        let ns = started[i].elapsed().as_nanos() as u64;
+        let ns = clk.now_ns().saturating_sub(started[i]);
         hist.record(ns.max(1)).ok();
         ops += 1;
         if stop.load(Ordering::Relaxed) {
@@ -437,16 +447,17 @@ fn kernel_thread(
     let mut hist = new_hist();
     let mut buf = vec![0x5au8; size as usize];
     let mut ops = 0u64;
+    let clk = clock();
     while !stop.load(Ordering::Relaxed) {
         let w = offs.is_write(a.op);
         let addr = offs.next();
-        let t = Instant::now();
+        let t = clk.now_ns();
         let r = if w {
             rustix::io::pwrite(fd, &buf, addr)
         } else {
             rustix::io::pread(fd, &mut buf, addr)
         };
-        let ns = t.elapsed().as_nanos() as u64;
+        let ns = clk.now_ns().saturating_sub(t);
         match r {
             Ok(n) if n as u64 == size => {}
             Ok(n) => return Err(format!("short transfer: {n} of {size}")),

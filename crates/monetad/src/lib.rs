@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 
-use moneta_device::{Device, MappedArray, MonotonicClock};
+use moneta_device::{Device, MappedArray, SystemClock};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 
 pub use config::{Args, ArraySource, Config};
@@ -108,7 +108,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let device = Arc::new(Device::start(
         config.device.clone(),
         media,
-        MonotonicClock::new(),
+        SystemClock::best(),
     )?);
     let pid_path = config::pid_file(&config.socket);
     let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));

@@ -30,6 +30,8 @@ use rustix::net::{
 pub const MAX_PROTOCOL_ERRORS: u32 = 64;
 /// Connections served at once beyond the channel limit (status queries, administration).
 pub const EXTRA_CONNECTIONS: usize = 64;
+/// Connections over the limit being answered `EMFILE` at once; more are closed unanswered.
+pub const MAX_REFUSERS: usize = 16;
 
 /// Why the daemon stops.
 #[derive(Debug)]
@@ -46,6 +48,7 @@ pub struct Server {
     owner_uid: u32,
     max_connections: usize,
     connections: AtomicUsize,
+    refusers: AtomicUsize,
     stopping: AtomicBool,
     stop: mpsc::Sender<Stop>,
     /// The socket path, for messages.
@@ -93,6 +96,7 @@ impl Server {
             owner_uid,
             max_connections,
             connections: AtomicUsize::new(0),
+            refusers: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop,
             socket,
@@ -129,7 +133,24 @@ impl Server {
             );
             if self.connections.fetch_add(1, Ordering::AcqRel) >= self.max_connections {
                 self.connections.fetch_sub(1, Ordering::AcqRel);
-                refuse_busy(&conn, self.max_connections);
+                // Answer on a short-lived thread so a silent client cannot stall accepting;
+                // past MAX_REFUSERS at once, just close.
+                if self.refusers.fetch_add(1, Ordering::AcqRel) < MAX_REFUSERS {
+                    let me = self.clone();
+                    let max = self.max_connections;
+                    let spawned = std::thread::Builder::new()
+                        .name("moneta-refuse".into())
+                        .stack_size(64 << 10)
+                        .spawn(move || {
+                            refuse_busy(&conn, max);
+                            me.refusers.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        self.refusers.fetch_sub(1, Ordering::AcqRel);
+                    }
+                } else {
+                    self.refusers.fetch_sub(1, Ordering::AcqRel);
+                }
                 continue;
             }
             let me = self.clone();
