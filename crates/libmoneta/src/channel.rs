@@ -403,12 +403,11 @@ impl Channel {
     fn take_completion(&self, tag: Tag) -> Completed {
         let st = &self.slot(tag).status;
         let raw = st.result.load(Ordering::Relaxed);
-        let c = Completed {
+        Completed {
             status: Status::from_u32(raw).unwrap_or(Status::Malformed),
             bytes: st.bytes.load(Ordering::Relaxed),
             device_ns: st.device_ns.load(Ordering::Relaxed),
-        };
-        c
+        }
     }
 
     /// Submits one command on a tag of the caller's and waits for it.

@@ -217,7 +217,10 @@ mod tests {
             let d = decode(&c.to_words()).unwrap();
             assert_eq!(d.opcode, op);
             assert_eq!(d.completion, Completion::Sleep);
-            assert_eq!((d.addr, d.len, d.cookie, d.seq), (4096, 512, 77, 0xdead_beef));
+            assert_eq!(
+                (d.addr, d.len, d.cookie, d.seq),
+                (4096, 512, 77, 0xdead_beef)
+            );
         }
     }
 

@@ -62,7 +62,10 @@ impl TscClock {
         let ticks = c1.checked_sub(c0).filter(|&t| t > 0)?;
         let ns = (t1 - t0).as_nanos() as u64;
         let mult = u64::try_from((u128::from(ns) << 32) / u128::from(ticks)).ok()?;
-        Some(Self { base: rdtsc(), mult })
+        Some(Self {
+            base: rdtsc(),
+            mult,
+        })
     }
 }
 

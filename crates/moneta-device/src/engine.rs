@@ -195,6 +195,9 @@ enum Control {
     Shutdown {
         ack: Ack,
     },
+    Publish {
+        ack: Ack,
+    },
 }
 
 /// Counters the poller publishes for `status`.
@@ -417,8 +420,11 @@ impl Device {
         r
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters, current as of every request completed before the call.
     pub fn report(&self) -> StatusReport {
+        // The poller batches its counters; ask it to publish them (after a stop they are
+        // final already).
+        let _ = self.call(|ack| Control::Publish { ack });
         let s = &self.shared;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatusReport {
@@ -606,6 +612,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 Control::RemoveChannel { id, ack } => self.remove_channel(id, ack),
                 Control::Table { ops, ack } => self.apply_table(ops, ack),
                 Control::Shutdown { ack } => self.shutdown = Some(ack),
+                Control::Publish { ack } => {
+                    self.publish();
+                    let _ = ack.send(Ok(()));
+                }
             }
         }
         if any {
@@ -789,7 +799,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 Control::AddChannel { ack, .. }
                 | Control::RemoveChannel { ack, .. }
                 | Control::Table { ack, .. }
-                | Control::Shutdown { ack } => {
+                | Control::Shutdown { ack }
+                | Control::Publish { ack } => {
                     let _ = ack.send(Err(DeviceError::Stopped));
                 }
             }

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use libmoneta::{Channel, Control, Tag};
-use moneta_device::Clock;
 use moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::{Command, Completion, Opcode};
+use moneta_device::Clock;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
