@@ -389,13 +389,19 @@ fn moneta_thread(
             if w {
                 ch.write_dma(tags[i], 0, buf);
             }
+            let nop = a.op == Op::Nop;
+            let opcode = match (nop, w) {
+                (true, _) => Opcode::Nop,
+                (false, true) => Opcode::Write,
+                (false, false) => Opcode::Read,
+            };
             ch.submit(
                 tags[i],
                 &Command {
-                    opcode: if w { Opcode::Write } else { Opcode::Read },
+                    opcode,
                     completion: mode,
-                    addr,
-                    len: size,
+                    addr: if nop { 0 } else { addr },
+                    len: if nop { 0 } else { size },
                     cookie: 0,
                     seq: 0,
                 },
@@ -493,7 +499,11 @@ fn summarize(
         ops: r.ops,
         seconds: r.seconds,
         iops,
-        mib_s: iops * size as f64 / (1 << 20) as f64,
+        mib_s: if a.op == Op::Nop {
+            0.0
+        } else {
+            iops * size as f64 / (1 << 20) as f64
+        },
         lat_ns: Latency {
             p50: h.value_at_quantile(0.5),
             p90: h.value_at_quantile(0.9),
