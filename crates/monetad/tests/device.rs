@@ -658,8 +658,12 @@ fn hostile_client(args: &[String]) -> i32 {
     let ch = Channel::open(socket).unwrap();
     let ctl = ch.control();
     grant(ctl, ch.id(), 8 << 20, 1 << 20, true, 9);
-    let seed: u64 = rand::random();
-    eprintln!("hostile client seed {seed}");
+    // MONETA_TEST_SEED=N reproduces a run.
+    let seed: u64 = std::env::var("MONETA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("hostile client seed {seed} (set MONETA_TEST_SEED to repeat)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let secret_probe = pattern(0xA5, 0, 64);
     let leaked = |ch: &Channel| {
