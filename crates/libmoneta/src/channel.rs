@@ -3,7 +3,7 @@
 //! Threads of a process share one channel. A thread takes a free virtual tag (lock-free), copies
 //! its data into the tag's DMA slice for a write, writes the command (with the tag's next
 //! sequence number) into the tag's slot and flips the tag's doorbell bit; if the device has
-//! parked the channel it also kicks the device's eventfd. It then waits in the way the command
+//! parked the channel it also writes the device's kick pipe. It then waits in the way the command
 //! asked until the tag's `state` word holds that sequence number: spinning on it (DMA
 //! completion), harvesting the tag status register when the completion count moves
 //! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep). On the DMA path
@@ -134,6 +134,11 @@ impl Channel {
     /// The control connection this channel lives on.
     pub fn control(&self) -> &Control {
         &self.control
+    }
+
+    /// The write end of the kick pipe.
+    pub fn kick_fd(&self) -> &OwnedFd {
+        &self.kick
     }
 
     /// The channel memfd (sealed by the daemon).
@@ -281,7 +286,7 @@ impl Channel {
         }
     }
 
-    /// Writes the kick eventfd: the need-wakeup path.
+    /// Writes the kick pipe: the need-wakeup path.
     pub fn kick(&self) {
         let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
     }

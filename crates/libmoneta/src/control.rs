@@ -67,7 +67,14 @@ impl Control {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let msg = encode_request(seq, req);
         self.send_raw(&msg)?;
-        let (bytes, fds) = self.recv_raw()?;
+        // A reply to an earlier call that timed out may arrive first: skip it.
+        let (bytes, fds) = loop {
+            let (bytes, fds) = self.recv_raw()?;
+            match control::peek_header(&bytes) {
+                Some((_, s)) if s != seq && s.wrapping_sub(seq) > u32::MAX / 2 => continue,
+                _ => break (bytes, fds),
+            }
+        };
         let reply = decode_reply(&bytes, req.op()).map_err(ClientError::Protocol)?;
         if reply.seq != seq {
             return Err(ClientError::Protocol(control::Error::BadField("seq")));
@@ -178,7 +185,7 @@ impl Control {
         self.call(&Request::Shutdown).map(|_| ())
     }
 
-    /// Asks for a channel; returns its geometry, memfd and kick eventfd.
+    /// Asks for a channel; returns its geometry, memfd and the write end of its kick pipe.
     pub fn open_channel_raw(&self) -> Result<(ChannelInfo, OwnedFd, OwnedFd), ClientError> {
         let (body, mut fds) = self.call(&Request::OpenChannel {
             abi_version: moneta_abi::ABI_VERSION,

@@ -177,6 +177,16 @@ impl ChannelMem {
 
 impl Drop for ChannelMem {
     fn drop(&mut self) {
+        // Free the pages now: the client may keep the memfd open, and pages the device wrote
+        // are charged to the daemon.
+        // SAFETY: the range is exactly this mapping, which nothing references any more.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                self.base.as_ptr().cast(),
+                self.size,
+                rustix::mm::Advice::LinuxRemove,
+            )
+        };
         // SAFETY: unmapping exactly the mapping made in `create`; no reference into it outlives
         // `self` (all accessors borrow `self`).
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.size) };

@@ -8,7 +8,7 @@
 //!
 //! Idle channels are not scanned: a channel whose doorbell stayed quiet for `park_after` is
 //! parked (its need-wakeup flag is set) and leaves the active set; a client that rings a parked
-//! channel's doorbell writes the channel's kick eventfd, which brings the channel back. When
+//! channel's doorbell writes the channel's kick pipe, which brings the channel back. When
 //! nothing is active or in flight the poller sleeps in `epoll_wait`, so an idle daemon uses no
 //! CPU.
 
@@ -91,9 +91,17 @@ impl DeviceConfig {
                 self.table_entries
             ));
         }
+        if self.timing.read_ns > MAX_LATENCY_NS || self.timing.write_ns > MAX_LATENCY_NS {
+            return Err(format!(
+                "media latencies must be at most {MAX_LATENCY_NS} ns"
+            ));
+        }
         self.geometry.validate()
     }
 }
+
+/// Largest modeled media latency: 10 s.
+pub const MAX_LATENCY_NS: u64 = 10_000_000_000;
 
 /// A change to the permission table, applied by the poller in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,7 +250,7 @@ pub struct OpenedChannel {
     pub id: u32,
     /// The channel memfd (sealed).
     pub memfd: OwnedFd,
-    /// The client's end of the kick eventfd.
+    /// The client's end of the kick pipe (write end).
     pub kick: OwnedFd,
     /// Geometry to tell the client.
     pub info: ChannelInfo,
@@ -256,7 +264,9 @@ pub struct Device {
     config: DeviceConfig,
     array_size: u64,
     persistent: bool,
-    free_ids: Mutex<Vec<u32>>,
+    /// Free channel ids, reused oldest-freed first so a dead client's id is not handed to the
+    /// next connection at once.
+    free_ids: Mutex<std::collections::VecDeque<u32>>,
     started: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -283,6 +293,8 @@ impl Device {
         let shared = Arc::new(Shared::default());
         let array_size = media.size();
         let persistent = media.persistent();
+        let media = Arc::new(media);
+        let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?)?;
         let poller = Poller {
             table: PermissionTable::new(config.table_entries, config.max_channels, config.merge),
             retag: Retag::new(config.phys_tags),
@@ -304,6 +316,10 @@ impl Device {
             idle_passes: 0,
             busy_passes: 0,
             done: Vec::new(),
+            flushing: Vec::new(),
+            next_flush: 0,
+            flush_jobs,
+            flush_done,
             now: 0,
         };
         let thread = std::thread::Builder::new()
@@ -313,7 +329,7 @@ impl Device {
             tx: Mutex::new(tx),
             waker,
             shared,
-            free_ids: Mutex::new((0..config.max_channels as u32).rev().collect()),
+            free_ids: Mutex::new((0..config.max_channels as u32).collect()),
             config,
             array_size,
             persistent,
@@ -350,12 +366,16 @@ impl Device {
             .free_ids
             .lock()
             .expect("id pool lock")
-            .pop()
+            .pop_front()
             .ok_or(DeviceError::TooManyChannels(self.config.max_channels))?;
         let result = (|| {
             let (mem, memfd) = ChannelMem::create(id, self.config.geometry, self.array_size)?;
-            let kick = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-            let client_kick = kick.try_clone()?;
+            // A pipe, not an eventfd: the client's end is its own open file description, so
+            // nothing it does to it (clearing O_NONBLOCK, reading) can block the poller, which
+            // alone holds the non-blocking read end.
+            let (kick, client_kick) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )?;
             self.call(|ack| Control::AddChannel {
                 id,
                 mem: Box::new(mem),
@@ -378,7 +398,7 @@ impl Device {
             })
         })();
         if result.is_err() {
-            self.free_ids.lock().expect("id pool lock").push(id);
+            self.free_ids.lock().expect("id pool lock").push_back(id);
         }
         result
     }
@@ -387,7 +407,7 @@ impl Device {
     /// permission records, unmaps it. The id may be reused afterwards.
     pub fn close_channel(&self, id: u32) -> Result<(), DeviceError> {
         self.call(|ack| Control::RemoveChannel { id, ack })?;
-        self.free_ids.lock().expect("id pool lock").push(id);
+        self.free_ids.lock().expect("id pool lock").push_back(id);
         Ok(())
     }
 
@@ -495,7 +515,7 @@ struct Issued {
 }
 
 struct Poller<M, C> {
-    media: M,
+    media: Arc<M>,
     clock: C,
     table: PermissionTable,
     retag: Retag<Pending>,
@@ -515,8 +535,40 @@ struct Poller<M, C> {
     idle_passes: u64,
     busy_passes: u64,
     done: Vec<Issued>,
+    /// Flushes at the flusher thread, by token.
+    flushing: Vec<(u64, Issued)>,
+    next_flush: u64,
+    flush_jobs: FlushJobs,
+    flush_done: FlushDone,
     /// The clock as last read.
     now: u64,
+}
+
+/// Flush jobs: (token, address, length).
+type FlushJobs = mpsc::Sender<(u64, u64, u64)>;
+/// Flush answers: (token, persisted).
+type FlushDone = mpsc::Receiver<(u64, bool)>;
+
+/// Starts the thread that persists flushed ranges, so `msync` never stalls the poller. Jobs
+/// are (token, address, length), done in order; each answer wakes the poller.
+fn spawn_flusher<M: Media>(
+    media: Arc<M>,
+    waker: OwnedFd,
+) -> std::io::Result<(FlushJobs, FlushDone)> {
+    let (jobs, job_rx) = mpsc::channel::<(u64, u64, u64)>();
+    let (done_tx, done) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("moneta-flusher".into())
+        .spawn(move || {
+            for (token, addr, len) in job_rx {
+                let ok = len == 0 || media.flush(addr, len).is_ok();
+                if done_tx.send((token, ok)).is_err() {
+                    return;
+                }
+                let _ = rustix::io::write(&waker, &1u64.to_ne_bytes());
+            }
+        })?;
+    Ok((jobs, done))
 }
 
 /// How many busy passes between publications of the counters.
@@ -528,7 +580,7 @@ const IDLE_CHECK_PASSES: u64 = 16;
 /// Idle passes after which the counters are published.
 const IDLE_PUBLISH_PASSES: u64 = 64;
 
-/// How many passes a busy poller makes between looks at the kick eventfds of parked channels.
+/// How many passes a busy poller makes between looks at the kick pipes of parked channels.
 const KICK_CHECK_PASSES: u64 = 256;
 
 impl<M: Media, C: Clock> Poller<M, C> {
@@ -543,6 +595,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             busy |= self.dispatch();
             busy |= self.complete();
+            busy |= self.collect_flushes();
             self.settle_fences();
             passes = passes.wrapping_add(1);
             if busy {
@@ -554,7 +607,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     self.publish();
                 }
             }
-            if self.shutdown.is_some() && self.retag.waiting() == 0 && self.sched.is_empty() {
+            if self.shutdown.is_some()
+                && self.retag.waiting() == 0
+                && self.sched.is_empty()
+                && self.flushing.is_empty()
+            {
                 self.finish_shutdown();
                 return;
             }
@@ -767,7 +824,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let mut i = 0;
             while i < self.removals.len() {
                 let id = self.removals[i].0;
-                if self.sched.any(|r| r.channel == id) {
+                if self.sched.any(|r| r.channel == id)
+                    || self.flushing.iter().any(|(_, f)| f.channel == id)
+                {
                     i += 1;
                     continue;
                 }
@@ -937,9 +996,13 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     (Status::Ok, Opcode::Write) => self.timing.write_ns,
                     _ => 0,
                 };
+            let mut deferred = false;
             if cmd.opcode == Opcode::Flush {
-                // A barrier completes after every earlier request of its channel.
+                // A barrier completes after every earlier request of its channel: after those
+                // still in the scheduler (issued behind them, so published after them) and after
+                // its earlier flushes (queued behind them at the flusher).
                 let latest = self.sched.latest_for(|r| r.channel == p.channel);
+                deferred = latest.is_some();
                 ready = ready.max(latest.unwrap_or(0));
             }
             let issued = Issued {
@@ -950,7 +1013,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 t0: p.t0,
                 status,
             };
-            if ready <= now {
+            if ready <= now && !deferred {
                 // Due already (no modeled latency): complete in this pass.
                 self.finish(issued);
             } else {
@@ -958,6 +1021,23 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         busy
+    }
+
+    /// Publishes flushes the flusher thread has finished.
+    fn collect_flushes(&mut self) -> bool {
+        if self.flushing.is_empty() {
+            return false;
+        }
+        let mut any = false;
+        while let Ok((token, ok)) = self.flush_done.try_recv() {
+            let Some(pos) = self.flushing.iter().position(|(t, _)| *t == token) else {
+                continue;
+            };
+            let (_, r) = self.flushing.swap_remove(pos);
+            any = true;
+            self.publish_end(r, if ok { Status::Ok } else { Status::MediaError });
+        }
+        any
     }
 
     /// Publishes completions the scheduler says are due.
@@ -978,13 +1058,28 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     /// Ends a request that held a physical tag.
     fn finish(&mut self, r: Issued) {
-        let mut status = r.status;
+        let status = r.status;
         if status == Status::Ok && r.cmd.opcode == Opcode::Flush {
             self.local.flushes += 1;
-            if r.cmd.len > 0 && self.media.flush(r.cmd.addr, r.cmd.len).is_err() {
-                status = Status::MediaError;
+            let queued_behind = self.flushing.iter().any(|(_, f)| f.channel == r.channel);
+            if r.cmd.len > 0 || queued_behind {
+                // msync can take milliseconds: it runs on the flusher thread, in order, and the
+                // request keeps its physical tag until it is done.
+                let token = self.next_flush;
+                self.next_flush += 1;
+                if self.flush_jobs.send((token, r.cmd.addr, r.cmd.len)).is_ok() {
+                    self.flushing.push((token, r));
+                    return;
+                }
+                self.publish_end(r, Status::MediaError);
+                return;
             }
         }
+        self.publish_end(r, status);
+    }
+
+    /// Releases a request's physical tag and publishes its completion.
+    fn publish_end(&mut self, r: Issued, status: Status) {
         let bytes = match (status, r.cmd.opcode) {
             (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
             _ => 0,
@@ -1107,6 +1202,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
         let quiet = self.active.is_empty()
             && self.retag.waiting() == 0
+            && self.flushing.is_empty()
             && self.fences.is_empty()
             && self.removals.is_empty()
             && self.shutdown.is_none();
@@ -1147,7 +1243,14 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
                 continue;
             };
-            let _ = rustix::io::read(ch.kick.as_fd(), &mut buf);
+            // Drain what the client wrote, within a bound; the rest waits for the next look.
+            let mut drain = [0u8; 512];
+            for _ in 0..16 {
+                match rustix::io::read(ch.kick.as_fd(), &mut drain) {
+                    Ok(n) if n == drain.len() => continue,
+                    _ => break,
+                }
+            }
             if ch.parked && !ch.closing {
                 ch.parked = false;
                 ch.last_active = now;

@@ -48,6 +48,9 @@ pub enum MediaError {
     /// Another daemon holds the backing file.
     #[error("backing file {0} is in use by another monetad")]
     Busy(PathBuf),
+    /// The file system (or memory, for a volatile array) cannot hold the array.
+    #[error("not enough space to reserve the {0}-byte array")]
+    NoSpace(u64),
     /// Mapping or sizing failed.
     #[error("cannot map the array: {0}")]
     Map(io::Error),
@@ -143,6 +146,7 @@ impl MappedArray {
         if !exists {
             file.set_len(size).map_err(MediaError::Map)?;
         }
+        Self::allocate(&file, size)?;
         Self::map(file, size, true)
     }
 
@@ -153,7 +157,20 @@ impl MappedArray {
             .map_err(|e| MediaError::Map(e.into()))?;
         let file = File::from(fd);
         file.set_len(size).map_err(MediaError::Map)?;
+        Self::allocate(&file, size)?;
         Self::map(file, size, false)
+    }
+
+    /// Reserves every block of the array up front: a store into a hole of a `MAP_SHARED`
+    /// mapping on a full file system would raise SIGBUS in the daemon.
+    fn allocate(file: &File, size: u64) -> Result<(), MediaError> {
+        rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size).map_err(|e| {
+            if e == rustix::io::Errno::NOSPC {
+                MediaError::NoSpace(size)
+            } else {
+                MediaError::Map(e.into())
+            }
+        })
     }
 
     fn map(file: File, size: u64, persistent: bool) -> Result<Self, MediaError> {

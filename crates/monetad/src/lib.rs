@@ -55,6 +55,8 @@ fn bind_socket(path: &Path, mode: u32) -> Result<std::os::fd::OwnedFd, DaemonErr
             std::fs::create_dir_all(dir).map_err(err)?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
         }
+        check_socket_dir(dir)
+            .map_err(|m| err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, m)))?;
     }
     if path.exists() {
         if libmoneta::Control::connect(path).is_ok() {
@@ -74,6 +76,31 @@ fn bind_socket(path: &Path, mode: u32) -> Result<std::os::fd::OwnedFd, DaemonErr
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     rustix::net::listen(&fd, 256).map_err(|e| err(e.into()))?;
     Ok(fd)
+}
+
+/// Refuses a socket directory another user could tamper with: it must belong to us (or root)
+/// and not be writable by group or others, unless it is sticky like /tmp.
+fn check_socket_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    let me = rustix::process::geteuid().as_raw();
+    if !m.is_dir() {
+        return Err("not a directory".into());
+    }
+    if m.uid() != me && m.uid() != 0 {
+        return Err(format!(
+            "the directory belongs to uid {}, not to us ({me})",
+            m.uid()
+        ));
+    }
+    let sticky = m.mode() & 0o1000 != 0;
+    if m.mode() & 0o022 != 0 && !sticky {
+        return Err(format!(
+            "the directory is writable by others (mode {:o}); use a private directory",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// Raises the soft open-file limit to the hard limit: each channel holds descriptors.

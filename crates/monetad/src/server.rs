@@ -131,7 +131,15 @@ impl Server {
                 rustix::net::sockopt::Timeout::Send,
                 Some(Duration::from_secs(5)),
             );
-            if self.connections.fetch_add(1, Ordering::AcqRel) >= self.max_connections {
+            // The daemon's user and root always get in (up to EXTRA_CONNECTIONS more), so a
+            // user holding every slot cannot lock out administration.
+            let admin = cred.uid.as_raw() == self.owner_uid || cred.uid.is_root();
+            let limit = if admin {
+                self.max_connections + EXTRA_CONNECTIONS
+            } else {
+                self.max_connections
+            };
+            if self.connections.fetch_add(1, Ordering::AcqRel) >= limit {
                 self.connections.fetch_sub(1, Ordering::AcqRel);
                 // Answer on a short-lived thread so a silent client cannot stall accepting;
                 // past MAX_REFUSERS at once, just close.

@@ -678,6 +678,17 @@ fn hostile_client(args: &[String]) -> i32 {
         eprintln!("channel memfd could be resized");
         return 2;
     }
+    // 1b. Its kick descriptor is its own: making it blocking and reading it gets nothing from
+    // the device's end (and so cannot block the poller).
+    rustix::fs::fcntl_setfl(ch.kick_fd(), rustix::fs::OFlags::empty()).unwrap();
+    let mut b8 = [0u8; 8];
+    if rustix::io::read(ch.kick_fd(), &mut b8).is_ok() {
+        eprintln!("the kick descriptor is readable by the client");
+        return 10;
+    }
+    for _ in 0..1000 {
+        ch.kick();
+    }
     // 2. Reads and writes of the victim's range fail with a permission miss.
     for mode in MODES {
         let mut b = vec![0u8; 4096];
@@ -939,4 +950,21 @@ fn many_threads_share_one_channel() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+#[test]
+fn a_socket_directory_others_can_write_is_refused() {
+    let dir = TempDir::new("opendir");
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
+        .args(["--volatile", "--size", "4M", "--socket"])
+        .arg(dir.0.join("s.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("writable by others"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
