@@ -119,7 +119,7 @@ impl Server {
             if self.stopping.load(Ordering::Relaxed) {
                 continue;
             }
-            let cred = match rustix::net::sockopt::socket_peercred(&conn) {
+            let cred = match peer_cred(&conn) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!("no peer credentials: {e}");
@@ -133,7 +133,7 @@ impl Server {
             );
             // The daemon's user and root always get in (up to EXTRA_CONNECTIONS more), so a
             // user holding every slot cannot lock out administration.
-            let admin = cred.uid.as_raw() == self.owner_uid || cred.uid.is_root();
+            let admin = cred.uid == self.owner_uid || cred.uid == 0;
             let limit = if admin {
                 self.max_connections + EXTRA_CONNECTIONS
             } else {
@@ -164,8 +164,8 @@ impl Server {
             let me = self.clone();
             let c = Conn {
                 fd: conn,
-                uid: cred.uid.as_raw(),
-                pid: cred.pid.as_raw_nonzero().get(),
+                uid: cred.uid,
+                pid: cred.pid,
                 channel: None,
                 protocol_errors: 0,
             };
@@ -356,6 +356,42 @@ impl Server {
             })),
         }
     }
+}
+
+/// A peer's credentials as `SO_PEERCRED` gives them.
+struct PeerCred {
+    pid: i32,
+    uid: u32,
+}
+
+/// Reads `SO_PEERCRED`. The pid may be 0 (a peer in another pid namespace), which the typed
+/// wrappers cannot represent, so this reads the raw structure.
+fn peer_cred(fd: &OwnedFd) -> std::io::Result<PeerCred> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and `fd` is an open
+    // socket for the duration of the call.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
 }
 
 /// Answers a connection over the limit with one `EMFILE` reply to its first request.
