@@ -355,6 +355,22 @@ fn run_threads(
     })
 }
 
+/// What every bench thread starts with: its offsets, histogram, buffer and the clock.
+fn thread_state(
+    a: &BenchArgs,
+    size: u64,
+    thread: usize,
+) -> (
+    Offsets,
+    Histogram<u64>,
+    Vec<u8>,
+    &'static moneta_device::SystemClock,
+) {
+    let sequential = matches!(a.op, Op::Seqread | Op::Seqwrite);
+    let offs = Offsets::new(a.seed, size, a.region, sequential, thread);
+    (offs, new_hist(), vec![0x5au8; size as usize], clock())
+}
+
 fn moneta_thread(
     a: &BenchArgs,
     size: u64,
@@ -367,17 +383,8 @@ fn moneta_thread(
     let qd = a.qd;
     let first = thread * qd * span;
     let tags: Vec<Tag> = (0..qd).map(|i| Tag((first + i * span) as u8)).collect();
-    let mut offs = Offsets::new(
-        a.seed,
-        size,
-        a.region,
-        matches!(a.op, Op::Seqread | Op::Seqwrite),
-        thread,
-    );
-    let mut hist = new_hist();
-    let mut buf = vec![0x5au8; size as usize];
+    let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
     let mut ops = 0u64;
-    let clk = clock();
     let mut started = vec![0u64; qd];
     let mut writes = vec![false; qd];
     let submit =
@@ -443,17 +450,8 @@ fn kernel_thread(
     thread: usize,
     stop: &AtomicBool,
 ) -> Result<(Histogram<u64>, u64), String> {
-    let mut offs = Offsets::new(
-        a.seed,
-        size,
-        a.region,
-        matches!(a.op, Op::Seqread | Op::Seqwrite),
-        thread,
-    );
-    let mut hist = new_hist();
-    let mut buf = vec![0x5au8; size as usize];
+    let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
     let mut ops = 0u64;
-    let clk = clock();
     while !stop.load(Ordering::Relaxed) {
         let w = offs.is_write(a.op);
         let addr = offs.next();
