@@ -40,7 +40,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 ///
 /// Serves an emulated NVM array to client processes through per-process channels in shared
 /// memory, checking an extent permission table on every request. Every option can also be set
-/// in the TOML file given with --config (same names, with underscores); flags win.
+/// in the TOML file given with --config (same names, with underscores; `merge = false` for
+/// --no-merge); flags win.
 #[derive(Parser, Debug, Default, Clone)]
 #[command(name = "monetad", version)]
 pub struct Args {
