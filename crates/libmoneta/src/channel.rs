@@ -447,14 +447,9 @@ impl Channel {
     ) -> Result<(), ClientError> {
         let slice = self.slice_size();
         for (i, chunk) in buf.chunks_mut(slice).enumerate() {
-            let cmd = Command {
-                opcode: Opcode::Read,
-                completion: mode,
-                addr: addr + (i * slice) as u64,
-                len: chunk.len() as u64,
-                cookie: 0,
-                seq: 0,
-            };
+            // Wrapping: an address past the end is the device's to refuse (OutOfRange).
+            let at = addr.wrapping_add((i * slice) as u64);
+            let cmd = command(Opcode::Read, mode, at, chunk.len() as u64);
             Self::checked(self.run(tag, &cmd)?)?;
             self.read_dma(tag, 0, chunk);
         }
@@ -480,14 +475,8 @@ impl Channel {
         let slice = self.slice_size();
         for (i, chunk) in data.chunks(slice).enumerate() {
             self.write_dma(tag, 0, chunk);
-            let cmd = Command {
-                opcode: Opcode::Write,
-                completion: mode,
-                addr: addr + (i * slice) as u64,
-                len: chunk.len() as u64,
-                cookie: 0,
-                seq: 0,
-            };
+            let at = addr.wrapping_add((i * slice) as u64);
+            let cmd = command(Opcode::Write, mode, at, chunk.len() as u64);
             Self::checked(self.run(tag, &cmd)?)?;
         }
         Ok(())
@@ -496,14 +485,7 @@ impl Channel {
     /// Barrier, and with `len > 0` persistence of `[addr, addr+len)`.
     pub fn flush(&self, addr: u64, len: u64, mode: Completion) -> Result<(), ClientError> {
         let tag = self.tag();
-        let cmd = Command {
-            opcode: Opcode::Flush,
-            completion: mode,
-            addr,
-            len,
-            cookie: 0,
-            seq: 0,
-        };
+        let cmd = command(Opcode::Flush, mode, addr, len);
         let r = self.run(tag, &cmd).and_then(Self::checked);
         self.release(tag);
         r.map(|_| ())
@@ -512,14 +494,7 @@ impl Channel {
     /// A command that does nothing: the channel's round trip.
     pub fn nop(&self, mode: Completion) -> Result<Completed, ClientError> {
         let tag = self.tag();
-        let cmd = Command {
-            opcode: Opcode::Nop,
-            completion: mode,
-            addr: 0,
-            len: 0,
-            cookie: 0,
-            seq: 0,
-        };
+        let cmd = command(Opcode::Nop, mode, 0, 0);
         let r = self.run(tag, &cmd);
         self.release(tag);
         r
@@ -550,6 +525,18 @@ impl Channel {
         }
         h.err_tail.store(tail.wrapping_add(1), Ordering::Release);
         Some(ErrorRecord::from_words(w))
+    }
+}
+
+/// A command with no cookie; its sequence number is set at submission.
+fn command(opcode: Opcode, completion: Completion, addr: u64, len: u64) -> Command {
+    Command {
+        opcode,
+        completion,
+        addr,
+        len,
+        cookie: 0,
+        seq: 0,
     }
 }
 

@@ -148,6 +148,12 @@ fn the_permission_table_decides_every_request() {
         }),
         errno::ENOENT
     );
+    // Addresses at the very top of the address space are refused, not wrapped.
+    let mut big = vec![0u8; 40_000];
+    assert!(matches!(
+        ch.read(u64::MAX - 20_000, &mut big, Completion::Dma),
+        Err(ClientError::Status(Status::OutOfRange))
+    ));
     let s = ctl.status().unwrap();
     assert!(s.permission_misses >= 5 && s.permission_denials >= 1);
 }
