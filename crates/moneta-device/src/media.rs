@@ -81,6 +81,45 @@ pub trait Media: Send + Sync + 'static {
 
     /// Makes `[addr, addr+len)` durable on the backing store (no-op for volatile media).
     fn flush(&self, addr: u64, len: u64) -> io::Result<()>;
+
+    /// Sets `[addr, addr+len)` to zero. The default stores zeros; a mapped array punches a hole
+    /// instead, which is faster and gives the memory back.
+    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        let mut at = addr;
+        let end = addr + len;
+        while at < end {
+            let n = (end - at).min(ZEROS.len() as u64) as usize;
+            // SAFETY: `ZEROS` is valid for reads of `n <= 4096` bytes; the range is the
+            // caller's, inside the array.
+            unsafe { self.write(at, ZEROS.as_ptr(), n) };
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn persistent(&self) -> bool {
+        (**self).persistent()
+    }
+    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { (**self).read(addr, dst, len) }
+    }
+    unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { (**self).write(addr, src, len) }
+    }
+    fn flush(&self, addr: u64, len: u64) -> io::Result<()> {
+        (**self).flush(addr, len)
+    }
+    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
+        (**self).zero(addr, len)
+    }
 }
 
 /// The array mapped from a backing file or a memfd.
@@ -88,7 +127,7 @@ pub struct MappedArray {
     map: MmapRaw,
     size: u64,
     persistent: bool,
-    _file: File,
+    file: File,
 }
 
 /// Largest array we accept: 64 TiB.
@@ -183,7 +222,7 @@ impl MappedArray {
             map,
             size,
             persistent,
-            _file: file,
+            file,
         })
     }
 
@@ -230,6 +269,48 @@ impl Media for MappedArray {
         }
         self.map.flush_range(addr as usize, (end - addr) as usize)
     }
+
+    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let _ = self.ptr(addr, len as usize);
+        // Whole pages are punched out (they read as zeros through the mapping at once) and, on
+        // a backing file, reserved again so a later store cannot meet a full file system; the
+        // ragged ends are stored.
+        let first = addr.next_multiple_of(4096);
+        let last = (addr + len) / 4096 * 4096;
+        if first >= last {
+            return zero_by_stores(self, addr, len);
+        }
+        let punched = rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            first,
+            last - first,
+        );
+        if punched.is_err() {
+            return zero_by_stores(self, addr, len);
+        }
+        if self.persistent {
+            rustix::fs::fallocate(
+                &self.file,
+                rustix::fs::FallocateFlags::KEEP_SIZE,
+                first,
+                last - first,
+            )?;
+        }
+        zero_by_stores(self, addr, first - addr)?;
+        zero_by_stores(self, last, addr + len - last)
+    }
+}
+
+fn zero_by_stores(m: &MappedArray, addr: u64, len: u64) -> io::Result<()> {
+    if len > 0 {
+        // SAFETY: `ptr` checks the range against the mapping.
+        unsafe { std::ptr::write_bytes(m.ptr(addr, len as usize), 0, len as usize) };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,1694 @@
+//! nvfs: the mounted file system.
+//!
+//! The metadata tables are mirrored in memory (inodes decoded, directories and extents indexed);
+//! every change is made to the mirror and logged as record images through the journal in one
+//! transaction, so each call is atomic across a crash. Calls validate everything first and only
+//! then change anything, so a refused call changes nothing. Permission checks follow Linux:
+//! owner, group (primary or supplementary) or other class bits, root bypassing them (but needing
+//! an execute bit somewhere to execute), the sticky bit on directories, setgid directories
+//! passing their group on.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use moneta_device::Media;
+
+use crate::alloc::ChunkMap;
+use crate::journal::{self, Journal, Txn};
+use crate::layout::*;
+use crate::tables::{self, Fix, Severity, Tables};
+
+/// Longest path accepted, in bytes.
+pub const PATH_MAX: usize = 4095;
+/// Largest file size.
+pub const MAX_FILE_SIZE: u64 = 1 << 46;
+/// Symbolic links followed in one path walk before `ELOOP`.
+pub const MAX_SYMLINKS: u32 = 40;
+
+/// A failed call: a Linux errno and what happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsError {
+    /// Linux errno (positive).
+    pub errno: i32,
+    /// For people.
+    pub message: String,
+}
+
+impl fmt::Display for FsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (errno {})", self.message, self.errno)
+    }
+}
+
+impl std::error::Error for FsError {}
+
+/// Result of a file-system call.
+pub type FsResult<T> = Result<T, FsError>;
+
+fn e<T>(errno: i32, message: impl Into<String>) -> FsResult<T> {
+    Err(FsError {
+        errno,
+        message: message.into(),
+    })
+}
+
+/// Who is asking: the client's credentials from the socket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cred {
+    /// User.
+    pub uid: u32,
+    /// Primary group.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    /// Root.
+    pub fn root() -> Cred {
+        Cred::default()
+    }
+
+    /// Whether this is root.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether `gid` is the primary or a supplementary group.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// Access bits asked for.
+pub const MAY_READ: u32 = 4;
+/// Write.
+pub const MAY_WRITE: u32 = 2;
+/// Execute / search.
+pub const MAY_EXEC: u32 = 1;
+
+/// Whether `cred` may access an inode with `want` (a mask of `MAY_*`).
+pub fn may(n: &Inode, cred: &Cred, want: u32) -> bool {
+    if cred.is_root() {
+        // Root passes except for executing a file without any execute bit.
+        return want & MAY_EXEC == 0 || n.is_dir() || n.mode & 0o111 != 0;
+    }
+    let bits = if cred.uid == n.uid {
+        (n.mode >> 6) & 7
+    } else if cred.in_group(n.gid) {
+        (n.mode >> 3) & 7
+    } else {
+        n.mode & 7
+    };
+    bits & want == want
+}
+
+/// A file's attributes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Inode number.
+    pub ino: u64,
+    /// Type and permission bits.
+    pub mode: u32,
+    /// Links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Bytes.
+    pub size: u64,
+    /// 512-byte units allocated.
+    pub blocks: u64,
+    /// Preferred I/O size (the chunk).
+    pub blksize: u64,
+    /// Access time.
+    pub atime: Time,
+    /// Modification time.
+    pub mtime: Time,
+    /// Status change time.
+    pub ctime: Time,
+    /// Creation time.
+    pub btime: Time,
+    /// Generation of the inode number.
+    pub generation: u32,
+}
+
+/// A run of a file: mapped to the array at `dev`, or a hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// First byte in the file.
+    pub file_off: u64,
+    /// Bytes.
+    pub len: u64,
+    /// First array byte, or `None` for a hole (reads as zeros).
+    pub dev: Option<u64>,
+}
+
+/// File-system totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatFs {
+    /// Chunk size.
+    pub chunk_size: u64,
+    /// Data chunks.
+    pub chunks: u64,
+    /// Free chunks.
+    pub chunks_free: u64,
+    /// Inodes.
+    pub inodes: u64,
+    /// Free inodes.
+    pub inodes_free: u64,
+    /// Longest name.
+    pub name_max: u64,
+}
+
+/// One directory entry from `readdir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode.
+    pub ino: u64,
+    /// `DT_*`.
+    pub kind: u8,
+    /// Name.
+    pub name: Vec<u8>,
+    /// Cookie to continue after this entry.
+    pub next: u64,
+}
+
+/// A time to set: now, leave alone, or a value (`utimensat`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    /// The current time.
+    Now,
+    /// Unchanged.
+    Omit,
+    /// This time.
+    At(Time),
+}
+
+/// What `open` decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The inode.
+    pub ino: u64,
+    /// Reads allowed.
+    pub read: bool,
+    /// Writes allowed.
+    pub write: bool,
+    /// Whether this call created the file.
+    pub created: bool,
+    /// Attributes after the call.
+    pub stat: Stat,
+}
+
+/// Called with the array ranges a change is about to free, before the change is committed; it
+/// must not return until no channel can reach them (revocation before reuse).
+pub type Revoker = Box<dyn FnMut(&[(u64, u64)]) -> FsResult<()> + Send>;
+
+/// Identity of a file for permission records: inode number and generation.
+pub fn file_id(ino: u64, generation: u32) -> u64 {
+    (ino << 32) | generation as u64
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Ext {
+    dev: u64,
+    count: u64,
+    slot: u64,
+}
+
+#[derive(Default, Debug)]
+struct Dir {
+    by_name: HashMap<Vec<u8>, (u64, u64)>,
+    by_slot: BTreeMap<u64, Vec<u8>>,
+}
+
+/// Where a path's last component lives.
+struct Parent {
+    dir: u64,
+    /// `None` when the path ends in `/`, `.` or `..` (it names `dir` itself).
+    name: Option<Vec<u8>>,
+    /// The path ended in `/`.
+    slash: bool,
+    /// Last component was `..` (for rmdir's answer).
+    dotdot: bool,
+}
+
+/// A mounted nvfs.
+pub struct Fs {
+    media: Arc<dyn Media>,
+    sb: Superblock,
+    g: Geometry,
+    journal: Journal,
+    inodes: Vec<Inode>,
+    free_inodes: BTreeSet<u64>,
+    dirs: HashMap<u64, Dir>,
+    parent: HashMap<u64, u64>,
+    free_dirents: BTreeSet<u64>,
+    symlinks: HashMap<u64, (u64, Vec<u8>)>,
+    extents: HashMap<u64, BTreeMap<u64, Ext>>,
+    free_extents: BTreeSet<u64>,
+    chunks: ChunkMap,
+    open: HashMap<u64, u32>,
+    txn: Txn,
+    dirty: BTreeSet<u64>,
+    revoker: Option<Revoker>,
+    failed: Option<String>,
+}
+
+/// Why an image cannot be mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// Not nvfs, another version, or a bad superblock.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The tables are inconsistent.
+    #[error("the file system is inconsistent ({count} errors; first: {first}); run `moneta fsck --repair`")]
+    Inconsistent {
+        /// Errors found.
+        count: usize,
+        /// The first.
+        first: String,
+    },
+    /// Writing the array failed.
+    #[error("cannot write the array: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Formats the array on `media`: superblock, empty journal and tables, root directory.
+pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> {
+    let g = Geometry::compute(media.size(), o)?;
+    // Clear every metadata region (holes where the array can punch them).
+    media.zero(0, g.data_off)?;
+    let now = Time::now();
+    let root = Inode {
+        mode: S_IFDIR | (o.root_mode & 0o7777),
+        uid: o.root_uid,
+        gid: o.root_gid,
+        nlink: 2,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        btime: now,
+        generation: 1,
+    };
+    journal::write(media, g.inode_addr(ROOT_INO), &root.encode());
+    let mut uuid = [0u8; 16];
+    uuid[..8].copy_from_slice(&(now.sec as u64).to_le_bytes());
+    uuid[8..12].copy_from_slice(&now.nsec.to_le_bytes());
+    uuid[12..16].copy_from_slice(&std::process::id().to_le_bytes());
+    media.flush(0, g.data_off)?;
+    // The superblock last: an interrupted mkfs leaves an unformatted image.
+    let sb = encode_superblock(&g, uuid, now.sec as u64);
+    journal::write(media, 0, &sb);
+    media.flush(0, BLOCK)?;
+    Ok(g)
+}
+
+impl Fs {
+    /// Mounts the image on `media`: replays the journal, checks the tables (refusing an
+    /// inconsistent image), frees files that were unlinked while open.
+    pub fn mount(media: Arc<dyn Media>) -> Result<Fs, MountError> {
+        let durable = media.persistent();
+        let t = tables::load(&*media)?;
+        let report = tables::check(&t);
+        if let Some(first) = report
+            .problems
+            .iter()
+            .find(|p| p.severity == Severity::Error)
+        {
+            return Err(MountError::Inconsistent {
+                count: report.errors(),
+                first: first.text.clone(),
+            });
+        }
+        let mut journal = Journal::new(&t.sb.geometry, t.recovered.seq, durable);
+        journal.replay(&*media, &t.recovered)?;
+        let mut fs = Fs::from_tables(media, t, journal);
+        let orphans: Vec<u64> = report
+            .problems
+            .iter()
+            .filter_map(|p| match p.fix {
+                Some(Fix::FreeInode(ino)) => Some(ino),
+                _ => None,
+            })
+            .collect();
+        for ino in orphans {
+            tracing::info!(ino, "freeing a file unlinked while open before the restart");
+            fs.release(ino)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        fs.commit()
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(fs)
+    }
+
+    fn from_tables(media: Arc<dyn Media>, t: Tables, journal: Journal) -> Fs {
+        let g = t.sb.geometry;
+        let mut fs = Fs {
+            media,
+            sb: t.sb,
+            g,
+            journal,
+            free_inodes: BTreeSet::new(),
+            dirs: HashMap::new(),
+            parent: HashMap::new(),
+            free_dirents: BTreeSet::new(),
+            symlinks: HashMap::new(),
+            extents: HashMap::new(),
+            free_extents: BTreeSet::new(),
+            chunks: ChunkMap::from_words(t.bitmap, g.chunk_count),
+            open: HashMap::new(),
+            txn: Txn::default(),
+            dirty: BTreeSet::new(),
+            revoker: None,
+            failed: None,
+            inodes: t.inodes,
+        };
+        for (i, n) in fs.inodes.iter().enumerate() {
+            if !n.is_used() {
+                fs.free_inodes.insert(i as u64 + 1);
+            } else if n.is_dir() {
+                fs.dirs.insert(i as u64 + 1, Dir::default());
+            }
+        }
+        fs.parent.insert(ROOT_INO, ROOT_INO);
+        for slot in 0..g.dirent_count {
+            if !t.dirents.contains_key(&slot) {
+                fs.free_dirents.insert(slot);
+            }
+        }
+        for (slot, d) in t.dirents {
+            if d.parent == SYMLINK_TARGET {
+                fs.symlinks.insert(d.ino, (slot, d.name));
+                continue;
+            }
+            if fs.inodes[(d.ino - 1) as usize].is_dir() {
+                fs.parent.insert(d.ino, d.parent);
+            }
+            let dir = fs.dirs.entry(d.parent).or_default();
+            dir.by_slot.insert(slot, d.name.clone());
+            dir.by_name.insert(d.name, (d.ino, slot));
+        }
+        for slot in 0..g.extent_count {
+            if !t.extents.contains_key(&slot) {
+                fs.free_extents.insert(slot);
+            }
+        }
+        for (slot, x) in t.extents {
+            fs.extents.entry(x.ino).or_default().insert(
+                x.file_chunk,
+                Ext {
+                    dev: x.dev_chunk,
+                    count: x.count as u64,
+                    slot,
+                },
+            );
+        }
+        fs
+    }
+
+    /// Sets the hook that revokes channel access to ranges about to be freed.
+    pub fn set_revoker(&mut self, r: Revoker) {
+        self.revoker = Some(r);
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.g
+    }
+
+    /// The superblock.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// The sequence number of the last metadata transaction.
+    pub fn journal_seq(&self) -> u64 {
+        self.journal.seq()
+    }
+
+    // ---- internal helpers -------------------------------------------------------------
+
+    fn check_alive(&self) -> FsResult<()> {
+        match &self.failed {
+            Some(why) => e(
+                libc::EIO,
+                format!("the file system stopped after an error: {why}"),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    fn inode(&self, ino: u64) -> &Inode {
+        &self.inodes[(ino - 1) as usize]
+    }
+
+    fn inode_mut(&mut self, ino: u64) -> &mut Inode {
+        self.dirty.insert(ino);
+        &mut self.inodes[(ino - 1) as usize]
+    }
+
+    fn commit(&mut self) -> FsResult<()> {
+        for ino in std::mem::take(&mut self.dirty) {
+            let rec = self.inodes[(ino - 1) as usize].encode();
+            self.txn.put(self.g.inode_addr(ino), &rec);
+        }
+        for (w, v) in self.chunks.take_dirty() {
+            self.txn
+                .put(self.g.bitmap_off + w as u64 * 8, &v.to_le_bytes());
+        }
+        let txn = std::mem::take(&mut self.txn);
+        if let Err(err) = self.journal.commit(&*self.media, &txn) {
+            let msg = format!("metadata commit failed: {err}");
+            tracing::error!("{msg}");
+            self.failed = Some(msg.clone());
+            return e(libc::EIO, msg);
+        }
+        Ok(())
+    }
+
+    /// Marks the file system failed after a change was half made in memory.
+    fn fail(&mut self, why: &FsError) -> FsError {
+        let msg = format!("a change could not be completed: {why}");
+        tracing::error!("{msg}");
+        self.failed = Some(msg);
+        why.clone()
+    }
+
+    fn stat_of(&self, ino: u64) -> Stat {
+        let n = self.inode(ino);
+        let chunks: u64 = self
+            .extents
+            .get(&ino)
+            .map(|m| m.values().map(|x| x.count).sum())
+            .unwrap_or(0);
+        Stat {
+            ino,
+            mode: n.mode,
+            nlink: n.nlink,
+            uid: n.uid,
+            gid: n.gid,
+            size: n.size,
+            blocks: chunks * self.g.chunk_size / 512,
+            blksize: self.g.chunk_size,
+            atime: n.atime,
+            mtime: n.mtime,
+            ctime: n.ctime,
+            btime: n.btime,
+            generation: n.generation,
+        }
+    }
+
+    fn lookup_name(&self, dir: u64, name: &[u8]) -> Option<u64> {
+        self.dirs.get(&dir)?.by_name.get(name).map(|&(ino, _)| ino)
+    }
+
+    fn split(path: &[u8]) -> FsResult<(Vec<&[u8]>, bool)> {
+        if path.is_empty() {
+            return e(libc::ENOENT, "empty path");
+        }
+        if path.len() > PATH_MAX {
+            return e(libc::ENAMETOOLONG, "path too long");
+        }
+        if path[0] != b'/' {
+            return e(libc::EINVAL, "nvfs paths are absolute (they start with /)");
+        }
+        if path.contains(&0) {
+            return e(libc::EINVAL, "path contains a NUL byte");
+        }
+        let parts: Vec<&[u8]> = path
+            .split(|b| *b == b'/')
+            .filter(|c| !c.is_empty())
+            .collect();
+        if parts.iter().any(|c| c.len() > NAME_MAX) {
+            return e(
+                libc::ENAMETOOLONG,
+                "a path component is longer than 255 bytes",
+            );
+        }
+        Ok((parts, path.len() > 1 && path.ends_with(b"/")))
+    }
+
+    /// Walks `parts` from `start`; follows symlinks in all components, and in the last one
+    /// when `follow_last`.
+    fn walk(&self, cred: &Cred, parts: &[&[u8]], follow_last: bool, slash: bool) -> FsResult<u64> {
+        let mut pending: Vec<Vec<u8>> = parts.iter().rev().map(|c| c.to_vec()).collect();
+        let mut cur = ROOT_INO;
+        let mut links = 0;
+        while let Some(c) = pending.pop() {
+            let n = self.inode(cur);
+            if !n.is_dir() {
+                return e(libc::ENOTDIR, "a path component is not a directory");
+            }
+            if !may(n, cred, MAY_EXEC) {
+                return e(
+                    libc::EACCES,
+                    "search permission denied on a directory of the path",
+                );
+            }
+            if c == b"." {
+                continue;
+            }
+            if c == b".." {
+                cur = self.parent[&cur];
+                continue;
+            }
+            let child = match self.lookup_name(cur, &c) {
+                Some(i) => i,
+                None => return e(libc::ENOENT, "no such file or directory"),
+            };
+            if self.inode(child).is_symlink() && (!pending.is_empty() || follow_last || slash) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return e(libc::ELOOP, "too many levels of symbolic links");
+                }
+                let target = &self.symlinks[&child].1;
+                if target.starts_with(b"/") {
+                    cur = ROOT_INO;
+                }
+                for part in target.split(|b| *b == b'/').rev() {
+                    if !part.is_empty() {
+                        pending.push(part.to_vec());
+                    }
+                }
+                continue;
+            }
+            cur = child;
+        }
+        if slash && !self.inode(cur).is_dir() {
+            return e(libc::ENOTDIR, "not a directory");
+        }
+        Ok(cur)
+    }
+
+    fn resolve(&self, cred: &Cred, path: &[u8], follow: bool) -> FsResult<u64> {
+        let (parts, slash) = Self::split(path)?;
+        self.walk(cred, &parts, follow, slash)
+    }
+
+    fn resolve_parent(&self, cred: &Cred, path: &[u8]) -> FsResult<Parent> {
+        let (parts, slash) = Self::split(path)?;
+        match parts.last() {
+            None => Ok(Parent {
+                dir: ROOT_INO,
+                name: None,
+                slash,
+                dotdot: false,
+            }),
+            Some(&last) if last == b"." || last == b".." => Ok(Parent {
+                dir: self.walk(cred, &parts, true, false)?,
+                name: None,
+                slash,
+                dotdot: last == b"..",
+            }),
+            Some(&last) => {
+                let dir = self.walk(cred, &parts[..parts.len() - 1], true, false)?;
+                if !self.inode(dir).is_dir() {
+                    return e(libc::ENOTDIR, "a path component is not a directory");
+                }
+                if !may(self.inode(dir), cred, MAY_EXEC) {
+                    return e(
+                        libc::EACCES,
+                        "search permission denied on the parent directory",
+                    );
+                }
+                Ok(Parent {
+                    dir,
+                    name: Some(last.to_vec()),
+                    slash,
+                    dotdot: false,
+                })
+            }
+        }
+    }
+
+    fn need_dir_write(&self, cred: &Cred, dir: u64) -> FsResult<()> {
+        if !may(self.inode(dir), cred, MAY_WRITE | MAY_EXEC) {
+            return e(libc::EACCES, "write permission denied on the directory");
+        }
+        Ok(())
+    }
+
+    /// The sticky-bit rule: in a sticky directory only the owner of the entry, the owner of the
+    /// directory or root may remove or rename it.
+    fn sticky_ok(&self, cred: &Cred, dir: u64, victim: u64) -> FsResult<()> {
+        let d = self.inode(dir);
+        if d.mode & 0o1000 != 0
+            && !cred.is_root()
+            && cred.uid != d.uid
+            && cred.uid != self.inode(victim).uid
+        {
+            return e(
+                libc::EPERM,
+                "the directory is sticky and the entry is not yours",
+            );
+        }
+        Ok(())
+    }
+
+    fn touch_dir(&mut self, dir: u64, now: Time) {
+        let d = self.inode_mut(dir);
+        d.mtime = now;
+        d.ctime = now;
+    }
+
+    fn check_room(&self, inodes: usize, dirents: usize) -> FsResult<()> {
+        if self.free_inodes.len() < inodes {
+            return e(libc::ENOSPC, "no free inodes");
+        }
+        if self.free_dirents.len() < dirents {
+            return e(libc::ENOSPC, "no free directory entries");
+        }
+        Ok(())
+    }
+
+    fn new_inode(&mut self, mode: u32, uid: u32, gid: u32, nlink: u32, now: Time) -> u64 {
+        let ino = self.free_inodes.pop_first().expect("room checked");
+        let generation = self.inode(ino).generation.wrapping_add(1);
+        *self.inode_mut(ino) = Inode {
+            mode,
+            uid,
+            gid,
+            nlink,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            generation,
+        };
+        if mode & S_IFMT == S_IFDIR {
+            self.dirs.insert(ino, Dir::default());
+        }
+        ino
+    }
+
+    fn add_entry(&mut self, dir: u64, name: &[u8], ino: u64) {
+        let slot = self.free_dirents.pop_first().expect("room checked");
+        let kind = kind_of(self.inode(ino).mode);
+        let rec = Dirent {
+            parent: dir,
+            ino,
+            kind,
+            name: name.to_vec(),
+        };
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        let d = self.dirs.get_mut(&dir).expect("a directory");
+        d.by_name.insert(name.to_vec(), (ino, slot));
+        d.by_slot.insert(slot, name.to_vec());
+        if kind == DT_DIR {
+            self.parent.insert(ino, dir);
+        }
+    }
+
+    fn remove_entry(&mut self, dir: u64, name: &[u8]) -> u64 {
+        let d = self.dirs.get_mut(&dir).expect("a directory");
+        let (ino, slot) = d.by_name.remove(name).expect("entry exists");
+        d.by_slot.remove(&slot);
+        self.txn
+            .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+        self.free_dirents.insert(slot);
+        ino
+    }
+
+    /// Array ranges of the chunks of `ino` from file chunk `from` on.
+    fn ranges_from(&self, ino: u64, from: u64) -> Vec<(u64, u64)> {
+        let cs = self.g.chunk_size;
+        let mut out = Vec::new();
+        if let Some(m) = self.extents.get(&ino) {
+            for (&fc, x) in m.iter() {
+                let end = fc + x.count;
+                if end <= from {
+                    continue;
+                }
+                let skip = from.saturating_sub(fc);
+                out.push((self.g.chunk_addr(x.dev + skip), (x.count - skip) * cs));
+            }
+        }
+        out
+    }
+
+    fn revoke(&mut self, ranges: &[(u64, u64)]) -> FsResult<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        match self.revoker.as_mut() {
+            Some(r) => r(ranges),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees the chunks of `ino` from file chunk `from` on; the caller revoked them.
+    fn free_from(&mut self, ino: u64, from: u64) {
+        let Some(m) = self.extents.get_mut(&ino) else {
+            return;
+        };
+        let keys: Vec<u64> = m.range(..).map(|(k, _)| *k).collect();
+        let mut frees = Vec::new();
+        for fc in keys {
+            let x = m[&fc];
+            if fc + x.count <= from {
+                continue;
+            }
+            if fc >= from {
+                m.remove(&fc);
+                frees.push((x.dev, x.count));
+                self.txn
+                    .put(self.g.extent_addr(x.slot), &[0u8; EXTENT_SIZE as usize]);
+                self.free_extents.insert(x.slot);
+            } else {
+                let keep = from - fc;
+                frees.push((x.dev + keep, x.count - keep));
+                let nx = Ext { count: keep, ..x };
+                m.insert(fc, nx);
+                let rec = ExtentRec {
+                    ino,
+                    file_chunk: fc,
+                    dev_chunk: x.dev,
+                    count: keep as u32,
+                };
+                self.txn.put(self.g.extent_addr(x.slot), &rec.encode());
+            }
+        }
+        if m.is_empty() {
+            self.extents.remove(&ino);
+        }
+        for (s, l) in frees {
+            self.chunks.free_run(s, l);
+        }
+    }
+
+    /// Frees an inode with no names and no open handles: its chunks (revoked first), its
+    /// symlink target, its record.
+    fn release(&mut self, ino: u64) -> FsResult<()> {
+        let ranges = self.ranges_from(ino, 0);
+        self.revoke(&ranges)?;
+        self.free_from(ino, 0);
+        if let Some((slot, _)) = self.symlinks.remove(&ino) {
+            self.txn
+                .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+            self.free_dirents.insert(slot);
+        }
+        self.dirs.remove(&ino);
+        self.parent.remove(&ino);
+        let generation = self.inode(ino).generation;
+        *self.inode_mut(ino) = Inode {
+            generation,
+            ..Default::default()
+        };
+        self.free_inodes.insert(ino);
+        Ok(())
+    }
+
+    /// Drops one name of `ino`; frees it when no name and no handle is left.
+    fn drop_link(&mut self, ino: u64, now: Time) -> FsResult<()> {
+        let n = self.inode_mut(ino);
+        n.ctime = now;
+        if n.is_dir() {
+            n.nlink = 0;
+        } else {
+            n.nlink = n.nlink.saturating_sub(1);
+        }
+        if n.nlink == 0 && self.open.get(&ino).copied().unwrap_or(0) == 0 {
+            self.release(ino)?;
+        }
+        Ok(())
+    }
+
+    // ---- the calls ---------------------------------------------------------------------
+
+    /// `stat`/`lstat`.
+    pub fn stat(&self, cred: &Cred, path: &[u8], follow: bool) -> FsResult<Stat> {
+        let ino = self.resolve(cred, path, follow)?;
+        Ok(self.stat_of(ino))
+    }
+
+    /// Attributes of an inode (`fstat` on a handle).
+    pub fn stat_ino(&self, ino: u64) -> Stat {
+        self.stat_of(ino)
+    }
+
+    /// Resolves a path to its inode.
+    pub fn lookup(&self, cred: &Cred, path: &[u8], follow: bool) -> FsResult<u64> {
+        self.resolve(cred, path, follow)
+    }
+
+    /// `open(2)`: the flags are Linux's (`O_ACCMODE`, `O_CREAT`, `O_EXCL`, `O_TRUNC`,
+    /// `O_DIRECTORY`, `O_NOFOLLOW`; `O_APPEND` is the client's business; others are ignored).
+    /// `mode` is applied as given (the client applies its umask). On success the inode counts
+    /// one more open handle until [`Fs::close`].
+    pub fn open(&mut self, cred: &Cred, path: &[u8], flags: i32, mode: u32) -> FsResult<Opened> {
+        self.check_alive()?;
+        let acc = flags & libc::O_ACCMODE;
+        if acc == 3 {
+            return e(libc::EINVAL, "invalid access mode");
+        }
+        let (read, write) = (acc != libc::O_WRONLY, acc != libc::O_RDONLY);
+        let trunc = flags & libc::O_TRUNC != 0;
+        let nofollow = flags & libc::O_NOFOLLOW != 0;
+        let mut created = false;
+        let ino = if flags & libc::O_CREAT != 0 {
+            let p = self.resolve_parent(cred, path)?;
+            match p.name {
+                None => {
+                    if flags & libc::O_EXCL != 0 {
+                        return e(libc::EEXIST, "file exists");
+                    }
+                    return e(libc::EISDIR, "is a directory");
+                }
+                Some(name) => match self.lookup_name(p.dir, &name) {
+                    Some(existing) => {
+                        if flags & libc::O_EXCL != 0 {
+                            return e(libc::EEXIST, "file exists");
+                        }
+                        if self.inode(existing).is_symlink() {
+                            if nofollow {
+                                return e(libc::ELOOP, "the path names a symbolic link");
+                            }
+                            self.resolve(cred, path, true)?
+                        } else {
+                            existing
+                        }
+                    }
+                    None => {
+                        if p.slash {
+                            return e(
+                                libc::EISDIR,
+                                "cannot create a regular file with a trailing /",
+                            );
+                        }
+                        self.need_dir_write(cred, p.dir)?;
+                        self.check_room(1, 1)?;
+                        let now = Time::now();
+                        let d = *self.inode(p.dir);
+                        let gid = if d.mode & 0o2000 != 0 {
+                            d.gid
+                        } else {
+                            cred.gid
+                        };
+                        let ino = self.new_inode(S_IFREG | (mode & 0o7777), cred.uid, gid, 1, now);
+                        self.add_entry(p.dir, &name, ino);
+                        self.touch_dir(p.dir, now);
+                        created = true;
+                        ino
+                    }
+                },
+            }
+        } else {
+            self.resolve(cred, path, !nofollow)?
+        };
+        let n = *self.inode(ino);
+        if n.is_symlink() {
+            return e(libc::ELOOP, "the path names a symbolic link (O_NOFOLLOW)");
+        }
+        if n.is_dir() && (write || trunc) {
+            return e(libc::EISDIR, "is a directory");
+        }
+        if flags & libc::O_DIRECTORY != 0 && !n.is_dir() {
+            return e(libc::ENOTDIR, "not a directory");
+        }
+        if !created {
+            let mut want = 0;
+            if read {
+                want |= MAY_READ;
+            }
+            if write || trunc {
+                want |= MAY_WRITE;
+            }
+            if !may(&n, cred, want) {
+                return e(libc::EACCES, "permission denied");
+            }
+        }
+        if trunc && n.is_reg() && !created {
+            self.truncate_ino(ino, 0)?;
+        }
+        if created || self.txn_pending() {
+            self.commit()?;
+        }
+        *self.open.entry(ino).or_default() += 1;
+        Ok(Opened {
+            ino,
+            read,
+            write,
+            created,
+            stat: self.stat_of(ino),
+        })
+    }
+
+    fn txn_pending(&self) -> bool {
+        !self.txn.is_empty() || !self.dirty.is_empty()
+    }
+
+    /// Drops an open handle of `ino`; frees the file if it was unlinked and this was its last
+    /// handle.
+    pub fn close(&mut self, ino: u64) -> FsResult<()> {
+        let Some(count) = self.open.get_mut(&ino) else {
+            return e(libc::EBADF, "the inode is not open");
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.open.remove(&ino);
+            if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
+                self.check_alive()?;
+                if let Err(err) = self.release(ino) {
+                    return Err(self.fail(&err));
+                }
+                self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The mapping of `[off, off + len)` of a regular file, clipped to its size: whole extents
+    /// that intersect it and the holes between them, at most `max` runs.
+    pub fn map(&self, ino: u64, off: u64, len: u64, max: usize) -> FsResult<(u64, Vec<Mapping>)> {
+        let n = self.inode(ino);
+        if !n.is_reg() {
+            return e(libc::EINVAL, "not a regular file");
+        }
+        let size = n.size;
+        let end = off.saturating_add(len).min(size);
+        let mut out = Vec::new();
+        if off >= end {
+            return Ok((size, out));
+        }
+        let cs = self.g.chunk_size;
+        let (first, last) = (off / cs, (end - 1) / cs);
+        let empty = BTreeMap::new();
+        let m = self.extents.get(&ino).unwrap_or(&empty);
+        let mut at = first;
+        // An extent that starts before `first` but covers it.
+        let start_key = m.range(..=first).next_back().map(|(k, _)| *k);
+        let iter = start_key
+            .into_iter()
+            .chain(m.range(first + 1..last + 1).map(|(k, _)| *k));
+        for fc in iter {
+            let x = m[&fc];
+            if fc + x.count <= at {
+                continue;
+            }
+            if fc > at {
+                out.push(Mapping {
+                    file_off: at * cs,
+                    len: (fc - at) * cs,
+                    dev: None,
+                });
+            }
+            out.push(Mapping {
+                file_off: fc * cs,
+                len: x.count * cs,
+                dev: Some(self.g.chunk_addr(x.dev)),
+            });
+            at = fc + x.count;
+            if out.len() >= max {
+                return Ok((size, out));
+            }
+        }
+        if at <= last {
+            out.push(Mapping {
+                file_off: at * cs,
+                len: (last + 1 - at) * cs,
+                dev: None,
+            });
+        }
+        out.truncate(max.max(1));
+        Ok((size, out))
+    }
+
+    /// Allocates every hole of `[off, off + len)` (zeroed before it becomes part of the file)
+    /// and grows the size to `off + len` if it is larger. Returns the mapping of the range.
+    pub fn extend(
+        &mut self,
+        ino: u64,
+        off: u64,
+        len: u64,
+        max: usize,
+    ) -> FsResult<(u64, Vec<Mapping>)> {
+        self.check_alive()?;
+        if !self.inode(ino).is_reg() {
+            return e(libc::EINVAL, "not a regular file");
+        }
+        if len == 0 {
+            return self.map(ino, off, 0, max);
+        }
+        let end = match off.checked_add(len) {
+            Some(end) if end <= MAX_FILE_SIZE => end,
+            _ => return e(libc::EFBIG, "file too large"),
+        };
+        let cs = self.g.chunk_size;
+        let (first, last) = (off / cs, (end - 1) / cs);
+        // Missing runs of file chunks.
+        let mut missing: Vec<(u64, u64)> = Vec::new();
+        {
+            let empty = BTreeMap::new();
+            let m = self.extents.get(&ino).unwrap_or(&empty);
+            let mut at = first;
+            let before = m.range(..=first).next_back().map(|(k, x)| (*k, x.count));
+            if let Some((fc, count)) = before {
+                at = at.max(fc + count);
+            }
+            for (&fc, x) in m.range(first + 1..last + 1) {
+                if fc > at {
+                    missing.push((at, fc - at));
+                }
+                at = at.max(fc + x.count);
+            }
+            if at <= last {
+                missing.push((at, last + 1 - at));
+            }
+        }
+        let need: u64 = missing.iter().map(|r| r.1).sum();
+        if need > self.chunks.free() {
+            return e(
+                libc::ENOSPC,
+                format!(
+                    "no space left: {need} chunks needed, {} free",
+                    self.chunks.free()
+                ),
+            );
+        }
+        for (fc, count) in missing {
+            let goal = self.extents.get(&ino).and_then(|m| {
+                m.range(..fc)
+                    .next_back()
+                    .filter(|(k, x)| **k + x.count == fc)
+                    .map(|(_, x)| x.dev + x.count)
+            });
+            let runs = self.chunks.alloc(goal, count).expect("free space checked");
+            let mut file_chunk = fc;
+            for (dev, n) in runs {
+                if let Err(err) = self.media.zero(self.g.chunk_addr(dev), n * cs) {
+                    let err = FsError {
+                        errno: libc::EIO,
+                        message: format!("cannot zero new chunks: {err}"),
+                    };
+                    return Err(self.fail(&err));
+                }
+                self.add_extent(ino, file_chunk, dev, n);
+                file_chunk += n;
+            }
+        }
+        let now = Time::now();
+        let node = self.inode_mut(ino);
+        node.size = node.size.max(end);
+        node.mtime = now;
+        node.ctime = now;
+        self.commit()?;
+        self.map(ino, off, len, max)
+    }
+
+    fn add_extent(&mut self, ino: u64, fc: u64, dev: u64, n: u64) {
+        let m = self.extents.entry(ino).or_default();
+        // Grow the extent just before when it continues both in the file and on the array.
+        if let Some((&pfc, px)) = m.range_mut(..fc).next_back() {
+            if pfc + px.count == fc && px.dev + px.count == dev && px.count + n <= u32::MAX as u64 {
+                px.count += n;
+                let rec = ExtentRec {
+                    ino,
+                    file_chunk: pfc,
+                    dev_chunk: px.dev,
+                    count: px.count as u32,
+                };
+                let slot = px.slot;
+                self.txn.put(self.g.extent_addr(slot), &rec.encode());
+                return;
+            }
+        }
+        let mut left = n;
+        let (mut f, mut d) = (fc, dev);
+        while left > 0 {
+            let take = left.min(u32::MAX as u64);
+            let slot = self
+                .free_extents
+                .pop_first()
+                .expect("extent records are at least as many as chunks");
+            let rec = ExtentRec {
+                ino,
+                file_chunk: f,
+                dev_chunk: d,
+                count: take as u32,
+            };
+            self.txn.put(self.g.extent_addr(slot), &rec.encode());
+            self.extents.entry(ino).or_default().insert(
+                f,
+                Ext {
+                    dev: d,
+                    count: take,
+                    slot,
+                },
+            );
+            left -= take;
+            f += take;
+            d += take;
+        }
+    }
+
+    /// Sets the size of a regular file (the caller checked permission). Shrinking revokes the
+    /// chunks past the new end and then frees them, and zeroes the rest of the last chunk.
+    fn truncate_ino(&mut self, ino: u64, size: u64) -> FsResult<()> {
+        if size > MAX_FILE_SIZE {
+            return e(libc::EFBIG, "file too large");
+        }
+        let cs = self.g.chunk_size;
+        let old = self.inode(ino).size;
+        if size < old {
+            let keep = size.div_ceil(cs);
+            let ranges = self.ranges_from(ino, keep);
+            self.revoke(&ranges)?;
+            if size % cs != 0 {
+                let (_, m) = self.map(ino, size, 1, 1)?;
+                if let Some(Mapping {
+                    file_off,
+                    dev: Some(dev),
+                    ..
+                }) = m.first().copied()
+                {
+                    let from = dev + (size - file_off);
+                    let to = dev + (old.min((size / cs + 1) * cs) - file_off);
+                    if let Err(err) = self.media.zero(from, to - from) {
+                        return e(libc::EIO, format!("cannot zero the tail: {err}"));
+                    }
+                }
+            }
+            self.free_from(ino, keep);
+        }
+        let now = Time::now();
+        let n = self.inode_mut(ino);
+        n.size = size;
+        n.mtime = now;
+        n.ctime = now;
+        Ok(())
+    }
+
+    /// `truncate(2)` by path.
+    pub fn truncate(&mut self, cred: &Cred, path: &[u8], size: u64) -> FsResult<()> {
+        self.check_alive()?;
+        let ino = self.resolve(cred, path, true)?;
+        let n = *self.inode(ino);
+        if n.is_dir() {
+            return e(libc::EISDIR, "is a directory");
+        }
+        if !n.is_reg() {
+            return e(libc::EINVAL, "not a regular file");
+        }
+        if !may(&n, cred, MAY_WRITE) {
+            return e(libc::EACCES, "permission denied");
+        }
+        self.truncate_ino(ino, size)?;
+        self.commit()
+    }
+
+    /// `ftruncate(2)` on an inode opened for writing.
+    pub fn truncate_open(&mut self, ino: u64, size: u64) -> FsResult<()> {
+        self.check_alive()?;
+        if !self.inode(ino).is_reg() {
+            return e(libc::EINVAL, "not a regular file");
+        }
+        self.truncate_ino(ino, size)?;
+        self.commit()
+    }
+
+    /// `mkdir(2)`.
+    pub fn mkdir(&mut self, cred: &Cred, path: &[u8], mode: u32) -> FsResult<Stat> {
+        self.check_alive()?;
+        let p = self.resolve_parent(cred, path)?;
+        let Some(name) = p.name else {
+            return e(libc::EEXIST, "file exists");
+        };
+        if self.lookup_name(p.dir, &name).is_some() {
+            return e(libc::EEXIST, "file exists");
+        }
+        self.need_dir_write(cred, p.dir)?;
+        if self.inode(p.dir).nlink >= LINK_MAX {
+            return e(libc::EMLINK, "too many subdirectories");
+        }
+        self.check_room(1, 1)?;
+        let now = Time::now();
+        let d = *self.inode(p.dir);
+        let (gid, sgid) = if d.mode & 0o2000 != 0 {
+            (d.gid, 0o2000)
+        } else {
+            (cred.gid, 0)
+        };
+        let ino = self.new_inode(S_IFDIR | (mode & 0o7777) | sgid, cred.uid, gid, 2, now);
+        self.add_entry(p.dir, &name, ino);
+        let dn = self.inode_mut(p.dir);
+        dn.nlink += 1;
+        self.touch_dir(p.dir, now);
+        self.commit()?;
+        Ok(self.stat_of(ino))
+    }
+
+    /// `rmdir(2)`.
+    pub fn rmdir(&mut self, cred: &Cred, path: &[u8]) -> FsResult<()> {
+        self.check_alive()?;
+        let p = self.resolve_parent(cred, path)?;
+        let Some(name) = p.name else {
+            if p.dir == ROOT_INO && !p.dotdot {
+                return e(libc::EBUSY, "cannot remove the root directory");
+            }
+            if p.dotdot {
+                return e(libc::ENOTEMPTY, "directory not empty");
+            }
+            return e(libc::EINVAL, "cannot remove `.`");
+        };
+        let Some(ino) = self.lookup_name(p.dir, &name) else {
+            return e(libc::ENOENT, "no such directory");
+        };
+        self.need_dir_write(cred, p.dir)?;
+        self.sticky_ok(cred, p.dir, ino)?;
+        if !self.inode(ino).is_dir() {
+            return e(libc::ENOTDIR, "not a directory");
+        }
+        if !self.dirs[&ino].by_name.is_empty() {
+            return e(libc::ENOTEMPTY, "directory not empty");
+        }
+        let now = Time::now();
+        self.remove_entry(p.dir, &name);
+        self.inode_mut(p.dir).nlink -= 1;
+        self.touch_dir(p.dir, now);
+        if let Err(err) = self.drop_link(ino, now) {
+            return Err(self.fail(&err));
+        }
+        self.commit()
+    }
+
+    /// `unlink(2)`. An open file keeps its data until its last handle closes.
+    pub fn unlink(&mut self, cred: &Cred, path: &[u8]) -> FsResult<()> {
+        self.check_alive()?;
+        let p = self.resolve_parent(cred, path)?;
+        let Some(name) = p.name else {
+            return e(libc::EISDIR, "is a directory");
+        };
+        let Some(ino) = self.lookup_name(p.dir, &name) else {
+            return e(libc::ENOENT, "no such file or directory");
+        };
+        self.need_dir_write(cred, p.dir)?;
+        self.sticky_ok(cred, p.dir, ino)?;
+        if self.inode(ino).is_dir() {
+            return e(libc::EISDIR, "is a directory (use rmdir)");
+        }
+        if p.slash {
+            return e(libc::ENOTDIR, "not a directory");
+        }
+        let now = Time::now();
+        self.remove_entry(p.dir, &name);
+        self.touch_dir(p.dir, now);
+        if let Err(err) = self.drop_link(ino, now) {
+            return Err(self.fail(&err));
+        }
+        self.commit()
+    }
+
+    /// `link(2)` (does not follow a symlink at `old`).
+    pub fn link(&mut self, cred: &Cred, old: &[u8], new: &[u8]) -> FsResult<Stat> {
+        self.check_alive()?;
+        let ino = self.resolve(cred, old, false)?;
+        let p = self.resolve_parent(cred, new)?;
+        let Some(name) = p.name else {
+            return e(libc::EEXIST, "file exists");
+        };
+        if self.inode(ino).is_dir() {
+            return e(libc::EPERM, "hard links to directories are not allowed");
+        }
+        if self.lookup_name(p.dir, &name).is_some() {
+            return e(libc::EEXIST, "file exists");
+        }
+        self.need_dir_write(cred, p.dir)?;
+        let n = *self.inode(ino);
+        if n.nlink == 0 {
+            return e(libc::ENOENT, "the file was removed");
+        }
+        if n.nlink >= LINK_MAX {
+            return e(libc::EMLINK, "too many links");
+        }
+        self.check_room(0, 1)?;
+        let now = Time::now();
+        self.add_entry(p.dir, &name, ino);
+        let m = self.inode_mut(ino);
+        m.nlink += 1;
+        m.ctime = now;
+        self.touch_dir(p.dir, now);
+        self.commit()?;
+        Ok(self.stat_of(ino))
+    }
+
+    /// `symlink(2)`: the target is stored as given (at most 255 bytes); absolute targets are
+    /// resolved from the nvfs root.
+    pub fn symlink(&mut self, cred: &Cred, target: &[u8], path: &[u8]) -> FsResult<Stat> {
+        self.check_alive()?;
+        if target.is_empty() {
+            return e(libc::ENOENT, "empty symlink target");
+        }
+        if target.len() > NAME_MAX {
+            return e(
+                libc::ENAMETOOLONG,
+                "nvfs symlink targets are at most 255 bytes",
+            );
+        }
+        if target.contains(&0) {
+            return e(libc::EINVAL, "symlink target contains a NUL byte");
+        }
+        let p = self.resolve_parent(cred, path)?;
+        let Some(name) = p.name else {
+            return e(libc::EEXIST, "file exists");
+        };
+        if self.lookup_name(p.dir, &name).is_some() {
+            return e(libc::EEXIST, "file exists");
+        }
+        self.need_dir_write(cred, p.dir)?;
+        self.check_room(1, 2)?;
+        let now = Time::now();
+        let d = *self.inode(p.dir);
+        let gid = if d.mode & 0o2000 != 0 {
+            d.gid
+        } else {
+            cred.gid
+        };
+        let ino = self.new_inode(S_IFLNK | 0o777, cred.uid, gid, 1, now);
+        self.inode_mut(ino).size = target.len() as u64;
+        let slot = self.free_dirents.pop_first().expect("room checked");
+        let rec = Dirent {
+            parent: SYMLINK_TARGET,
+            ino,
+            kind: DT_LNK,
+            name: target.to_vec(),
+        };
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        self.symlinks.insert(ino, (slot, target.to_vec()));
+        self.add_entry(p.dir, &name, ino);
+        self.touch_dir(p.dir, now);
+        self.commit()?;
+        Ok(self.stat_of(ino))
+    }
+
+    /// `readlink(2)`.
+    pub fn readlink(&self, cred: &Cred, path: &[u8]) -> FsResult<Vec<u8>> {
+        let ino = self.resolve(cred, path, false)?;
+        match self.symlinks.get(&ino) {
+            Some((_, t)) => Ok(t.clone()),
+            None => e(libc::EINVAL, "not a symbolic link"),
+        }
+    }
+
+    fn is_ancestor(&self, anc: u64, mut dir: u64) -> bool {
+        loop {
+            if dir == anc {
+                return true;
+            }
+            if dir == ROOT_INO {
+                return false;
+            }
+            dir = self.parent[&dir];
+        }
+    }
+
+    /// `rename(2)`, atomic, replacing a target; `noreplace` is `RENAME_NOREPLACE`.
+    pub fn rename(&mut self, cred: &Cred, from: &[u8], to: &[u8], noreplace: bool) -> FsResult<()> {
+        self.check_alive()?;
+        let sp = self.resolve_parent(cred, from)?;
+        let dp = self.resolve_parent(cred, to)?;
+        let (Some(sname), Some(dname)) = (sp.name.clone(), dp.name.clone()) else {
+            return e(libc::EBUSY, "cannot rename `/`, `.` or `..`");
+        };
+        let Some(src) = self.lookup_name(sp.dir, &sname) else {
+            return e(libc::ENOENT, "no such file or directory");
+        };
+        let src_dir = self.inode(src).is_dir();
+        if (sp.slash || dp.slash) && !src_dir {
+            return e(libc::ENOTDIR, "not a directory");
+        }
+        self.need_dir_write(cred, sp.dir)?;
+        self.need_dir_write(cred, dp.dir)?;
+        self.sticky_ok(cred, sp.dir, src)?;
+        let dst = self.lookup_name(dp.dir, &dname);
+        if dst == Some(src) {
+            return Ok(());
+        }
+        if src_dir {
+            if self.is_ancestor(src, dp.dir) {
+                return e(libc::EINVAL, "cannot move a directory into itself");
+            }
+            if sp.dir != dp.dir && !may(self.inode(src), cred, MAY_WRITE) {
+                return e(
+                    libc::EACCES,
+                    "moving a directory needs write permission on it",
+                );
+            }
+        }
+        if let Some(d) = dst {
+            if noreplace {
+                return e(libc::EEXIST, "the target exists");
+            }
+            self.sticky_ok(cred, dp.dir, d)?;
+            let ddir = self.inode(d).is_dir();
+            if src_dir && !ddir {
+                return e(libc::ENOTDIR, "the target is not a directory");
+            }
+            if !src_dir && ddir {
+                return e(libc::EISDIR, "the target is a directory");
+            }
+            if ddir && !self.dirs[&d].by_name.is_empty() {
+                return e(libc::ENOTEMPTY, "the target directory is not empty");
+            }
+        } else if src_dir && sp.dir != dp.dir && self.inode(dp.dir).nlink >= LINK_MAX {
+            return e(libc::EMLINK, "too many subdirectories");
+        }
+        let now = Time::now();
+        if let Some(d) = dst {
+            self.remove_entry(dp.dir, &dname);
+            if self.inode(d).is_dir() {
+                self.inode_mut(dp.dir).nlink -= 1;
+            }
+            if let Err(err) = self.drop_link(d, now) {
+                return Err(self.fail(&err));
+            }
+        }
+        // Move the record: rewrite its slot with the new parent and name.
+        let (ino, slot) = self
+            .dirs
+            .get_mut(&sp.dir)
+            .expect("dir")
+            .by_name
+            .remove(&sname)
+            .expect("entry");
+        self.dirs
+            .get_mut(&sp.dir)
+            .expect("dir")
+            .by_slot
+            .remove(&slot);
+        let rec = Dirent {
+            parent: dp.dir,
+            ino,
+            kind: kind_of(self.inode(ino).mode),
+            name: dname.clone(),
+        };
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        let dd = self.dirs.get_mut(&dp.dir).expect("dir");
+        dd.by_name.insert(dname.clone(), (ino, slot));
+        dd.by_slot.insert(slot, dname);
+        if src_dir && sp.dir != dp.dir {
+            self.inode_mut(sp.dir).nlink -= 1;
+            self.inode_mut(dp.dir).nlink += 1;
+            self.parent.insert(src, dp.dir);
+        }
+        self.touch_dir(sp.dir, now);
+        self.touch_dir(dp.dir, now);
+        self.inode_mut(src).ctime = now;
+        self.commit()
+    }
+
+    /// `chmod(2)` on an inode: owner or root.
+    pub fn chmod(&mut self, cred: &Cred, ino: u64, mode: u32) -> FsResult<()> {
+        self.check_alive()?;
+        let n = *self.inode(ino);
+        if !cred.is_root() && cred.uid != n.uid {
+            return e(libc::EPERM, "only the owner or root may change the mode");
+        }
+        let mut bits = mode & 0o7777;
+        if !cred.is_root() && !n.is_dir() && !cred.in_group(n.gid) {
+            bits &= !0o2000;
+        }
+        let m = self.inode_mut(ino);
+        m.mode = (n.mode & S_IFMT) | bits;
+        m.ctime = Time::now();
+        self.commit()
+    }
+
+    /// `chown(2)` on an inode: changing the owner is root's; the owner may change the group to
+    /// one of its own. Clears set-user-ID and set-group-ID on files, as Linux does.
+    pub fn chown(
+        &mut self,
+        cred: &Cred,
+        ino: u64,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> FsResult<()> {
+        self.check_alive()?;
+        let n = *self.inode(ino);
+        let uid_change = uid.is_some_and(|u| u != n.uid);
+        let gid_change = gid.is_some_and(|g| g != n.gid);
+        if !cred.is_root() {
+            if uid_change {
+                return e(libc::EPERM, "only root may change the owner");
+            }
+            if gid_change && (cred.uid != n.uid || !cred.in_group(gid.unwrap_or(n.gid))) {
+                return e(
+                    libc::EPERM,
+                    "only the owner may change the group, to one of its groups",
+                );
+            }
+            if gid.is_some() && !gid_change && cred.uid != n.uid {
+                return e(libc::EPERM, "operation not permitted");
+            }
+        }
+        if uid.is_none() && gid.is_none() {
+            return Ok(());
+        }
+        let m = self.inode_mut(ino);
+        if let Some(u) = uid {
+            m.uid = u;
+        }
+        if let Some(g) = gid {
+            m.gid = g;
+        }
+        if !m.is_dir() {
+            m.mode &= !0o4000;
+            if m.mode & 0o010 != 0 {
+                m.mode &= !0o2000;
+            }
+        }
+        m.ctime = Time::now();
+        self.commit()
+    }
+
+    /// `utimensat(2)` on an inode.
+    pub fn utimes(
+        &mut self,
+        cred: &Cred,
+        ino: u64,
+        atime: SetTime,
+        mtime: SetTime,
+    ) -> FsResult<()> {
+        self.check_alive()?;
+        if atime == SetTime::Omit && mtime == SetTime::Omit {
+            return Ok(());
+        }
+        let n = *self.inode(ino);
+        let explicit = matches!(atime, SetTime::At(_)) || matches!(mtime, SetTime::At(_));
+        let owner = cred.is_root() || cred.uid == n.uid;
+        if explicit && !owner {
+            return e(libc::EPERM, "only the owner or root may set explicit times");
+        }
+        if !explicit && !owner && !may(&n, cred, MAY_WRITE) {
+            return e(libc::EACCES, "permission denied");
+        }
+        let now = Time::now();
+        let pick = |s: SetTime, old: Time| match s {
+            SetTime::Now => now,
+            SetTime::Omit => old,
+            SetTime::At(t) => t,
+        };
+        let m = self.inode_mut(ino);
+        m.atime = pick(atime, n.atime);
+        m.mtime = pick(mtime, n.mtime);
+        m.ctime = now;
+        self.commit()
+    }
+
+    /// Entries of a directory after `cookie` (0 starts with `.` and `..`), at most `max`.
+    /// Returns the entries and whether the end was reached.
+    pub fn readdir(&self, ino: u64, cookie: u64, max: usize) -> FsResult<(Vec<DirEntry>, bool)> {
+        let Some(d) = self.dirs.get(&ino) else {
+            return e(libc::ENOTDIR, "not a directory");
+        };
+        if !self.inode(ino).is_used() || self.inode(ino).nlink == 0 {
+            return Ok((Vec::new(), true));
+        }
+        let mut out = Vec::new();
+        if cookie == 0 && out.len() < max {
+            out.push(DirEntry {
+                ino,
+                kind: DT_DIR,
+                name: b".".to_vec(),
+                next: 1,
+            });
+        }
+        if cookie <= 1 && out.len() < max {
+            out.push(DirEntry {
+                ino: self.parent[&ino],
+                kind: DT_DIR,
+                name: b"..".to_vec(),
+                next: 2,
+            });
+        }
+        let from = cookie.max(2) - 2;
+        for (&slot, name) in d.by_slot.range(from..) {
+            if out.len() >= max {
+                return Ok((out, false));
+            }
+            let (child, _) = d.by_name[name];
+            out.push(DirEntry {
+                ino: child,
+                kind: kind_of(self.inode(child).mode),
+                name: name.clone(),
+                next: slot + 3,
+            });
+        }
+        Ok((out, true))
+    }
+
+    /// Totals for `statfs`.
+    pub fn statfs(&self) -> StatFs {
+        StatFs {
+            chunk_size: self.g.chunk_size,
+            chunks: self.g.chunk_count,
+            chunks_free: self.chunks.free(),
+            inodes: self.g.inode_count,
+            inodes_free: self.free_inodes.len() as u64,
+            name_max: NAME_MAX as u64,
+        }
+    }
+
+    /// `fsync`: flushes the file's chunks and the last metadata change to the backing store.
+    pub fn fsync(&mut self, ino: u64) -> FsResult<()> {
+        self.check_alive()?;
+        for (addr, len) in self.ranges_from(ino, 0) {
+            if let Err(err) = self.media.flush(addr, len) {
+                return e(libc::EIO, format!("flush failed: {err}"));
+            }
+        }
+        if let Err(err) = self.journal.sync(&*self.media) {
+            return e(libc::EIO, format!("flush failed: {err}"));
+        }
+        Ok(())
+    }
+
+    /// Open handles counted for `ino`.
+    pub fn open_count(&self, ino: u64) -> u32 {
+        self.open.get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Whether an inode is in use.
+    pub fn exists(&self, ino: u64) -> bool {
+        ino >= 1 && ino <= self.g.inode_count && self.inode(ino).is_used()
+    }
+
+    /// Checks the file system's metadata on the array against itself (as `fsck` does).
+    pub fn check(&self) -> tables::Report {
+        match tables::load(&*self.media) {
+            Ok(t) => tables::check(&t),
+            Err(err) => tables::Report {
+                problems: vec![tables::Problem {
+                    severity: Severity::Error,
+                    text: err.to_string(),
+                    fix: None,
+                }],
+                ..Default::default()
+            },
+        }
+    }
+}

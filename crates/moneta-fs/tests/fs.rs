@@ -1,0 +1,497 @@
+//! nvfs behaviour: the POSIX calls and their errors, allocation, persistence, fsck.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use moneta_device::{MappedArray, Media};
+use moneta_fs::layout::S_IFMT;
+use moneta_fs::{fsck, Cred, Fs, SetTime, Time};
+
+const RW: i32 = libc::O_RDWR;
+const CREAT: i32 = libc::O_CREAT | libc::O_RDWR;
+
+fn user(uid: u32) -> Cred {
+    Cred {
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: moneta_fs::FsResult<T>) -> i32 {
+    r.expect_err("the call should fail").errno
+}
+
+fn names(fs: &Fs, root: &Cred, path: &[u8]) -> Vec<String> {
+    let o = fs_open_dir(fs, root, path);
+    let (entries, end) = fs.readdir(o, 0, 1000).unwrap();
+    assert!(end);
+    let mut v: Vec<String> = entries
+        .iter()
+        .map(|e| String::from_utf8(e.name.clone()).unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn fs_open_dir(fs: &Fs, root: &Cred, path: &[u8]) -> u64 {
+    fs.lookup(root, path, true).unwrap()
+}
+
+#[test]
+fn files_and_directories() {
+    let a = formatted(32 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    fs.mkdir(&root, b"/d", 0o755).unwrap();
+    let o = fs
+        .open(&root, b"/d/f", CREAT | libc::O_EXCL, 0o644)
+        .unwrap();
+    assert!(o.created && o.read && o.write);
+    assert_eq!(o.stat.mode, libc::S_IFREG | 0o644);
+    assert_eq!(
+        errno(fs.open(&root, b"/d/f", CREAT | libc::O_EXCL, 0o644)),
+        libc::EEXIST
+    );
+    assert_eq!(errno(fs.open(&root, b"/d/g", RW, 0)), libc::ENOENT);
+    assert_eq!(
+        errno(fs.open(&root, b"/d/f/x", CREAT, 0o644)),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(fs.open(&root, b"/d", RW, 0)), libc::EISDIR);
+    assert_eq!(
+        errno(fs.open(&root, b"/d/f", libc::O_RDONLY | libc::O_DIRECTORY, 0)),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(fs.open(&root, b"relative", RW, 0)), libc::EINVAL);
+    assert_eq!(
+        errno(fs.open(&root, &[b'/'; 5000], RW, 0)),
+        libc::ENAMETOOLONG
+    );
+    let mut long = b"/".to_vec();
+    long.extend([b'x'; 256]);
+    assert_eq!(
+        errno(fs.open(&root, &long, CREAT, 0o644)),
+        libc::ENAMETOOLONG
+    );
+    // Sequential growth from empty is one extent.
+    let (size, m) = fs.extend(o.ino, 0, 3 * CHUNK + 10, 16).unwrap();
+    assert_eq!(size, 3 * CHUNK + 10);
+    assert_eq!(m.len(), 1, "{m:?}");
+    fs.extend(o.ino, 3 * CHUNK + 10, 2 * CHUNK, 16).unwrap();
+    let (_, m) = fs.map(o.ino, 0, u64::MAX, 16).unwrap();
+    assert_eq!(m.len(), 1, "appending stays one extent: {m:?}");
+    assert_eq!(m[0].len, 6 * CHUNK);
+    // A hole, then data past it.
+    fs.extend(o.ino, 20 * CHUNK, 100, 16).unwrap();
+    let (size, m) = fs.map(o.ino, 0, u64::MAX, 16).unwrap();
+    assert_eq!(size, 20 * CHUNK + 100);
+    assert_eq!(m.len(), 3, "{m:?}");
+    assert_eq!(m[1].dev, None);
+    assert_eq!((m[1].file_off, m[1].len), (6 * CHUNK, 14 * CHUNK));
+    let st = fs.stat(&root, b"/d/f", true).unwrap();
+    assert_eq!(st.blocks, 7 * CHUNK / 512);
+    // Directories: readdir, nlink, rmdir.
+    fs.mkdir(&root, b"/d/sub", 0o700).unwrap();
+    assert_eq!(fs.stat(&root, b"/d", true).unwrap().nlink, 3);
+    assert_eq!(names(&fs, &root, b"/d"), [".", "..", "f", "sub"]);
+    assert_eq!(errno(fs.rmdir(&root, b"/d")), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.rmdir(&root, b"/d/f")), libc::ENOTDIR);
+    assert_eq!(errno(fs.rmdir(&root, b"/")), libc::EBUSY);
+    assert_eq!(errno(fs.rmdir(&root, b"/d/sub/.")), libc::EINVAL);
+    assert_eq!(errno(fs.unlink(&root, b"/d/sub")), libc::EISDIR);
+    assert_eq!(errno(fs.mkdir(&root, b"/d/sub", 0o755)), libc::EEXIST);
+    fs.rmdir(&root, b"/d/sub").unwrap();
+    assert_eq!(fs.stat(&root, b"/d", true).unwrap().nlink, 2);
+    // Links and symlinks.
+    fs.link(&root, b"/d/f", b"/g").unwrap();
+    assert_eq!(fs.stat(&root, b"/g", true).unwrap().nlink, 2);
+    assert_eq!(errno(fs.link(&root, b"/d", b"/e")), libc::EPERM);
+    assert_eq!(errno(fs.link(&root, b"/d/f", b"/g")), libc::EEXIST);
+    fs.symlink(&root, b"d/f", b"/s").unwrap();
+    fs.symlink(&root, b"/d", b"/sd").unwrap();
+    assert_eq!(fs.readlink(&root, b"/s").unwrap(), b"d/f");
+    assert_eq!(errno(fs.readlink(&root, b"/g")), libc::EINVAL);
+    assert_eq!(fs.stat(&root, b"/s", true).unwrap().ino, o.ino);
+    assert_eq!(
+        fs.stat(&root, b"/s", false).unwrap().mode & S_IFMT,
+        libc::S_IFLNK
+    );
+    assert_eq!(fs.stat(&root, b"/sd/f", true).unwrap().ino, o.ino);
+    fs.symlink(&root, b"/loop", b"/loop").unwrap();
+    assert_eq!(errno(fs.stat(&root, b"/loop", true)), libc::ELOOP);
+    assert_eq!(
+        errno(fs.open(&root, b"/s", RW | libc::O_NOFOLLOW, 0)),
+        libc::ELOOP
+    );
+    // Rename: atomic replace, directory moves, loops refused.
+    let other = fs.open(&root, b"/other", CREAT, 0o600).unwrap();
+    fs.close(other.ino).unwrap();
+    fs.rename(&root, b"/other", b"/g", false).unwrap();
+    assert_eq!(fs.stat(&root, b"/g", true).unwrap().ino, other.ino);
+    assert_eq!(fs.stat(&root, b"/d/f", true).unwrap().nlink, 1);
+    assert_eq!(errno(fs.rename(&root, b"/g", b"/d/f", true)), libc::EEXIST);
+    fs.mkdir(&root, b"/d/inner", 0o755).unwrap();
+    assert_eq!(
+        errno(fs.rename(&root, b"/d", b"/d/inner/x", false)),
+        libc::EINVAL
+    );
+    assert_eq!(errno(fs.rename(&root, b"/g", b"/d", false)), libc::EISDIR);
+    assert_eq!(
+        errno(fs.rename(&root, b"/d/inner", b"/g", false)),
+        libc::ENOTDIR
+    );
+    fs.rename(&root, b"/d/inner", b"/moved", false).unwrap();
+    assert_eq!(fs.stat(&root, b"/", true).unwrap().nlink, 4);
+    assert_eq!(names(&fs, &root, b"/moved"), [".", ".."]);
+    fs.mkdir(&root, b"/empty", 0o755).unwrap();
+    fs.rename(&root, b"/moved", b"/empty", false).unwrap();
+    assert_eq!(errno(fs.stat(&root, b"/moved", true)), libc::ENOENT);
+    // Truncate down and up: the tail reads as zeros.
+    let cs = CHUNK as usize;
+    // SAFETY: the source is a live buffer of the given length.
+    let dev = fs.map(o.ino, 0, 1, 1).unwrap().1[0].dev.unwrap();
+    unsafe { a.write(dev, [0xAB; 100].as_ptr(), 100) };
+    fs.truncate(&root, b"/d/f", 50).unwrap();
+    fs.truncate(&root, b"/d/f", 100).unwrap();
+    let mut back = [1u8; 100];
+    // SAFETY: `back` is valid for 100 bytes.
+    unsafe { a.read(dev, back.as_mut_ptr(), 100) };
+    assert_eq!(&back[..50], &[0xAB; 50][..]);
+    assert_eq!(
+        &back[50..],
+        &[0; 50][..],
+        "truncated bytes read back as zeros"
+    );
+    let (_, m) = fs.map(o.ino, 0, u64::MAX, 16).unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].len as usize, cs);
+    assert_eq!(errno(fs.truncate(&root, b"/d", 0)), libc::EISDIR);
+    // Attributes.
+    fs.chmod(&root, o.ino, 0o4755).unwrap();
+    fs.chown(&root, o.ino, Some(7), None).unwrap();
+    let st = fs.stat_ino(o.ino);
+    assert_eq!(
+        (st.uid, st.mode & 0o7777),
+        (7, 0o755),
+        "chown clears set-user-ID"
+    );
+    let t = Time {
+        sec: 1_000_000,
+        nsec: 5,
+    };
+    fs.utimes(&root, o.ino, SetTime::At(t), SetTime::Omit)
+        .unwrap();
+    assert_eq!(fs.stat_ino(o.ino).atime, t);
+    let s = fs.statfs();
+    assert_eq!(s.chunk_size, CHUNK);
+    assert!(s.chunks_free < s.chunks);
+    fs.close(o.ino).unwrap();
+    let report = fs.check();
+    assert_eq!(report.errors(), 0, "{:?}", report.problems);
+}
+
+#[test]
+fn credentials_are_checked() {
+    let a = formatted(32 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    let (alice, bob) = (user(1000), user(1001));
+    fs.mkdir(&root, b"/home", 0o1777).unwrap();
+    let f = fs.open(&alice, b"/home/secret", CREAT, 0o600).unwrap();
+    fs.close(f.ino).unwrap();
+    assert_eq!(f.stat.uid, 1000);
+    assert_eq!(
+        errno(fs.open(&bob, b"/home/secret", libc::O_RDONLY, 0)),
+        libc::EACCES
+    );
+    assert_eq!(errno(fs.truncate(&bob, b"/home/secret", 0)), libc::EACCES);
+    assert_eq!(
+        errno(fs.unlink(&bob, b"/home/secret")),
+        libc::EPERM,
+        "sticky directory"
+    );
+    assert_eq!(
+        errno(fs.rename(&bob, b"/home/secret", b"/home/mine", false)),
+        libc::EPERM
+    );
+    assert_eq!(errno(fs.chmod(&bob, f.ino, 0o666)), libc::EPERM);
+    assert_eq!(
+        errno(fs.chown(&alice, f.ino, Some(1001), None)),
+        libc::EPERM
+    );
+    assert_eq!(errno(fs.chown(&alice, f.ino, None, Some(5))), libc::EPERM);
+    assert_eq!(
+        errno(fs.utimes(&bob, f.ino, SetTime::Now, SetTime::Now)),
+        libc::EACCES
+    );
+    assert_eq!(errno(fs.mkdir(&bob, b"/nope", 0o755)), libc::EACCES);
+    // Read-only for the group, through a supplementary group.
+    fs.chmod(&alice, f.ino, 0o640).unwrap();
+    fs.chown(&root, f.ino, None, Some(50)).unwrap();
+    let carol = Cred {
+        uid: 1002,
+        gid: 1002,
+        groups: vec![50],
+    };
+    let o = fs.open(&carol, b"/home/secret", libc::O_RDONLY, 0).unwrap();
+    assert!(o.read && !o.write);
+    fs.close(o.ino).unwrap();
+    assert_eq!(
+        errno(fs.open(&carol, b"/home/secret", libc::O_WRONLY, 0)),
+        libc::EACCES
+    );
+    // Search permission on the way.
+    fs.mkdir(&alice, b"/home/private", 0o700).unwrap();
+    let g = fs.open(&alice, b"/home/private/x", CREAT, 0o666).unwrap();
+    fs.close(g.ino).unwrap();
+    assert_eq!(errno(fs.stat(&bob, b"/home/private/x", true)), libc::EACCES);
+    assert!(
+        fs.stat(&root, b"/home/private/x", true).is_ok(),
+        "root bypasses"
+    );
+    // Setgid directories pass their group on.
+    fs.mkdir(&root, b"/shared", 0o2777).unwrap();
+    fs.chown(
+        &root,
+        fs.lookup(&root, b"/shared", true).unwrap(),
+        None,
+        Some(77),
+    )
+    .unwrap();
+    let h = fs.open(&bob, b"/shared/x", CREAT, 0o644).unwrap();
+    assert_eq!(h.stat.gid, 77);
+    fs.close(h.ino).unwrap();
+    let d = fs.mkdir(&bob, b"/shared/dir", 0o755).unwrap();
+    assert_eq!((d.gid, d.mode & 0o2000), (77, 0o2000));
+}
+
+#[test]
+fn unlinked_files_live_until_closed_and_space_is_reused() {
+    let a = formatted(16 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    let freed: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let f2 = freed.clone();
+    fs.set_revoker(Box::new(move |r| {
+        f2.lock().unwrap().extend_from_slice(r);
+        Ok(())
+    }));
+    let free0 = fs.statfs().chunks_free;
+    let o = fs.open(&root, b"/f", CREAT, 0o644).unwrap();
+    fs.extend(o.ino, 0, 4 * CHUNK, 8).unwrap();
+    fs.unlink(&root, b"/f").unwrap();
+    assert_eq!(errno(fs.stat(&root, b"/f", true)), libc::ENOENT);
+    assert_eq!(
+        fs.statfs().chunks_free,
+        free0 - 4,
+        "still held by the open handle"
+    );
+    assert!(freed.lock().unwrap().is_empty());
+    // It can still grow through its handle.
+    fs.extend(o.ino, 4 * CHUNK, CHUNK, 8).unwrap();
+    assert_eq!(fs.stat_ino(o.ino).nlink, 0);
+    fs.close(o.ino).unwrap();
+    assert_eq!(fs.statfs().chunks_free, free0);
+    let total: u64 = freed.lock().unwrap().iter().map(|r| r.1).sum();
+    assert_eq!(total, 5 * CHUNK, "every freed range was revoked first");
+    // Fill the device: ENOSPC, nothing written before is lost.
+    let p = fs.open(&root, b"/p", CREAT, 0o644).unwrap();
+    fs.extend(p.ino, 0, 10, 1).unwrap();
+    let big = fs.open(&root, b"/big", CREAT, 0o644).unwrap();
+    let free = fs.statfs().chunks_free;
+    assert_eq!(
+        errno(fs.extend(big.ino, 0, (free + 1) * CHUNK, 1)),
+        libc::ENOSPC
+    );
+    assert_eq!(
+        fs.statfs().chunks_free,
+        free,
+        "a refused extend takes nothing"
+    );
+    fs.extend(big.ino, 0, free * CHUNK, 1).unwrap();
+    assert_eq!(errno(fs.extend(p.ino, 10, CHUNK, 1)), libc::ENOSPC);
+    assert_eq!(fs.stat_ino(p.ino).size, 10);
+    fs.truncate_open(big.ino, 0).unwrap();
+    assert_eq!(fs.statfs().chunks_free, free);
+    fs.extend(p.ino, 10, CHUNK, 1).unwrap();
+    fs.close(p.ino).unwrap();
+    fs.close(big.ino).unwrap();
+    assert_eq!(fs.check().errors(), 0);
+}
+
+#[test]
+fn an_image_persists_and_fsck_finds_damage() {
+    let dir = std::env::temp_dir().join(format!("nvfs-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("image");
+    let _ = std::fs::remove_file(&path);
+    let root = Cred::root();
+    {
+        let a = Arc::new(MappedArray::open_file(&path, Some(32 << 20)).unwrap());
+        moneta_fs::mkfs(&*a, &options()).unwrap();
+        let mut fs = mount(&a);
+        fs.mkdir(&root, b"/a", 0o755).unwrap();
+        let o = fs.open(&root, b"/a/f", CREAT, 0o644).unwrap();
+        fs.extend(o.ino, 0, 12345, 4).unwrap();
+        // Unlinked while open when the "daemon" goes away: freed at the next mount.
+        let orphan = fs.open(&root, b"/a/orphan", CREAT, 0o644).unwrap();
+        fs.extend(orphan.ino, 0, CHUNK, 4).unwrap();
+        fs.unlink(&root, b"/a/orphan").unwrap();
+        fs.fsync(o.ino).unwrap();
+    }
+    let a = Arc::new(MappedArray::open_file(&path, None).unwrap());
+    let out = fsck(&*a, false).unwrap();
+    assert_eq!(out.before.errors(), 0, "{:?}", out.before.problems);
+    assert_eq!(
+        out.before.problems.len(),
+        1,
+        "one orphan note: {:?}",
+        out.before.problems
+    );
+    {
+        let fs = mount(&a);
+        assert_eq!(fs.stat(&root, b"/a/f", true).unwrap().size, 12345);
+        assert_eq!(fs.statfs().chunks_free, fs.statfs().chunks - 1);
+        assert!(fs.check().problems.is_empty());
+    }
+    // Damage: a bitmap bit nobody owns, a wrong link count.
+    let t = moneta_fs::tables::load(&*a).unwrap();
+    let g = t.sb.geometry;
+    let last = g.chunk_count - 1;
+    let mut w = [0u8; 8];
+    // SAFETY: `w` is valid for 8 bytes.
+    unsafe { a.read(g.bitmap_off + last / 64 * 8, w.as_mut_ptr(), 8) };
+    let v = u64::from_le_bytes(w) | 1 << (last % 64);
+    // SAFETY: as above.
+    unsafe { a.write(g.bitmap_off + last / 64 * 8, v.to_le_bytes().as_ptr(), 8) };
+    let mut n = t.inodes[0];
+    n.nlink = 9;
+    // SAFETY: the record is 128 bytes.
+    unsafe { a.write(g.inode_addr(1), n.encode().as_ptr(), 128) };
+    let out = fsck(&*a, false).unwrap();
+    assert_eq!(out.before.errors(), 2, "{:?}", out.before.problems);
+    let refused = Fs::mount(a.clone() as Arc<dyn Media>);
+    assert!(refused.is_err(), "an inconsistent image is not mounted");
+    let out = fsck(&*a, true).unwrap();
+    assert_eq!(out.repaired.len(), 2);
+    assert_eq!(out.after.unwrap().errors(), 0);
+    let fs = mount(&a);
+    assert_eq!(fs.stat(&root, b"/", true).unwrap().nlink, 3);
+    drop(fs);
+    drop(a);
+    // A foreign image is refused with a clear message.
+    std::fs::write(dir.join("foreign"), vec![0x55u8; 1 << 20]).unwrap();
+    let f = Arc::new(MappedArray::open_file(&dir.join("foreign"), None).unwrap());
+    let err = Fs::mount(f as Arc<dyn Media>).err().unwrap().to_string();
+    assert!(err.contains("not an nvfs image"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `op` against an array that dies after each possible number of stores in turn, and
+/// checks that remounting always finds a consistent image in either the old or the new state.
+fn crash_everywhere(
+    setup: impl Fn(&mut Fs),
+    op: impl Fn(&mut Fs),
+    old: impl Fn(&Fs) -> bool,
+    new: impl Fn(&Fs) -> bool,
+) {
+    let mut budget = 0;
+    loop {
+        let a = formatted(16 << 20);
+        {
+            let mut fs = mount(&a);
+            setup(&mut fs);
+        }
+        let dying = Arc::new(Dying::new(a.clone(), budget));
+        {
+            let mut fs = Fs::mount(dying.clone() as Arc<dyn Media>).unwrap();
+            op(&mut fs);
+        }
+        let finished = !dying.died();
+        let fs = mount(&a);
+        let report = fs.check();
+        assert_eq!(
+            report.errors(),
+            0,
+            "crash after {budget} stores: {:?}",
+            report.problems
+        );
+        if finished {
+            assert!(new(&fs), "the completed change is all there");
+            break;
+        }
+        assert!(
+            old(&fs) || new(&fs),
+            "crash after {budget} stores: neither old nor new state"
+        );
+        budget += 1;
+    }
+    assert!(budget > 3, "the change took several stores ({budget})");
+}
+
+#[test]
+fn renames_replacing_a_file_are_atomic_across_crashes() {
+    let root = Cred::root();
+    crash_everywhere(
+        |fs| {
+            for name in [&b"/a"[..], b"/b"] {
+                let o = fs.open(&root, name, CREAT, 0o644).unwrap();
+                fs.extend(o.ino, 0, 2 * CHUNK, 4).unwrap();
+                fs.close(o.ino).unwrap();
+            }
+        },
+        |fs| {
+            let _ = fs.rename(&root, b"/a", b"/b", false);
+        },
+        |fs| {
+            fs.stat(&root, b"/a", true).is_ok() && fs.statfs().chunks_free == fs.statfs().chunks - 4
+        },
+        |fs| {
+            fs.stat(&root, b"/a", true).is_err()
+                && fs.statfs().chunks_free == fs.statfs().chunks - 2
+        },
+    );
+}
+
+#[test]
+fn creates_and_extends_are_atomic_across_crashes() {
+    let root = Cred::root();
+    crash_everywhere(
+        |fs| {
+            fs.mkdir(&root, b"/d", 0o755).unwrap();
+        },
+        |fs| {
+            if let Ok(o) = fs.open(&root, b"/d/f", CREAT, 0o644) {
+                let _ = fs.extend(o.ino, 0, 3 * CHUNK, 4);
+            }
+        },
+        |fs| fs.stat(&root, b"/d/f", true).is_err(),
+        |fs| {
+            fs.stat(&root, b"/d/f", true)
+                .is_ok_and(|s| s.size == 3 * CHUNK || s.size == 0)
+        },
+    );
+}
+
+#[test]
+fn truncates_are_atomic_across_crashes() {
+    let root = Cred::root();
+    crash_everywhere(
+        |fs| {
+            let o = fs.open(&root, b"/f", CREAT, 0o644).unwrap();
+            fs.extend(o.ino, 0, 5 * CHUNK, 4).unwrap();
+            fs.close(o.ino).unwrap();
+        },
+        |fs| {
+            let _ = fs.truncate(&root, b"/f", CHUNK + 1);
+        },
+        |fs| fs.stat(&root, b"/f", true).unwrap().size == 5 * CHUNK,
+        |fs| {
+            let s = fs.stat(&root, b"/f", true).unwrap();
+            s.size == CHUNK + 1 && s.blocks == 2 * CHUNK / 512
+        },
+    );
+}
