@@ -18,6 +18,7 @@ use rustix::net::{
 };
 
 use crate::ClientError;
+use moneta_abi::fsproto::{FsExtent, FsReply, FsRequest, FsStat, Target};
 
 /// Seconds a control call waits for the daemon's answer.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -203,5 +204,96 @@ impl Control {
         let memfd = fds.pop().expect("two fds");
         let _ = memfd.as_fd();
         Ok((info, memfd, kick))
+    }
+
+    /// A file-system call; the reply's payload, or the daemon's errno as
+    /// [`ClientError::Refused`].
+    pub fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
+        match self.call(&Request::Fs(req))?.0 {
+            ReplyBody::Fs(r) => Ok(r),
+            _ => Err(ClientError::Protocol(control::Error::BadField("fs reply"))),
+        }
+    }
+
+    /// Opens a file: its handle, rights and attributes.
+    pub fn fs_open(
+        &self,
+        path: &[u8],
+        flags: i32,
+        mode: u32,
+    ) -> Result<(u64, u32, FsStat), ClientError> {
+        match self.fs(FsRequest::Open {
+            flags: flags as u32,
+            mode,
+            path: path.to_vec(),
+        })? {
+            FsReply::Opened {
+                handle,
+                rights,
+                stat,
+            } => Ok((handle, rights, stat)),
+            _ => Err(ClientError::Protocol(control::Error::BadField(
+                "open reply",
+            ))),
+        }
+    }
+
+    /// Closes a handle.
+    pub fn fs_close(&self, handle: u64) -> Result<(), ClientError> {
+        self.fs(FsRequest::Close { handle }).map(|_| ())
+    }
+
+    /// Attributes of a path (following a final symlink when `follow`).
+    pub fn fs_stat(&self, path: &[u8], follow: bool) -> Result<FsStat, ClientError> {
+        match self.fs(FsRequest::Stat {
+            target: Target::Path {
+                path: path.to_vec(),
+                follow,
+            },
+        })? {
+            FsReply::Stat(s) => Ok(s),
+            _ => Err(ClientError::Protocol(control::Error::BadField(
+                "stat reply",
+            ))),
+        }
+    }
+
+    /// The soft miss: the extents of `[offset, offset + len)` of an open file, installed in
+    /// this connection's channel. Returns the file size and the runs.
+    pub fn fs_lookup(
+        &self,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(u64, Vec<FsExtent>), ClientError> {
+        extents(self.fs(FsRequest::Lookup {
+            handle,
+            offset,
+            len,
+        })?)
+    }
+
+    /// Allocates the holes of `[offset, offset + len)` and grows the file to its end if
+    /// needed; the extents are installed in this connection's channel.
+    pub fn fs_extend(
+        &self,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(u64, Vec<FsExtent>), ClientError> {
+        extents(self.fs(FsRequest::Extend {
+            handle,
+            offset,
+            len,
+        })?)
+    }
+}
+
+fn extents(r: FsReply) -> Result<(u64, Vec<FsExtent>), ClientError> {
+    match r {
+        FsReply::Extents { size, extents } => Ok((size, extents)),
+        _ => Err(ClientError::Protocol(control::Error::BadField(
+            "extents reply",
+        ))),
     }
 }

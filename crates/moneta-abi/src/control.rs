@@ -12,7 +12,7 @@ pub const CONTROL_MAGIC: u32 = u32::from_le_bytes(*b"MNCP");
 /// Bytes in a message header.
 pub const HEADER_LEN: usize = 16;
 /// Largest message either side sends or accepts.
-pub const MAX_MESSAGE: usize = 4096;
+pub const MAX_MESSAGE: usize = 16384;
 /// Set in a reply's op.
 pub const REPLY_BIT: u16 = 0x8000;
 
@@ -44,8 +44,12 @@ pub const RIGHTS_MASK: u32 = RIGHT_READ | RIGHT_WRITE;
 pub mod errno {
     /// Operation not permitted (not the daemon's user or root).
     pub const EPERM: i32 = 1;
-    /// No such channel.
+    /// No such channel (or file).
     pub const ENOENT: i32 = 2;
+    /// I/O error.
+    pub const EIO: i32 = 5;
+    /// No such handle.
+    pub const EBADF: i32 = 9;
     /// Out of memory.
     pub const ENOMEM: i32 = 12;
     /// Device busy (shutting down).
@@ -148,6 +152,8 @@ pub enum Request {
     Shutdown,
     /// No payload.
     Ping,
+    /// A file-system call (ops 16 and up); see [`crate::fsproto`].
+    Fs(crate::fsproto::FsRequest),
 }
 
 impl Request {
@@ -161,6 +167,7 @@ impl Request {
             Request::Status => OP_STATUS,
             Request::Shutdown => OP_SHUTDOWN,
             Request::Ping => OP_PING,
+            Request::Fs(f) => f.op(),
         }
     }
 }
@@ -274,6 +281,8 @@ pub enum ReplyBody {
     Channel(ChannelInfo),
     /// For [`OP_STATUS`].
     Status(StatusReport),
+    /// The reply of a file-system call.
+    Fs(crate::fsproto::FsReply),
 }
 
 /// A failed request: a negative errno and a message saying what to do.
@@ -296,7 +305,7 @@ pub struct Reply {
     pub result: Result<ReplyBody, Failure>,
 }
 
-struct Writer(Vec<u8>);
+pub(crate) struct Writer(pub(crate) Vec<u8>);
 
 impl Writer {
     fn new(op: u16, seq: u32) -> Self {
@@ -308,15 +317,20 @@ impl Writer {
         v.extend_from_slice(&0u32.to_le_bytes());
         Writer(v)
     }
-    fn u32(&mut self, x: u32) -> &mut Self {
+    pub(crate) fn u32(&mut self, x: u32) -> &mut Self {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
     }
-    fn i32(&mut self, x: i32) -> &mut Self {
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+    pub(crate) fn i32(&mut self, x: i32) -> &mut Self {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
     }
-    fn u64(&mut self, x: u64) -> &mut Self {
+    pub(crate) fn u64(&mut self, x: u64) -> &mut Self {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
     }
@@ -327,12 +341,12 @@ impl Writer {
     }
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
         if self.b.len() < n {
             return Err(Error::Truncated);
         }
@@ -340,28 +354,28 @@ impl<'a> Reader<'a> {
         self.b = rest;
         Ok(a)
     }
-    fn u32(&mut self) -> Result<u32, Error> {
+    pub(crate) fn u32(&mut self) -> Result<u32, Error> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn i32(&mut self) -> Result<i32, Error> {
+    pub(crate) fn i32(&mut self) -> Result<i32, Error> {
         Ok(i32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn u64(&mut self) -> Result<u64, Error> {
+    pub(crate) fn u64(&mut self) -> Result<u64, Error> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn zero32(&mut self, name: &'static str) -> Result<(), Error> {
+    pub(crate) fn zero32(&mut self, name: &'static str) -> Result<(), Error> {
         if self.u32()? != 0 {
             return Err(Error::BadField(name));
         }
         Ok(())
     }
-    fn end(&self) -> Result<(), Error> {
+    pub(crate) fn end(&self) -> Result<(), Error> {
         if self.b.is_empty() {
             Ok(())
         } else {
@@ -432,6 +446,7 @@ pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
             w.u32(*channel).u32(0).u64(*file);
         }
         Request::Status | Request::Shutdown | Request::Ping => {}
+        Request::Fs(f) => f.encode(&mut w),
     }
     w.finish()
 }
@@ -486,6 +501,9 @@ pub fn decode_request(bytes: &[u8]) -> Result<(u32, Request), Error> {
         OP_STATUS => Request::Status,
         OP_SHUTDOWN => Request::Shutdown,
         OP_PING => Request::Ping,
+        other if crate::fsproto::is_fs_op(other) => {
+            Request::Fs(crate::fsproto::FsRequest::decode(other, &mut r)?)
+        }
         other => return Err(Error::UnknownOp(other)),
     };
     r.end()?;
@@ -527,6 +545,7 @@ pub fn encode_reply(op: u16, seq: u32, result: &Result<ReplyBody, Failure>) -> V
                         w.u64(x);
                     }
                 }
+                ReplyBody::Fs(f) => f.encode(&mut w),
             }
         }
     }
@@ -577,6 +596,9 @@ pub fn decode_reply(bytes: &[u8], expect_op: u16) -> Result<Reply, Error> {
                 v.push(r.u64()?);
             }
             ReplyBody::Status(StatusReport::from_values(&v).ok_or(Error::BadField("status count"))?)
+        }
+        op if crate::fsproto::is_fs_op(op) => {
+            ReplyBody::Fs(crate::fsproto::FsReply::decode(op, &mut r)?)
         }
         _ => ReplyBody::Empty,
     };

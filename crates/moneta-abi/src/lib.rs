@@ -13,6 +13,7 @@
 pub mod channel;
 pub mod command;
 pub mod control;
+pub mod fsproto;
 pub mod status;
 
 pub use channel::*;
@@ -24,4 +25,4 @@ pub use status::*;
 pub const ABI_VERSION: u32 = 1;
 
 /// Version of the control protocol carried in every control message header.
-pub const CONTROL_VERSION: u16 = 1;
+pub const CONTROL_VERSION: u16 = 2;

@@ -128,6 +128,13 @@ pub enum TableOp {
         /// Bytes.
         len: u64,
     },
+    /// Remove every channel's coverage of a range (revocation before the range is reused).
+    RemoveRangeAll {
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+    },
     /// Remove a channel's records of one file.
     RemoveFile {
         /// Channel.
@@ -138,11 +145,12 @@ pub enum TableOp {
 }
 
 impl TableOp {
-    fn channel(&self) -> u32 {
+    fn channel(&self) -> Option<u32> {
         match *self {
             TableOp::Insert { channel, .. }
             | TableOp::RemoveRange { channel, .. }
-            | TableOp::RemoveFile { channel, .. } => channel,
+            | TableOp::RemoveFile { channel, .. } => Some(channel),
+            TableOp::RemoveRangeAll { .. } => None,
         }
     }
 }
@@ -415,8 +423,9 @@ impl Device {
     /// removals, once no request issued before them is still in flight.
     pub fn update(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {
         for op in &ops {
-            if let TableOp::Insert { start, len, .. } | TableOp::RemoveRange { start, len, .. } =
-                *op
+            if let TableOp::Insert { start, len, .. }
+            | TableOp::RemoveRange { start, len, .. }
+            | TableOp::RemoveRangeAll { start, len } = *op
             {
                 if start.checked_add(len).is_none_or(|e| e > self.array_size) {
                     return Err(DeviceError::OutOfRange {
@@ -754,7 +763,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     fn apply_table(&mut self, ops: Vec<TableOp>, ack: Ack) {
         let mut removal = false;
         for op in &ops {
-            let ch = op.channel();
+            let Some(ch) = op.channel() else { continue };
             if self.open_chan(ch).is_none() {
                 let _ = ack.send(Err(DeviceError::NoSuchChannel(ch)));
                 return;
@@ -776,6 +785,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 } => {
                     removal = true;
                     self.table.remove_range(channel, start, len)
+                }
+                TableOp::RemoveRangeAll { start, len } => {
+                    removal = true;
+                    let mut r = Ok(Default::default());
+                    for ch in 0..self.channels.len() as u32 {
+                        if self.channels[ch as usize].is_some() {
+                            if let Err(e) = self.table.remove_range(ch, start, len) {
+                                r = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    r
                 }
                 TableOp::RemoveFile { channel, file } => {
                     removal = true;

@@ -1425,7 +1425,11 @@ impl Fs {
         self.need_dir_write(cred, dp.dir)?;
         self.sticky_ok(cred, sp.dir, src)?;
         let dst = self.lookup_name(dp.dir, &dname);
+        if noreplace && dst.is_some() {
+            return e(libc::EEXIST, "the target exists");
+        }
         if dst == Some(src) {
+            // Two names of one file: nothing to do (POSIX).
             return Ok(());
         }
         if src_dir {
@@ -1440,9 +1444,6 @@ impl Fs {
             }
         }
         if let Some(d) = dst {
-            if noreplace {
-                return e(libc::EEXIST, "the target exists");
-            }
             self.sticky_ok(cred, dp.dir, d)?;
             let ddir = self.inode(d).is_dir();
             if src_dir && !ddir {

@@ -595,9 +595,16 @@ struct BenchDaemon {
 impl BenchDaemon {
     fn get(a: &BenchArgs, region: u64) -> Result<BenchDaemon, String> {
         if let Some(s) = &a.socket {
-            let st = Control::connect(s)
-                .and_then(|c| c.status())
-                .map_err(|e| e.to_string())?;
+            let c = Control::connect(s).map_err(|e| e.to_string())?;
+            let st = c.status().map_err(|e| e.to_string())?;
+            // The raw paths write the array directly: never over a file system.
+            if c.fs(moneta_abi::fsproto::FsRequest::Statfs).is_ok() {
+                return Err(format!(
+                    "the daemon at {} serves a file system; the raw-device benchmark would \
+                     overwrite it: run it against a daemon started with --raw, or without --socket",
+                    s.display()
+                ));
+            }
             return Ok(BenchDaemon {
                 socket: s.clone(),
                 pid: st.pid as u32,
@@ -610,7 +617,12 @@ impl BenchDaemon {
         let size = region.next_multiple_of(1 << 20).max(64 << 20);
         let started = crate::daemon::start(
             &socket,
-            &["--volatile".into(), "--size".into(), size.to_string()],
+            &[
+                "--volatile".into(),
+                "--raw".into(),
+                "--size".into(),
+                size.to_string(),
+            ],
             &dir.join("monetad.log"),
         )?;
         Ok(BenchDaemon {

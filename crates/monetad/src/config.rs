@@ -90,6 +90,9 @@ pub struct Args {
     /// Nanoseconds added to every write by the media model [default: 0].
     #[arg(long)]
     pub write_latency_ns: Option<u64>,
+    /// Serve the array as a raw device, without a file system (administrative grants only).
+    #[arg(long)]
+    pub raw: bool,
     /// Mode bits of the control socket, octal [default: 666; access is also limited by the
     /// socket's directory].
     #[arg(long)]
@@ -113,6 +116,7 @@ struct FileConfig {
     read_latency_ns: Option<u64>,
     write_latency_ns: Option<u64>,
     socket_mode: Option<String>,
+    raw: Option<bool>,
 }
 
 fn toml_size(v: &Option<toml::Value>, name: &str) -> Result<Option<u64>, String> {
@@ -144,6 +148,8 @@ pub struct Config {
     pub device: DeviceConfig,
     /// Socket file mode.
     pub socket_mode: u32,
+    /// No file system: a raw device.
+    pub raw: bool,
 }
 
 impl Config {
@@ -223,6 +229,7 @@ impl Config {
             array,
             device,
             socket_mode,
+            raw: args.raw || file.raw.unwrap_or(false),
         })
     }
 }

@@ -6,6 +6,7 @@
 //! array is flushed, and the socket is removed.
 
 pub mod config;
+pub mod manager;
 pub mod server;
 
 use std::os::unix::fs::PermissionsExt;
@@ -35,6 +36,9 @@ pub enum DaemonError {
     /// The device could not start.
     #[error(transparent)]
     Device(#[from] moneta_device::DeviceError),
+    /// The file system could not be formatted or mounted.
+    #[error("{0}")]
+    Fs(#[from] moneta_fs::MountError),
     /// The socket could not be set up.
     #[error("control socket {path}: {source}")]
     Socket {
@@ -126,22 +130,44 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     ])
     .map_err(|e| DaemonError::Config(format!("cannot install signal handlers: {e}")))?;
     raise_fd_limit();
-    let media = match &config.array {
-        ArraySource::File(path, size) => MappedArray::open_file(path, *size)?,
-        ArraySource::Volatile(size) => MappedArray::volatile(*size)?,
+    let (media, fresh) = match &config.array {
+        ArraySource::File(path, size) => {
+            let fresh = !path.exists();
+            (MappedArray::open_file(path, *size)?, fresh)
+        }
+        ArraySource::Volatile(size) => (MappedArray::volatile(*size)?, true),
+    };
+    let media = Arc::new(media);
+    let fs = if config.raw {
+        None
+    } else {
+        if fresh {
+            // A new array (a file this call created, or memory) gets a file system at once.
+            let opts = moneta_fs::MkfsOptions {
+                root_uid: rustix::process::geteuid().as_raw(),
+                root_gid: rustix::process::getegid().as_raw(),
+                ..Default::default()
+            };
+            moneta_fs::mkfs(&*media, &opts)?;
+        }
+        Some(moneta_fs::Fs::mount(
+            media.clone() as Arc<dyn moneta_device::Media>
+        )?)
     };
     let listener = bind_socket(&config.socket, config.socket_mode)?;
-    let array_size = moneta_device::Media::size(&media);
+    let array_size = moneta_device::Media::size(&*media);
     let device = Arc::new(Device::start(
         config.device.clone(),
         media,
         SystemClock::best(),
     )?);
+    let manager = fs.map(|fs| Arc::new(manager::Manager::new(fs, device.clone())));
     let pid_path = config::pid_file(&config.socket);
     let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));
     let (stop_tx, stop_rx) = mpsc::channel();
     let server = Arc::new(Server::new(
         device.clone(),
+        manager,
         rustix::process::geteuid().as_raw(),
         config.socket.clone(),
         stop_tx.clone(),

@@ -21,6 +21,8 @@ use moneta_abi::control::{
     MAX_MESSAGE,
 };
 use moneta_device::{Device, DeviceError, TableOp};
+
+use crate::manager::{Manager, Session};
 use rustix::net::{
     RecvAncillaryBuffer, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
     SendFlags,
@@ -45,6 +47,7 @@ pub enum Stop {
 /// The control server.
 pub struct Server {
     device: Arc<Device>,
+    manager: Option<Arc<Manager>>,
     owner_uid: u32,
     max_connections: usize,
     connections: AtomicUsize,
@@ -80,12 +83,14 @@ struct Conn {
     pid: i32,
     channel: Option<u32>,
     protocol_errors: u32,
+    session: Session,
 }
 
 impl Server {
     /// A server for `device`, answering to `owner_uid` for administration.
     pub fn new(
         device: Arc<Device>,
+        manager: Option<Arc<Manager>>,
         owner_uid: u32,
         socket: PathBuf,
         stop: mpsc::Sender<Stop>,
@@ -93,6 +98,7 @@ impl Server {
         let max_connections = device.config().max_channels + EXTRA_CONNECTIONS;
         Server {
             device,
+            manager,
             owner_uid,
             max_connections,
             connections: AtomicUsize::new(0),
@@ -168,6 +174,11 @@ impl Server {
                 pid: cred.pid,
                 channel: None,
                 protocol_errors: 0,
+                session: Session::new(moneta_fs::Cred {
+                    uid: cred.uid,
+                    gid: cred.gid,
+                    groups: cred.groups,
+                }),
             };
             let spawned = std::thread::Builder::new()
                 .name("moneta-conn".into())
@@ -243,6 +254,9 @@ impl Server {
                 Ok(()) => tracing::debug!(pid = c.pid, channel = id, "channel reclaimed"),
                 Err(e) => tracing::debug!(channel = id, "channel reclaim: {e}"),
             }
+        }
+        if let Some(m) = &self.manager {
+            m.end_session(&mut c.session);
         }
     }
 
@@ -349,6 +363,16 @@ impl Server {
                     .update(vec![TableOp::RemoveFile { channel, file }])
                     .map_err(device_failure)
             })),
+            Request::Fs(f) => match &self.manager {
+                Some(m) => (
+                    m.call(&mut c.session, c.channel, f).map(ReplyBody::Fs),
+                    Vec::new(),
+                ),
+                None => empty(Err(fail(
+                    errno::EOPNOTSUPP,
+                    "this daemon serves a raw device (--raw): no file system",
+                ))),
+            },
             Request::Shutdown => empty(self.admin(c).and_then(|()| {
                 self.stopping.store(true, Ordering::Relaxed);
                 tracing::info!(pid = c.pid, "shutdown requested");
@@ -358,10 +382,12 @@ impl Server {
     }
 }
 
-/// A peer's credentials as `SO_PEERCRED` gives them.
+/// A peer's credentials as `SO_PEERCRED` and `SO_PEERGROUPS` give them.
 struct PeerCred {
     pid: i32,
     uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
 }
 
 /// Reads `SO_PEERCRED`. The pid may be 0 (a peer in another pid namespace), which the typed
@@ -391,7 +417,39 @@ fn peer_cred(fd: &OwnedFd) -> std::io::Result<PeerCred> {
     Ok(PeerCred {
         pid: cred.pid,
         uid: cred.uid,
+        gid: cred.gid,
+        groups: peer_groups(fd)?,
     })
+}
+
+/// Reads `SO_PEERGROUPS`: the peer's supplementary groups at connect time.
+fn peer_groups(fd: &OwnedFd) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is valid for writes of `len` bytes; `fd` is an open socket.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if r == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ERANGE) && n > groups.len() && n <= 1 << 16 {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(err);
+    }
 }
 
 /// Answers a connection over the limit with one `EMFILE` reply to its first request.

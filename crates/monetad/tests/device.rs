@@ -510,24 +510,6 @@ fn non_owners_cannot_administer() {
     d.control().ping().unwrap();
 }
 
-fn spawn_role_as(uid: u32, role: &str, args: &[String]) -> std::process::Child {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().unwrap();
-    // The test binary must be reachable by the other user.
-    let copy = std::env::temp_dir().join(format!("moneta-role-{}", std::process::id()));
-    std::fs::copy(&exe, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let child = std::process::Command::new(&copy)
-        .args(["--exact", "child_process_entry", "--nocapture"])
-        .env("MONETA_TEST_ROLE", role)
-        .env("MONETA_TEST_ARGS", args.join("\u{1f}"))
-        .uid(uid)
-        .gid(uid)
-        .spawn()
-        .unwrap();
-    child
-}
-
 fn other_user(args: &[String]) -> i32 {
     let socket = std::path::Path::new(&args[0]);
     let ch = Channel::open(socket).expect("anyone may open a channel");
@@ -867,7 +849,7 @@ fn a_killed_daemon_restarts_with_every_completed_write() {
     let dir = TempDir::new("persist");
     let img = dir.0.join("array.img");
     let img_s = img.display().to_string();
-    let mut d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let mut d = Daemon::start_raw(&["--device", &img_s, "--size", "32M", "--raw"], dir);
     let data = pattern(0x3c, 0, 3 << 20);
     {
         let ch = d.channel();
@@ -879,13 +861,13 @@ fn a_killed_daemon_restarts_with_every_completed_write() {
     }
     // The size may be omitted for an existing file; a different size is refused.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
-        .args(["--device", &img_s, "--size", "64M", "--socket"])
+        .args(["--device", &img_s, "--size", "64M", "--raw", "--socket"])
         .arg(d.dir.0.join("other.sock"))
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds 33554432 bytes"));
-    d.args = vec!["--device".into(), img_s.clone()];
+    d.args = vec!["--device".into(), img_s.clone(), "--raw".into()];
     d.spawn();
     let ch = d.channel();
     grant(&d.control(), ch.id(), 0, 32 << 20, true, 1);

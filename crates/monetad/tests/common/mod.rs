@@ -39,11 +39,18 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts a daemon on a volatile 64 MiB array with extra `args`.
+    /// Starts a daemon on a volatile 64 MiB raw array (no file system) with extra `args`.
     pub fn start(args: &[&str]) -> Daemon {
-        let mut all = vec!["--volatile", "--size", "64M"];
+        let mut all = vec!["--volatile", "--size", "64M", "--raw"];
         all.extend_from_slice(args);
         Self::start_raw(&all, TempDir::new("d"))
+    }
+
+    /// Starts a daemon serving a fresh file system on a volatile array of `size`.
+    pub fn start_fs(size: &str, args: &[&str]) -> Daemon {
+        let mut all = vec!["--volatile", "--size", size];
+        all.extend_from_slice(args);
+        Self::start_raw(&all, TempDir::new("fs"))
     }
 
     /// Starts a daemon with exactly `args` (plus --socket) in `dir`.
@@ -213,4 +220,66 @@ pub fn can_setuid(test: &str) -> bool {
     }
     eprintln!("SKIPPED {test}: needs root to run a client as another user");
     false
+}
+
+/// Re-runs this test binary as `uid` in `role` (see `child_role`).
+pub fn spawn_role_as(uid: u32, role: &str, args: &[String]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().unwrap();
+    // The test binary must be reachable by the other user.
+    let copy = std::env::temp_dir().join(format!("moneta-role-{}", std::process::id()));
+    std::fs::copy(&exe, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let child = std::process::Command::new(&copy)
+        .args(["--exact", "child_process_entry", "--nocapture"])
+        .env("MONETA_TEST_ROLE", role)
+        .env("MONETA_TEST_ARGS", args.join("\u{1f}"))
+        .uid(uid)
+        .gid(uid)
+        .spawn()
+        .unwrap();
+    child
+}
+
+/// Writes `data` at `off` of an open file: allocates through the control connection, then
+/// stores through the channel, piece by piece over the extents.
+pub fn file_write(
+    ch: &Channel,
+    handle: u64,
+    off: u64,
+    data: &[u8],
+) -> Result<(), libmoneta::ClientError> {
+    let (_, ext) = ch.control().fs_extend(handle, off, data.len() as u64)?;
+    let mut done = 0usize;
+    while done < data.len() {
+        let at = off + done as u64;
+        let x = ext
+            .iter()
+            .find(|x| x.file_off <= at && at < x.file_off + x.len)
+            .expect("extend maps the whole range");
+        assert_ne!(x.dev, moneta_abi::fsproto::HOLE);
+        let n = ((x.file_off + x.len - at) as usize).min(data.len() - done);
+        ch.write(
+            x.dev + (at - x.file_off),
+            &data[done..done + n],
+            moneta_abi::Completion::Dma,
+        )?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Reads a whole open file through the channel (holes read as zeros).
+pub fn file_read(ch: &Channel, handle: u64) -> Result<Vec<u8>, libmoneta::ClientError> {
+    let (size, ext) = ch.control().fs_lookup(handle, 0, u64::MAX)?;
+    let mut out = vec![0u8; size as usize];
+    for x in ext {
+        if x.dev == moneta_abi::fsproto::HOLE || x.file_off >= size {
+            continue;
+        }
+        let n = x.len.min(size - x.file_off) as usize;
+        let at = x.file_off as usize;
+        ch.read(x.dev, &mut out[at..at + n], moneta_abi::Completion::Dma)?;
+    }
+    Ok(out)
 }

@@ -1,0 +1,873 @@
+//! The file-system calls of the control protocol (ops 16 to 34): the permission manager's
+//! interface (Moneta-D §2.1). Payloads use the control protocol's little-endian encoding; a
+//! byte string is a u32 length followed by the bytes (no terminator, no padding).
+//!
+//! A *handle* names a file opened on the same connection; it is valid only there. A *target*
+//! is kind (u32: [`TARGET_PATH`], [`TARGET_PATH_NOFOLLOW`] or [`TARGET_HANDLE`]), reserved
+//! (u32, zero), handle (u64, zero unless kind is a handle), path (string, empty for a handle).
+//! Paths are absolute within nvfs (they start with `/`), at most [`PATH_MAX`] bytes, without
+//! NUL bytes.
+
+use crate::control::{Error, Reader, Writer};
+
+/// `open`: payload flags (u32, Linux `O_*` bits), mode (u32), path. Reply: [`FsReply::Opened`].
+pub const OP_FS_OPEN: u16 = 16;
+/// `close`: payload handle (u64). Reply empty. Revokes the channel's records of the file once
+/// no other handle of the connection needs them.
+pub const OP_FS_CLOSE: u16 = 17;
+/// Extent lookup, the soft miss: payload handle (u64), offset (u64), length (u64). Installs
+/// records for the mapped extents in the connection's channel with the handle's rights.
+/// Reply: [`FsReply::Extents`].
+pub const OP_FS_LOOKUP: u16 = 18;
+/// Allocate and extend for writes past the end or into holes: payload as lookup; needs a
+/// handle open for writing. Reply: [`FsReply::Extents`].
+pub const OP_FS_EXTEND: u16 = 19;
+/// `fsync`: payload handle (u64). Reply empty.
+pub const OP_FS_FSYNC: u16 = 20;
+/// `stat`/`lstat`/`fstat`: payload target. Reply: [`FsReply::Stat`].
+pub const OP_FS_STAT: u16 = 21;
+/// `truncate`/`ftruncate`: payload target, size (u64). Reply empty.
+pub const OP_FS_TRUNCATE: u16 = 22;
+/// `chmod`/`fchmod`: payload target, mode (u32), reserved (u32). Reply empty.
+pub const OP_FS_CHMOD: u16 = 23;
+/// `chown`/`lchown`/`fchown`: payload target, uid (u32), gid (u32); `u32::MAX` leaves one
+/// unchanged. Reply empty.
+pub const OP_FS_CHOWN: u16 = 24;
+/// `utimensat`/`futimens`: payload target, atime seconds (i64), atime nanoseconds (u32),
+/// mtime nanoseconds (u32), mtime seconds (i64); nanoseconds [`UTIME_NOW`] or [`UTIME_OMIT`]
+/// as in Linux. Reply empty.
+pub const OP_FS_UTIMES: u16 = 25;
+/// `mkdir`: payload mode (u32), reserved (u32), path. Reply: [`FsReply::Stat`].
+pub const OP_FS_MKDIR: u16 = 26;
+/// `rmdir`: payload path. Reply empty.
+pub const OP_FS_RMDIR: u16 = 27;
+/// `unlink`: payload path. Reply empty.
+pub const OP_FS_UNLINK: u16 = 28;
+/// `rename`/`renameat2`: payload flags (u32: 0 or [`RENAME_NOREPLACE`]), reserved (u32), old
+/// path, new path. Reply empty.
+pub const OP_FS_RENAME: u16 = 29;
+/// `link`: payload old path, new path. Reply: [`FsReply::Stat`].
+pub const OP_FS_LINK: u16 = 30;
+/// `symlink`: payload target bytes, link path. Reply: [`FsReply::Stat`].
+pub const OP_FS_SYMLINK: u16 = 31;
+/// `readlink`: payload path. Reply: [`FsReply::Bytes`].
+pub const OP_FS_READLINK: u16 = 32;
+/// `readdir`: payload handle of an open directory (u64), cookie (u64: 0 to start, else the
+/// `next` of the last entry seen). Reply: [`FsReply::Dir`].
+pub const OP_FS_READDIR: u16 = 33;
+/// `statfs`: no payload. Reply: [`FsReply::StatFs`].
+pub const OP_FS_STATFS: u16 = 34;
+
+/// Longest path, in bytes.
+pub const PATH_MAX: usize = 4095;
+/// Target kind: a path, following a final symlink.
+pub const TARGET_PATH: u32 = 0;
+/// Target kind: a path, not following a final symlink.
+pub const TARGET_PATH_NOFOLLOW: u32 = 1;
+/// Target kind: an open handle.
+pub const TARGET_HANDLE: u32 = 2;
+/// `utimensat`'s "now".
+pub const UTIME_NOW: u32 = (1 << 30) - 1;
+/// `utimensat`'s "leave unchanged".
+pub const UTIME_OMIT: u32 = (1 << 30) - 2;
+/// `renameat2` flag: fail with `EEXIST` instead of replacing.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// `dev` of a hole in an extent list.
+pub const HOLE: u64 = u64::MAX;
+/// Most extents in one reply.
+pub const MAX_EXTENTS: usize = 256;
+
+/// Whether `op` is a file-system call.
+pub fn is_fs_op(op: u16) -> bool {
+    (OP_FS_OPEN..=OP_FS_STATFS).contains(&op)
+}
+
+/// What a call acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A path; `follow` says whether a final symlink is followed.
+    Path {
+        /// The path.
+        path: Vec<u8>,
+        /// Follow a final symlink.
+        follow: bool,
+    },
+    /// An open handle.
+    Handle(u64),
+}
+
+/// A timestamp on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireTime {
+    /// Seconds since the epoch.
+    pub sec: i64,
+    /// Nanoseconds, or [`UTIME_NOW`] / [`UTIME_OMIT`] in a request.
+    pub nsec: u32,
+}
+
+/// A file-system request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum FsRequest {
+    Open {
+        flags: u32,
+        mode: u32,
+        path: Vec<u8>,
+    },
+    Close {
+        handle: u64,
+    },
+    Lookup {
+        handle: u64,
+        offset: u64,
+        len: u64,
+    },
+    Extend {
+        handle: u64,
+        offset: u64,
+        len: u64,
+    },
+    Fsync {
+        handle: u64,
+    },
+    Stat {
+        target: Target,
+    },
+    Truncate {
+        target: Target,
+        size: u64,
+    },
+    Chmod {
+        target: Target,
+        mode: u32,
+    },
+    Chown {
+        target: Target,
+        uid: u32,
+        gid: u32,
+    },
+    Utimes {
+        target: Target,
+        atime: WireTime,
+        mtime: WireTime,
+    },
+    Mkdir {
+        mode: u32,
+        path: Vec<u8>,
+    },
+    Rmdir {
+        path: Vec<u8>,
+    },
+    Unlink {
+        path: Vec<u8>,
+    },
+    Rename {
+        flags: u32,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    Link {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    Symlink {
+        target: Vec<u8>,
+        path: Vec<u8>,
+    },
+    Readlink {
+        path: Vec<u8>,
+    },
+    Readdir {
+        handle: u64,
+        cookie: u64,
+    },
+    Statfs,
+}
+
+/// File attributes on the wire (104 bytes): ino, size, blocks, blksize (u64); atime, mtime,
+/// ctime, btime seconds (i64); their nanoseconds (u32 each); mode, nlink, uid, gid, generation,
+/// reserved (u32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct FsStat {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u64,
+    pub atime: WireTime,
+    pub mtime: WireTime,
+    pub ctime: WireTime,
+    pub btime: WireTime,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub generation: u32,
+}
+
+impl Default for WireTime {
+    fn default() -> Self {
+        WireTime { sec: 0, nsec: 0 }
+    }
+}
+
+/// One run of a file in an extent list (24 bytes): file offset, length, array address (or
+/// [`HOLE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsExtent {
+    /// First byte in the file.
+    pub file_off: u64,
+    /// Bytes.
+    pub len: u64,
+    /// First array byte, or [`HOLE`].
+    pub dev: u64,
+}
+
+/// One directory entry: ino (u64), next cookie (u64), kind (u8, `DT_*`), name (u8 length and
+/// bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsDirEntry {
+    /// Inode.
+    pub ino: u64,
+    /// Cookie continuing after this entry.
+    pub next: u64,
+    /// `DT_*`.
+    pub kind: u8,
+    /// Name (1 to 255 bytes).
+    pub name: Vec<u8>,
+}
+
+/// File-system totals: chunk size, chunks, free chunks, inodes, free inodes, longest name (u64
+/// each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct FsStatFs {
+    pub chunk_size: u64,
+    pub chunks: u64,
+    pub chunks_free: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub name_max: u64,
+}
+
+/// A file-system reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FsReply {
+    /// No payload.
+    Empty,
+    /// handle (u64), rights (u32: `RIGHT_READ` | `RIGHT_WRITE`), reserved (u32), attributes.
+    Opened {
+        /// The new handle.
+        handle: u64,
+        /// Rights granted.
+        rights: u32,
+        /// Attributes.
+        stat: FsStat,
+    },
+    /// Attributes.
+    Stat(FsStat),
+    /// size (u64), count (u32), reserved (u32), `count` extents.
+    Extents {
+        /// File size.
+        size: u64,
+        /// Runs from the requested offset on, whole extents, holes included.
+        extents: Vec<FsExtent>,
+    },
+    /// count (u32), end (u32: 1 when the directory is exhausted), entries.
+    Dir {
+        /// Entries.
+        entries: Vec<FsDirEntry>,
+        /// No more entries.
+        end: bool,
+    },
+    /// A byte string.
+    Bytes(Vec<u8>),
+    /// Totals.
+    StatFs(FsStatFs),
+}
+
+fn path_ok(p: &[u8]) -> Result<(), Error> {
+    if p.len() > PATH_MAX || p.contains(&0) {
+        return Err(Error::BadField("path"));
+    }
+    Ok(())
+}
+
+impl<'a> Reader<'a> {
+    fn string(&mut self) -> Result<Vec<u8>, Error> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn path(&mut self) -> Result<Vec<u8>, Error> {
+        let p = self.string()?;
+        path_ok(&p)?;
+        Ok(p)
+    }
+    fn i64(&mut self) -> Result<i64, Error> {
+        Ok(self.u64()? as i64)
+    }
+    fn target(&mut self) -> Result<Target, Error> {
+        let kind = self.u32()?;
+        self.zero32("reserved")?;
+        let handle = self.u64()?;
+        let path = self.path()?;
+        match kind {
+            TARGET_PATH | TARGET_PATH_NOFOLLOW if handle == 0 => Ok(Target::Path {
+                path,
+                follow: kind == TARGET_PATH,
+            }),
+            TARGET_HANDLE if path.is_empty() => Ok(Target::Handle(handle)),
+            _ => Err(Error::BadField("target")),
+        }
+    }
+    fn stat(&mut self) -> Result<FsStat, Error> {
+        let (ino, size, blocks, blksize) = (self.u64()?, self.u64()?, self.u64()?, self.u64()?);
+        let secs = [self.i64()?, self.i64()?, self.i64()?, self.i64()?];
+        let ns = [self.u32()?, self.u32()?, self.u32()?, self.u32()?];
+        let t = |i: usize| WireTime {
+            sec: secs[i],
+            nsec: ns[i],
+        };
+        let s = FsStat {
+            ino,
+            size,
+            blocks,
+            blksize,
+            atime: t(0),
+            mtime: t(1),
+            ctime: t(2),
+            btime: t(3),
+            mode: self.u32()?,
+            nlink: self.u32()?,
+            uid: self.u32()?,
+            gid: self.u32()?,
+            generation: self.u32()?,
+        };
+        self.zero32("reserved")?;
+        Ok(s)
+    }
+}
+
+impl Writer {
+    fn target(&mut self, t: &Target) {
+        match t {
+            Target::Path { path, follow } => {
+                let kind = if *follow {
+                    TARGET_PATH
+                } else {
+                    TARGET_PATH_NOFOLLOW
+                };
+                self.u32(kind).u32(0).u64(0).bytes(path);
+            }
+            Target::Handle(h) => {
+                self.u32(TARGET_HANDLE).u32(0).u64(*h).bytes(&[]);
+            }
+        }
+    }
+    fn stat(&mut self, s: &FsStat) {
+        self.u64(s.ino).u64(s.size).u64(s.blocks).u64(s.blksize);
+        for t in [s.atime, s.mtime, s.ctime, s.btime] {
+            self.u64(t.sec as u64);
+        }
+        for t in [s.atime, s.mtime, s.ctime, s.btime] {
+            self.u32(t.nsec);
+        }
+        self.u32(s.mode)
+            .u32(s.nlink)
+            .u32(s.uid)
+            .u32(s.gid)
+            .u32(s.generation)
+            .u32(0);
+    }
+}
+
+impl FsRequest {
+    /// The op code.
+    pub fn op(&self) -> u16 {
+        match self {
+            FsRequest::Open { .. } => OP_FS_OPEN,
+            FsRequest::Close { .. } => OP_FS_CLOSE,
+            FsRequest::Lookup { .. } => OP_FS_LOOKUP,
+            FsRequest::Extend { .. } => OP_FS_EXTEND,
+            FsRequest::Fsync { .. } => OP_FS_FSYNC,
+            FsRequest::Stat { .. } => OP_FS_STAT,
+            FsRequest::Truncate { .. } => OP_FS_TRUNCATE,
+            FsRequest::Chmod { .. } => OP_FS_CHMOD,
+            FsRequest::Chown { .. } => OP_FS_CHOWN,
+            FsRequest::Utimes { .. } => OP_FS_UTIMES,
+            FsRequest::Mkdir { .. } => OP_FS_MKDIR,
+            FsRequest::Rmdir { .. } => OP_FS_RMDIR,
+            FsRequest::Unlink { .. } => OP_FS_UNLINK,
+            FsRequest::Rename { .. } => OP_FS_RENAME,
+            FsRequest::Link { .. } => OP_FS_LINK,
+            FsRequest::Symlink { .. } => OP_FS_SYMLINK,
+            FsRequest::Readlink { .. } => OP_FS_READLINK,
+            FsRequest::Readdir { .. } => OP_FS_READDIR,
+            FsRequest::Statfs => OP_FS_STATFS,
+        }
+    }
+
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        match self {
+            FsRequest::Open { flags, mode, path } => {
+                w.u32(*flags).u32(*mode).bytes(path);
+            }
+            FsRequest::Close { handle } | FsRequest::Fsync { handle } => {
+                w.u64(*handle);
+            }
+            FsRequest::Lookup {
+                handle,
+                offset,
+                len,
+            }
+            | FsRequest::Extend {
+                handle,
+                offset,
+                len,
+            } => {
+                w.u64(*handle).u64(*offset).u64(*len);
+            }
+            FsRequest::Stat { target } => w.target(target),
+            FsRequest::Truncate { target, size } => {
+                w.target(target);
+                w.u64(*size);
+            }
+            FsRequest::Chmod { target, mode } => {
+                w.target(target);
+                w.u32(*mode).u32(0);
+            }
+            FsRequest::Chown { target, uid, gid } => {
+                w.target(target);
+                w.u32(*uid).u32(*gid);
+            }
+            FsRequest::Utimes {
+                target,
+                atime,
+                mtime,
+            } => {
+                w.target(target);
+                w.u64(atime.sec as u64)
+                    .u32(atime.nsec)
+                    .u32(mtime.nsec)
+                    .u64(mtime.sec as u64);
+            }
+            FsRequest::Mkdir { mode, path } => {
+                w.u32(*mode).u32(0).bytes(path);
+            }
+            FsRequest::Rmdir { path }
+            | FsRequest::Unlink { path }
+            | FsRequest::Readlink { path } => {
+                w.bytes(path);
+            }
+            FsRequest::Rename { flags, from, to } => {
+                w.u32(*flags).u32(0).bytes(from).bytes(to);
+            }
+            FsRequest::Link { from, to } => {
+                w.bytes(from).bytes(to);
+            }
+            FsRequest::Symlink { target, path } => {
+                w.bytes(target).bytes(path);
+            }
+            FsRequest::Readdir { handle, cookie } => {
+                w.u64(*handle).u64(*cookie);
+            }
+            FsRequest::Statfs => {}
+        }
+    }
+
+    pub(crate) fn decode(op: u16, r: &mut Reader<'_>) -> Result<FsRequest, Error> {
+        let time_ok = |t: WireTime| {
+            if t.nsec < 1_000_000_000 || t.nsec == UTIME_NOW || t.nsec == UTIME_OMIT {
+                Ok(t)
+            } else {
+                Err(Error::BadField("nanoseconds"))
+            }
+        };
+        Ok(match op {
+            OP_FS_OPEN => FsRequest::Open {
+                flags: r.u32()?,
+                mode: r.u32()?,
+                path: r.path()?,
+            },
+            OP_FS_CLOSE => FsRequest::Close { handle: r.u64()? },
+            OP_FS_LOOKUP | OP_FS_EXTEND => {
+                let (handle, offset, len) = (r.u64()?, r.u64()?, r.u64()?);
+                if offset.checked_add(len).is_none() {
+                    return Err(Error::BadField("len"));
+                }
+                if op == OP_FS_LOOKUP {
+                    FsRequest::Lookup {
+                        handle,
+                        offset,
+                        len,
+                    }
+                } else {
+                    FsRequest::Extend {
+                        handle,
+                        offset,
+                        len,
+                    }
+                }
+            }
+            OP_FS_FSYNC => FsRequest::Fsync { handle: r.u64()? },
+            OP_FS_STAT => FsRequest::Stat {
+                target: r.target()?,
+            },
+            OP_FS_TRUNCATE => FsRequest::Truncate {
+                target: r.target()?,
+                size: r.u64()?,
+            },
+            OP_FS_CHMOD => {
+                let target = r.target()?;
+                let mode = r.u32()?;
+                r.zero32("reserved")?;
+                FsRequest::Chmod { target, mode }
+            }
+            OP_FS_CHOWN => FsRequest::Chown {
+                target: r.target()?,
+                uid: r.u32()?,
+                gid: r.u32()?,
+            },
+            OP_FS_UTIMES => {
+                let target = r.target()?;
+                let asec = r.i64()?;
+                let ansec = r.u32()?;
+                let mnsec = r.u32()?;
+                let msec = r.i64()?;
+                FsRequest::Utimes {
+                    target,
+                    atime: time_ok(WireTime {
+                        sec: asec,
+                        nsec: ansec,
+                    })?,
+                    mtime: time_ok(WireTime {
+                        sec: msec,
+                        nsec: mnsec,
+                    })?,
+                }
+            }
+            OP_FS_MKDIR => {
+                let mode = r.u32()?;
+                r.zero32("reserved")?;
+                FsRequest::Mkdir {
+                    mode,
+                    path: r.path()?,
+                }
+            }
+            OP_FS_RMDIR => FsRequest::Rmdir { path: r.path()? },
+            OP_FS_UNLINK => FsRequest::Unlink { path: r.path()? },
+            OP_FS_RENAME => {
+                let flags = r.u32()?;
+                r.zero32("reserved")?;
+                if flags & !RENAME_NOREPLACE != 0 {
+                    return Err(Error::BadField("rename flags"));
+                }
+                FsRequest::Rename {
+                    flags,
+                    from: r.path()?,
+                    to: r.path()?,
+                }
+            }
+            OP_FS_LINK => FsRequest::Link {
+                from: r.path()?,
+                to: r.path()?,
+            },
+            OP_FS_SYMLINK => FsRequest::Symlink {
+                target: r.path()?,
+                path: r.path()?,
+            },
+            OP_FS_READLINK => FsRequest::Readlink { path: r.path()? },
+            OP_FS_READDIR => FsRequest::Readdir {
+                handle: r.u64()?,
+                cookie: r.u64()?,
+            },
+            OP_FS_STATFS => FsRequest::Statfs,
+            other => return Err(Error::UnknownOp(other)),
+        })
+    }
+}
+
+impl FsReply {
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        match self {
+            FsReply::Empty => {}
+            FsReply::Opened {
+                handle,
+                rights,
+                stat,
+            } => {
+                w.u64(*handle).u32(*rights).u32(0);
+                w.stat(stat);
+            }
+            FsReply::Stat(s) => w.stat(s),
+            FsReply::Extents { size, extents } => {
+                w.u64(*size).u32(extents.len() as u32).u32(0);
+                for x in extents {
+                    w.u64(x.file_off).u64(x.len).u64(x.dev);
+                }
+            }
+            FsReply::Dir { entries, end } => {
+                w.u32(entries.len() as u32).u32(*end as u32);
+                for d in entries {
+                    w.u64(d.ino).u64(d.next);
+                    w.0.push(d.kind);
+                    w.0.push(d.name.len().min(255) as u8);
+                    w.0.extend_from_slice(&d.name[..d.name.len().min(255)]);
+                }
+            }
+            FsReply::Bytes(b) => {
+                w.bytes(b);
+            }
+            FsReply::StatFs(s) => {
+                w.u64(s.chunk_size)
+                    .u64(s.chunks)
+                    .u64(s.chunks_free)
+                    .u64(s.inodes)
+                    .u64(s.inodes_free)
+                    .u64(s.name_max);
+            }
+        }
+    }
+
+    /// Bytes `entries` take in a [`FsReply::Dir`] (for filling a reply up to the limit).
+    pub fn dir_entry_len(name: &[u8]) -> usize {
+        18 + name.len()
+    }
+
+    pub(crate) fn decode(op: u16, r: &mut Reader<'_>) -> Result<FsReply, Error> {
+        Ok(match op {
+            OP_FS_OPEN => {
+                let handle = r.u64()?;
+                let rights = r.u32()?;
+                r.zero32("reserved")?;
+                FsReply::Opened {
+                    handle,
+                    rights,
+                    stat: r.stat()?,
+                }
+            }
+            OP_FS_STAT | OP_FS_MKDIR | OP_FS_LINK | OP_FS_SYMLINK => FsReply::Stat(r.stat()?),
+            OP_FS_LOOKUP | OP_FS_EXTEND => {
+                let size = r.u64()?;
+                let n = r.u32()? as usize;
+                r.zero32("reserved")?;
+                if n > MAX_EXTENTS {
+                    return Err(Error::BadField("extent count"));
+                }
+                let mut extents = Vec::with_capacity(n);
+                for _ in 0..n {
+                    extents.push(FsExtent {
+                        file_off: r.u64()?,
+                        len: r.u64()?,
+                        dev: r.u64()?,
+                    });
+                }
+                FsReply::Extents { size, extents }
+            }
+            OP_FS_READDIR => {
+                let n = r.u32()? as usize;
+                let end = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::BadField("end")),
+                };
+                let mut entries = Vec::new();
+                for _ in 0..n {
+                    let ino = r.u64()?;
+                    let next = r.u64()?;
+                    let kind = r.take(1)?[0];
+                    let len = r.take(1)?[0] as usize;
+                    entries.push(FsDirEntry {
+                        ino,
+                        next,
+                        kind,
+                        name: r.take(len)?.to_vec(),
+                    });
+                }
+                FsReply::Dir { entries, end }
+            }
+            OP_FS_READLINK => FsReply::Bytes(r.string()?),
+            OP_FS_STATFS => FsReply::StatFs(FsStatFs {
+                chunk_size: r.u64()?,
+                chunks: r.u64()?,
+                chunks_free: r.u64()?,
+                inodes: r.u64()?,
+                inodes_free: r.u64()?,
+                name_max: r.u64()?,
+            }),
+            _ => FsReply::Empty,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{
+        decode_reply, decode_request, encode_reply, encode_request, ReplyBody, Request,
+    };
+
+    #[test]
+    fn fs_requests_round_trip() {
+        let t = WireTime {
+            sec: -3,
+            nsec: UTIME_OMIT,
+        };
+        let reqs = vec![
+            FsRequest::Open {
+                flags: 0o102,
+                mode: 0o644,
+                path: b"/a/b".to_vec(),
+            },
+            FsRequest::Close { handle: 7 },
+            FsRequest::Lookup {
+                handle: 1,
+                offset: 2,
+                len: 3,
+            },
+            FsRequest::Extend {
+                handle: 1,
+                offset: 4096,
+                len: 1,
+            },
+            FsRequest::Fsync { handle: 9 },
+            FsRequest::Stat {
+                target: Target::Path {
+                    path: b"/x".to_vec(),
+                    follow: false,
+                },
+            },
+            FsRequest::Truncate {
+                target: Target::Handle(4),
+                size: 5,
+            },
+            FsRequest::Chmod {
+                target: Target::Handle(4),
+                mode: 0o600,
+            },
+            FsRequest::Chown {
+                target: Target::Handle(4),
+                uid: u32::MAX,
+                gid: 5,
+            },
+            FsRequest::Utimes {
+                target: Target::Handle(4),
+                atime: t,
+                mtime: WireTime { sec: 9, nsec: 8 },
+            },
+            FsRequest::Mkdir {
+                mode: 0o755,
+                path: b"/d".to_vec(),
+            },
+            FsRequest::Rmdir {
+                path: b"/d".to_vec(),
+            },
+            FsRequest::Unlink {
+                path: b"/f".to_vec(),
+            },
+            FsRequest::Rename {
+                flags: RENAME_NOREPLACE,
+                from: b"/a".to_vec(),
+                to: b"/b".to_vec(),
+            },
+            FsRequest::Link {
+                from: b"/a".to_vec(),
+                to: b"/b".to_vec(),
+            },
+            FsRequest::Symlink {
+                target: b"x".to_vec(),
+                path: b"/l".to_vec(),
+            },
+            FsRequest::Readlink {
+                path: b"/l".to_vec(),
+            },
+            FsRequest::Readdir {
+                handle: 3,
+                cookie: 77,
+            },
+            FsRequest::Statfs,
+        ];
+        for req in reqs {
+            let b = encode_request(5, &Request::Fs(req.clone()));
+            assert_eq!(decode_request(&b).unwrap(), (5, Request::Fs(req)));
+        }
+        let long = vec![b'a'; PATH_MAX + 1];
+        let b = encode_request(1, &Request::Fs(FsRequest::Unlink { path: long }));
+        assert_eq!(decode_request(&b), Err(Error::BadField("path")));
+        let b = encode_request(
+            1,
+            &Request::Fs(FsRequest::Unlink {
+                path: b"/a\0b".to_vec(),
+            }),
+        );
+        assert_eq!(decode_request(&b), Err(Error::BadField("path")));
+        let bad_time = FsRequest::Utimes {
+            target: Target::Handle(1),
+            atime: WireTime {
+                sec: 0,
+                nsec: 2_000_000_000,
+            },
+            mtime: t,
+        };
+        let b = encode_request(1, &Request::Fs(bad_time));
+        assert_eq!(decode_request(&b), Err(Error::BadField("nanoseconds")));
+    }
+
+    #[test]
+    fn fs_replies_round_trip() {
+        let stat = FsStat {
+            ino: 3,
+            size: 4,
+            mode: 0o100644,
+            nlink: 1,
+            ..Default::default()
+        };
+        let replies = vec![
+            (
+                OP_FS_OPEN,
+                FsReply::Opened {
+                    handle: 1,
+                    rights: 3,
+                    stat,
+                },
+            ),
+            (OP_FS_STAT, FsReply::Stat(stat)),
+            (
+                OP_FS_LOOKUP,
+                FsReply::Extents {
+                    size: 10,
+                    extents: vec![FsExtent {
+                        file_off: 0,
+                        len: 1 << 20,
+                        dev: HOLE,
+                    }],
+                },
+            ),
+            (
+                OP_FS_READDIR,
+                FsReply::Dir {
+                    entries: vec![FsDirEntry {
+                        ino: 1,
+                        next: 2,
+                        kind: 4,
+                        name: b"..".to_vec(),
+                    }],
+                    end: true,
+                },
+            ),
+            (OP_FS_READLINK, FsReply::Bytes(b"target".to_vec())),
+            (
+                OP_FS_STATFS,
+                FsReply::StatFs(FsStatFs {
+                    chunk_size: 1 << 20,
+                    ..Default::default()
+                }),
+            ),
+            (OP_FS_CLOSE, FsReply::Empty),
+        ];
+        for (op, rep) in replies {
+            let b = encode_reply(op, 2, &Ok(ReplyBody::Fs(rep.clone())));
+            assert_eq!(decode_reply(&b, op).unwrap().result, Ok(ReplyBody::Fs(rep)));
+        }
+    }
+}
