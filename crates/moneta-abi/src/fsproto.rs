@@ -97,7 +97,7 @@ pub enum Target {
 }
 
 /// A timestamp on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WireTime {
     /// Seconds since the epoch.
     pub sec: i64,
@@ -203,12 +203,6 @@ pub struct FsStat {
     pub uid: u32,
     pub gid: u32,
     pub generation: u32,
-}
-
-impl Default for WireTime {
-    fn default() -> Self {
-        WireTime { sec: 0, nsec: 0 }
-    }
 }
 
 /// One run of a file in an extent list (24 bytes): file offset, length, array address (or

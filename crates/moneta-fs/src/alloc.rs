@@ -98,7 +98,7 @@ impl ChunkMap {
                 c = 0;
             }
             // Skip full words quickly.
-            if c % 64 == 0 && self.words[(c / 64) as usize] == u64::MAX {
+            if c.is_multiple_of(64) && self.words[(c / 64) as usize] == u64::MAX {
                 c += 64;
                 scanned += 64;
                 continue;

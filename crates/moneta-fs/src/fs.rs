@@ -1158,7 +1158,7 @@ impl Fs {
             let keep = size.div_ceil(cs);
             let ranges = self.ranges_from(ino, keep);
             self.revoke(&ranges)?;
-            if size % cs != 0 {
+            if !size.is_multiple_of(cs) {
                 let (_, m) = self.map(ino, size, 1, 1)?;
                 if let Some(Mapping {
                     file_off,

@@ -241,13 +241,13 @@ impl Geometry {
         if ordered.iter().any(|&(end, next)| end > next) {
             return bad("regions overlap");
         }
-        if self.journal_len < 2 * BLOCK || self.bitmap_len % 8 != 0 {
+        if self.journal_len < 2 * BLOCK || !self.bitmap_len.is_multiple_of(8) {
             return bad("journal or bitmap size");
         }
         if self.bitmap_len * 8 < self.chunk_count || self.extent_count < self.chunk_count {
             return bad("bitmap or extent table smaller than the chunk count");
         }
-        if self.data_off % self.chunk_size != 0
+        if !self.data_off.is_multiple_of(self.chunk_size)
             || self.chunk_count == 0
             || self
                 .chunk_count

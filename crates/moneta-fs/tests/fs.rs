@@ -151,8 +151,8 @@ fn files_and_directories() {
     assert_eq!(errno(fs.stat(&root, b"/moved", true)), libc::ENOENT);
     // Truncate down and up: the tail reads as zeros.
     let cs = CHUNK as usize;
-    // SAFETY: the source is a live buffer of the given length.
     let dev = fs.map(o.ino, 0, 1, 1).unwrap().1[0].dev.unwrap();
+    // SAFETY: the source is a live buffer of the given length.
     unsafe { a.write(dev, [0xAB; 100].as_ptr(), 100) };
     fs.truncate(&root, b"/d/f", 50).unwrap();
     fs.truncate(&root, b"/d/f", 100).unwrap();
