@@ -16,6 +16,12 @@ fuzz_target!(|data: &[u8]| {
         control::OP_GRANT,
         control::OP_STATUS,
         control::OP_PING,
+        moneta_abi::fsproto::OP_FS_OPEN,
+        moneta_abi::fsproto::OP_FS_STAT,
+        moneta_abi::fsproto::OP_FS_LOOKUP,
+        moneta_abi::fsproto::OP_FS_READDIR,
+        moneta_abi::fsproto::OP_FS_READLINK,
+        moneta_abi::fsproto::OP_FS_STATFS,
     ] {
         let _ = decode_reply(data, op);
     }

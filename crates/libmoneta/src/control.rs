@@ -18,6 +18,9 @@ use rustix::net::{
 };
 
 use crate::ClientError;
+
+/// How long a caller polls for a reply before sleeping.
+pub const REPLY_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 use moneta_abi::fsproto::{FsExtent, FsReply, FsRequest, FsStat, Target};
 
 /// Seconds a control call waits for the daemon's answer.
@@ -106,17 +109,28 @@ impl Control {
         Ok(())
     }
 
-    /// Receives one message and the descriptors passed with it.
+    /// Receives one message and the descriptors passed with it. It polls the socket for a
+    /// short while before blocking: a reply usually comes within microseconds, and waking a
+    /// sleeping thread on another CPU can cost tens of them.
     pub fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-        let r = rustix::net::recvmsg(
-            &self.fd,
-            &mut [IoSliceMut::new(&mut buf)],
-            &mut cmsg,
-            RecvFlags::CMSG_CLOEXEC,
-        )
+        let started = std::time::Instant::now();
+        let r = loop {
+            let spinning = started.elapsed() < REPLY_SPIN;
+            let flags = if spinning {
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
+            } else {
+                RecvFlags::CMSG_CLOEXEC
+            };
+            match rustix::net::recvmsg(&self.fd, &mut [IoSliceMut::new(&mut buf)], &mut cmsg, flags)
+            {
+                Err(rustix::io::Errno::AGAIN) if spinning => std::thread::yield_now(),
+                Err(rustix::io::Errno::INTR) => {}
+                r => break r,
+            }
+        }
         .map_err(|e| match e {
             rustix::io::Errno::AGAIN => ClientError::Timeout,
             rustix::io::Errno::CONNRESET => ClientError::DeviceGone,

@@ -280,6 +280,8 @@ pub struct Device {
 }
 
 const WAKER: u64 = u64::MAX;
+/// How long a control call polls for the poller's answer before sleeping.
+const ACK_SPIN: Duration = Duration::from_micros(50);
 
 impl Device {
     /// Starts the poller over `media` with `clock`.
@@ -329,6 +331,7 @@ impl Device {
             flush_jobs,
             flush_done,
             now: 0,
+            last_control: 0,
         };
         let thread = std::thread::Builder::new()
             .name("moneta-poller".into())
@@ -364,6 +367,15 @@ impl Device {
             .send(make(ack))
             .map_err(|_| DeviceError::Stopped)?;
         rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        // The poller answers within microseconds when awake; poll briefly before sleeping.
+        let t = Instant::now();
+        while t.elapsed() < ACK_SPIN {
+            match done.try_recv() {
+                Ok(r) => return r,
+                Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(mpsc::TryRecvError::Disconnected) => return Err(DeviceError::Stopped),
+            }
+        }
         done.recv().map_err(|_| DeviceError::Stopped)?
     }
 
@@ -535,6 +547,8 @@ struct Poller<M, C> {
     epoll: OwnedFd,
     waker: OwnedFd,
     shared: Arc<Shared>,
+    /// When the last control request was applied.
+    last_control: u64,
     fences: Vec<(u64, Ack)>,
     removals: Vec<(u32, Ack)>,
     shutdown: Option<Ack>,
@@ -670,6 +684,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         while let Ok(c) = self.rx.try_recv() {
             any = true;
             let now = self.tick();
+            self.last_control = now;
             match c {
                 Control::AddChannel { id, mem, kick, ack } => {
                     let r = self.add_channel(id, mem, kick, now);
@@ -1222,7 +1237,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             i += 1;
         }
+        // Control requests come in bursts (a client's soft misses): stay awake a while after
+        // one, as after channel activity, so the next is not delayed by a wake-up.
         let quiet = self.active.is_empty()
+            && now.saturating_sub(self.last_control) >= park_after
             && self.retag.waiting() == 0
             && self.flushing.is_empty()
             && self.fences.is_empty()

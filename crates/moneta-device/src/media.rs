@@ -189,14 +189,16 @@ impl MappedArray {
         Self::map(file, size, true)
     }
 
-    /// A volatile array of `size` bytes in a memfd.
+    /// A volatile array of `size` bytes in a memfd, sparse.
     pub fn volatile(size: u64) -> Result<Self, MediaError> {
         check_size(size)?;
         let fd = rustix::fs::memfd_create("moneta-array", rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|e| MediaError::Map(e.into()))?;
         let file = File::from(fd);
         file.set_len(size).map_err(MediaError::Map)?;
-        Self::allocate(&file, size)?;
+        // Sparse: memory is taken as the array is written (a memfd has no file system to fill
+        // up, so a store into a hole cannot raise SIGBUS), and a file system on it costs only
+        // the pages its files touch.
         Self::map(file, size, false)
     }
 

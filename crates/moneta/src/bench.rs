@@ -31,6 +31,8 @@ pub enum Path {
     KernelPsync,
     /// The permission table's check alone.
     PermCheck,
+    /// The file system's calls (soft miss, stat, small files) against the kernel on tmpfs.
+    Nvfs,
 }
 
 impl Path {
@@ -39,6 +41,7 @@ impl Path {
             Path::MonetaRaw => "moneta-raw",
             Path::KernelPsync => "kernel-psync",
             Path::PermCheck => "perm-check",
+            Path::Nvfs => "nvfs",
         }
     }
 }
@@ -135,6 +138,9 @@ pub struct BenchArgs {
     /// Seed of the random offsets.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Small files created by `--path nvfs`.
+    #[arg(long, default_value_t = 10_000)]
+    pub files: usize,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -730,8 +736,14 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         .paths
         .iter()
         .copied()
-        .filter(|p| *p != Path::PermCheck)
+        .filter(|p| *p != Path::PermCheck && *p != Path::Nvfs)
         .collect();
+    if a.paths.contains(&Path::Nvfs) {
+        crate::fsbench::run(a.files, a.json)?;
+        if io_paths.is_empty() && !a.paths.contains(&Path::PermCheck) {
+            return Ok(Vec::new());
+        }
+    }
     if io_paths.contains(&Path::KernelPsync) && a.op == Op::Nop {
         return Err("--op nop measures the channel alone: use it with --path moneta-raw".into());
     }
@@ -827,7 +839,7 @@ fn target_for<'a>(p: Path, m: &'a Option<Target>, k: &'a Option<(Target, PathBuf
     match p {
         Path::MonetaRaw => m.as_ref().expect("moneta target"),
         Path::KernelPsync => &k.as_ref().expect("kernel target").0,
-        Path::PermCheck => unreachable!("perm-check is not an I/O path"),
+        Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
     }
 }
 

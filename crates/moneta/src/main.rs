@@ -2,6 +2,7 @@
 
 mod bench;
 mod daemon;
+mod fsbench;
 mod image;
 
 use std::path::PathBuf;

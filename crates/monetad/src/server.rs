@@ -28,6 +28,8 @@ use rustix::net::{
     SendFlags,
 };
 
+/// How long a connection's thread polls for the next request before sleeping.
+pub const REQUEST_SPIN: Duration = Duration::from_micros(50);
 /// Malformed messages a connection may send before it is dropped.
 pub const MAX_PROTOCOL_ERRORS: u32 = 64;
 /// Connections served at once beyond the channel limit (status queries, administration).
@@ -200,12 +202,26 @@ impl Server {
         loop {
             let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
             let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-            let r = rustix::net::recvmsg(
-                &c.fd,
-                &mut [IoSliceMut::new(&mut buf)],
-                &mut cmsg,
-                RecvFlags::CMSG_CLOEXEC,
-            );
+            // After answering, poll briefly for the next request before sleeping: a client
+            // making calls back to back then never waits for this thread to be woken.
+            let served = std::time::Instant::now();
+            let r = loop {
+                let spinning = served.elapsed() < REQUEST_SPIN;
+                let flags = if spinning {
+                    RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
+                } else {
+                    RecvFlags::CMSG_CLOEXEC
+                };
+                match rustix::net::recvmsg(
+                    &c.fd,
+                    &mut [IoSliceMut::new(&mut buf)],
+                    &mut cmsg,
+                    flags,
+                ) {
+                    Err(rustix::io::Errno::AGAIN) if spinning => std::thread::yield_now(),
+                    r => break r,
+                }
+            };
             // Descriptors a client sends us are dropped (closed) here, unused.
             cmsg.drain().for_each(drop);
             let r = match r {
