@@ -220,3 +220,75 @@ fn bench_refuses_impossible_configurations() {
         assert!(text(&o).contains(msg), "{args:?}: {}", text(&o));
     }
 }
+
+#[test]
+fn mkfs_and_fsck_an_image() {
+    let d = tempdir("mkfs");
+    let img = d.0.join("img");
+    let p = img.to_str().unwrap();
+    let o = moneta(
+        &[
+            "mkfs",
+            p,
+            "--size",
+            "64M",
+            "--chunk-size",
+            "64K",
+            "--root-mode",
+            "1777",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("chunks of 65536 bytes"), "{}", text(&o));
+    let o = moneta(&["mkfs", p], &[]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+    let o = moneta(&["fsck", p], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("clean"));
+    // A daemon serves it; files made through it check clean afterwards.
+    let sock = d.0.join("s.sock");
+    let o = moneta(
+        &["start", "--device", p, "--socket", sock.to_str().unwrap()],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let c = libmoneta::Control::connect(&sock).unwrap();
+    let (h, _, _) = c
+        .fs_open(b"/f", libc::O_CREAT | libc::O_RDWR, 0o644)
+        .unwrap();
+    c.fs_extend(h, 0, 100_000).unwrap();
+    c.fs_close(h).unwrap();
+    let st = c.fs_stat(b"/", true).unwrap();
+    assert_eq!(st.mode & 0o7777, 0o1777);
+    drop(c);
+    let o = moneta(&["stop", "--socket", sock.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = moneta(&["fsck", p, "-v"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("1 files"), "{}", text(&o));
+    // Damage: set the last bit of the chunk bitmap (a leaked chunk).
+    let t = {
+        let a = moneta_device::MappedArray::open_file(&img, None).unwrap();
+        moneta_fs::tables::load(&a).unwrap().sb.geometry
+    };
+    let last = t.chunk_count - 1;
+    let at = t.bitmap_off + last / 64 * 8;
+    let mut bytes = std::fs::read(&img).unwrap();
+    let mut w = u64::from_le_bytes(bytes[at as usize..at as usize + 8].try_into().unwrap());
+    w |= 1 << (last % 64);
+    bytes[at as usize..at as usize + 8].copy_from_slice(&w.to_le_bytes());
+    std::fs::write(&img, &bytes).unwrap();
+    let o = moneta(&["fsck", p], &[]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("no file owns them"), "{}", text(&o));
+    let o = moneta(&["fsck", p, "--repair"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = moneta(&["fsck", p], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A foreign file cannot be checked.
+    std::fs::write(d.0.join("junk"), vec![7u8; 1 << 20]).unwrap();
+    let o = moneta(&["fsck", d.0.join("junk").to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(8), "{}", text(&o));
+}
