@@ -846,6 +846,10 @@ impl Fs {
         if acc == 3 {
             return e(libc::EINVAL, "invalid access mode");
         }
+        if flags & libc::O_CREAT != 0 && flags & libc::O_DIRECTORY != 0 {
+            // As Linux since 6.4: creating cannot make a directory.
+            return e(libc::EINVAL, "O_CREAT with O_DIRECTORY");
+        }
         let (read, write) = (acc != libc::O_WRONLY, acc != libc::O_RDONLY);
         let trunc = flags & libc::O_TRUNC != 0;
         let nofollow = flags & libc::O_NOFOLLOW != 0;

@@ -67,6 +67,11 @@ fn files_and_directories() {
     );
     assert_eq!(errno(fs.open(&root, b"relative", RW, 0)), libc::EINVAL);
     assert_eq!(
+        errno(fs.open(&root, b"/d/new", CREAT | libc::O_DIRECTORY, 0o644)),
+        libc::EINVAL
+    );
+    assert_eq!(errno(fs.stat(&root, b"/d/new", true)), libc::ENOENT);
+    assert_eq!(
         errno(fs.open(&root, &[b'/'; 5000], RW, 0)),
         libc::ENAMETOOLONG
     );
