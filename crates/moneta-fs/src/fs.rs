@@ -1315,11 +1315,11 @@ impl Fs {
         let Some(name) = p.name else {
             return e(libc::EEXIST, "file exists");
         };
-        if self.inode(ino).is_dir() {
-            return e(libc::EPERM, "hard links to directories are not allowed");
-        }
         if self.lookup_name(p.dir, &name).is_some() {
             return e(libc::EEXIST, "file exists");
+        }
+        if self.inode(ino).is_dir() {
+            return e(libc::EPERM, "hard links to directories are not allowed");
         }
         self.need_dir_write(cred, p.dir)?;
         let n = *self.inode(ino);
@@ -1445,6 +1445,11 @@ impl Fs {
                     libc::EACCES,
                     "moving a directory needs write permission on it",
                 );
+            }
+        }
+        if let Some(d) = dst {
+            if self.inode(d).is_dir() && self.is_ancestor(d, sp.dir) {
+                return e(libc::ENOTEMPTY, "the target is an ancestor of the source");
             }
         }
         if let Some(d) = dst {
@@ -1614,7 +1619,10 @@ impl Fs {
             return Ok((Vec::new(), true));
         }
         let mut out = Vec::new();
-        if cookie == 0 && out.len() < max {
+        if cookie == 0 {
+            if max == 0 {
+                return Ok((out, false));
+            }
             out.push(DirEntry {
                 ino,
                 kind: DT_DIR,
@@ -1622,7 +1630,10 @@ impl Fs {
                 next: 1,
             });
         }
-        if cookie <= 1 && out.len() < max {
+        if cookie <= 1 {
+            if out.len() >= max {
+                return Ok((out, false));
+            }
             out.push(DirEntry {
                 ino: self.parent[&ino],
                 kind: DT_DIR,
