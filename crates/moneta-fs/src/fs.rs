@@ -649,6 +649,17 @@ impl Fs {
         Ok(())
     }
 
+    /// The group of a new inode in `dir`: the directory's if it is set-group-ID, else the
+    /// creator's.
+    fn new_gid(&self, dir: u64, cred: &Cred) -> u32 {
+        let d = self.inode(dir);
+        if d.mode & 0o2000 != 0 {
+            d.gid
+        } else {
+            cred.gid
+        }
+    }
+
     fn touch_dir(&mut self, dir: u64, now: Time) {
         let d = self.inode_mut(dir);
         d.mtime = now;
@@ -746,7 +757,8 @@ impl Fs {
         let Some(m) = self.extents.get_mut(&ino) else {
             return;
         };
-        let keys: Vec<u64> = m.range(..).map(|(k, _)| *k).collect();
+        let start = m.range(..=from).next_back().map_or(from, |(k, _)| *k);
+        let keys: Vec<u64> = m.range(start..).map(|(k, _)| *k).collect();
         let mut frees = Vec::new();
         for fc in keys {
             let x = m[&fc];
@@ -887,12 +899,7 @@ impl Fs {
                         self.need_dir_write(cred, p.dir)?;
                         self.check_room(1, 1)?;
                         let now = Time::now();
-                        let d = *self.inode(p.dir);
-                        let gid = if d.mode & 0o2000 != 0 {
-                            d.gid
-                        } else {
-                            cred.gid
-                        };
+                        let gid = self.new_gid(p.dir, cred);
                         let ino = self.new_inode(S_IFREG | (mode & 0o7777), cred.uid, gid, 1, now);
                         self.add_entry(p.dir, &name, ino);
                         self.touch_dir(p.dir, now);
@@ -1231,12 +1238,8 @@ impl Fs {
         }
         self.check_room(1, 1)?;
         let now = Time::now();
-        let d = *self.inode(p.dir);
-        let (gid, sgid) = if d.mode & 0o2000 != 0 {
-            (d.gid, 0o2000)
-        } else {
-            (cred.gid, 0)
-        };
+        let gid = self.new_gid(p.dir, cred);
+        let sgid = self.inode(p.dir).mode & 0o2000;
         let ino = self.new_inode(S_IFDIR | (mode & 0o7777) | sgid, cred.uid, gid, 2, now);
         self.add_entry(p.dir, &name, ino);
         let dn = self.inode_mut(p.dir);
@@ -1366,12 +1369,7 @@ impl Fs {
         self.need_dir_write(cred, p.dir)?;
         self.check_room(1, 2)?;
         let now = Time::now();
-        let d = *self.inode(p.dir);
-        let gid = if d.mode & 0o2000 != 0 {
-            d.gid
-        } else {
-            cred.gid
-        };
+        let gid = self.new_gid(p.dir, cred);
         let ino = self.new_inode(S_IFLNK | 0o777, cred.uid, gid, 1, now);
         self.inode_mut(ino).size = target.len() as u64;
         let slot = self.free_dirents.pop_first().expect("room checked");

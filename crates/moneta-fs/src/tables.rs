@@ -301,24 +301,34 @@ pub fn check(t: &Tables) -> Report {
             }
         }
     }
-    // The tree: every directory reaches the root.
-    for (&dir, _) in parent_of.iter() {
+    // The tree: every directory reaches the root. Each walk stops at a directory already
+    // known to reach it, so a deep chain costs one pass, not one per directory.
+    let mut reaches: HashSet<u64> = HashSet::from([ROOT_INO]);
+    let mut lost: HashSet<u64> = HashSet::new();
+    for &dir in parent_of.keys() {
+        let mut path = HashSet::new();
         let mut cur = dir;
-        let mut steps = 0;
-        while cur != ROOT_INO {
-            match parent_of.get(&cur) {
-                Some(&p) if steps <= g.inode_count => {
-                    cur = p;
-                    steps += 1;
-                }
-                _ => {
-                    err!(
-                        format!("directory {dir} is not reachable from the root"),
-                        None
-                    );
-                    break;
-                }
+        let ok = loop {
+            if reaches.contains(&cur) {
+                break true;
             }
+            // A directory already found lost, or a cycle.
+            if lost.contains(&cur) || !path.insert(cur) {
+                break false;
+            }
+            match parent_of.get(&cur) {
+                Some(&p) => cur = p,
+                None => break false,
+            }
+        };
+        if ok {
+            reaches.extend(path);
+        } else {
+            lost.extend(path);
+            err!(
+                format!("directory {dir} is not reachable from the root"),
+                None
+            );
         }
     }
     // Link counts and orphans.

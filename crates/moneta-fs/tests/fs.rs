@@ -500,3 +500,45 @@ fn truncates_are_atomic_across_crashes() {
         },
     );
 }
+
+#[test]
+fn fsck_finds_a_directory_cycle_and_walks_a_deep_chain() {
+    let a = formatted(32 << 20);
+    let root = Cred::root();
+    {
+        let mut fs = mount(&a);
+        // A chain 200 directories deep checks clean.
+        let mut path = String::new();
+        for _ in 0..200 {
+            path.push_str("/d");
+            fs.mkdir(&root, path.as_bytes(), 0o755).unwrap();
+        }
+        fs.mkdir(&root, b"/x", 0o755).unwrap();
+        fs.mkdir(&root, b"/x/y", 0o755).unwrap();
+        assert_eq!(fs.check().errors(), 0);
+    }
+    // Make /x a child of /x/y: a cycle cut off from the root.
+    let t = moneta_fs::tables::load(&*a).unwrap();
+    let g = t.sb.geometry;
+    let find = |name: &[u8]| {
+        t.dirents
+            .iter()
+            .find(|(_, d)| d.name == name)
+            .map(|(s, d)| (*s, d.clone()))
+            .unwrap()
+    };
+    let (xs, mut x) = find(b"x");
+    let (_, y) = find(b"y");
+    x.parent = y.ino;
+    // SAFETY: the record is DIRENT_SIZE bytes.
+    unsafe { a.write(g.dirent_addr(xs), x.encode().as_ptr(), x.encode().len()) };
+    let out = fsck(&*a, false).unwrap();
+    let unreachable = out
+        .before
+        .problems
+        .iter()
+        .filter(|p| p.text.contains("not reachable"))
+        .count();
+    assert_eq!(unreachable, 2, "{:?}", out.before.problems);
+    assert!(Fs::mount(a.clone() as Arc<dyn Media>).is_err());
+}
