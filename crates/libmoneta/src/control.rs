@@ -19,6 +19,32 @@ use rustix::net::{
 
 use crate::ClientError;
 
+/// `recvmsg` (with `MSG_CMSG_CLOEXEC`) that first polls the socket for `spin`, yielding the
+/// CPU between tries, and only then blocks (retrying after `EINTR`). A peer that answers within
+/// microseconds is then met awake; waking a thread that sleeps on another CPU can cost tens of
+/// them.
+pub fn recvmsg_polling(
+    fd: &OwnedFd,
+    buf: &mut [u8],
+    cmsg: &mut RecvAncillaryBuffer<'_>,
+    spin: std::time::Duration,
+) -> rustix::io::Result<rustix::net::RecvMsg> {
+    let started = std::time::Instant::now();
+    loop {
+        let spinning = started.elapsed() < spin;
+        let flags = if spinning {
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
+        } else {
+            RecvFlags::CMSG_CLOEXEC
+        };
+        match rustix::net::recvmsg(fd, &mut [IoSliceMut::new(buf)], cmsg, flags) {
+            Err(rustix::io::Errno::AGAIN) if spinning => std::thread::yield_now(),
+            Err(rustix::io::Errno::INTR) => {}
+            r => return r,
+        }
+    }
+}
+
 /// How long a caller polls for a reply before sleeping.
 pub const REPLY_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 use moneta_abi::fsproto::{FsExtent, FsReply, FsRequest, FsStat, Target};
@@ -116,26 +142,12 @@ impl Control {
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-        let started = std::time::Instant::now();
-        let r = loop {
-            let spinning = started.elapsed() < REPLY_SPIN;
-            let flags = if spinning {
-                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
-            } else {
-                RecvFlags::CMSG_CLOEXEC
-            };
-            match rustix::net::recvmsg(&self.fd, &mut [IoSliceMut::new(&mut buf)], &mut cmsg, flags)
-            {
-                Err(rustix::io::Errno::AGAIN) if spinning => std::thread::yield_now(),
-                Err(rustix::io::Errno::INTR) => {}
-                r => break r,
-            }
-        }
-        .map_err(|e| match e {
-            rustix::io::Errno::AGAIN => ClientError::Timeout,
-            rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
-            e => e.into(),
-        })?;
+        let r =
+            recvmsg_polling(&self.fd, &mut buf, &mut cmsg, REPLY_SPIN).map_err(|e| match e {
+                rustix::io::Errno::AGAIN => ClientError::Timeout,
+                rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
+                e => e.into(),
+            })?;
         let mut fds = Vec::new();
         for m in cmsg.drain() {
             if let RecvAncillaryMessage::ScmRights(it) = m {

@@ -47,6 +47,8 @@ pub struct Session {
     /// Credentials from `SO_PEERCRED` and `SO_PEERGROUPS`.
     pub cred: Cred,
     handles: HashMap<u64, Handle>,
+    /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
+    per_file: HashMap<u64, (u32, u32)>,
     next: u64,
 }
 
@@ -56,17 +58,38 @@ impl Session {
         Session {
             cred,
             handles: HashMap::new(),
+            per_file: HashMap::new(),
             next: 1,
         }
     }
 
+    /// The rights this connection's handles of `ino` carry together.
     fn rights(&self, ino: u64) -> u32 {
-        self.handles
-            .values()
-            .filter(|h| h.ino == ino)
-            .fold(0, |r, h| {
-                r | if h.read { RIGHT_READ } else { 0 } | if h.write { RIGHT_WRITE } else { 0 }
-            })
+        match self.per_file.get(&ino) {
+            Some(&(readers, writers)) => {
+                (if readers > 0 { RIGHT_READ } else { 0 })
+                    | if writers > 0 { RIGHT_WRITE } else { 0 }
+            }
+            None => 0,
+        }
+    }
+
+    fn add(&mut self, handle: u64, h: Handle) {
+        let c = self.per_file.entry(h.ino).or_default();
+        c.0 += h.read as u32;
+        c.1 += h.write as u32;
+        self.handles.insert(handle, h);
+    }
+
+    fn remove(&mut self, handle: u64) -> Option<Handle> {
+        let h = self.handles.remove(&handle)?;
+        let c = self.per_file.get_mut(&h.ino).expect("counted at open");
+        c.0 -= h.read as u32;
+        c.1 -= h.write as u32;
+        if *c == (0, 0) {
+            self.per_file.remove(&h.ino);
+        }
+        Some(h)
     }
 }
 
@@ -162,6 +185,7 @@ impl Manager {
     /// Releases everything a closing connection held. Its channel is already gone.
     pub fn end_session(&self, s: &mut Session) {
         let mut fs = self.fs();
+        s.per_file.clear();
         for (_, h) in s.handles.drain() {
             if let Err(e) = fs.close(h.ino) {
                 tracing::warn!(ino = h.ino, "closing a handle of a finished session: {e}");
@@ -239,7 +263,7 @@ impl Manager {
                     .map_err(failure)?;
                 let handle = s.next;
                 s.next += 1;
-                s.handles.insert(
+                s.add(
                     handle,
                     Handle {
                         ino: o.ino,
@@ -259,7 +283,7 @@ impl Manager {
             FsRequest::Close { handle } => {
                 let h = Self::handle(s, handle)?;
                 let before = s.rights(h.ino);
-                s.handles.remove(&handle);
+                s.remove(handle);
                 let after = s.rights(h.ino);
                 if let (Some(channel), true) = (channel, after != before) {
                     self.device

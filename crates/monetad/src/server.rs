@@ -8,7 +8,7 @@
 //! message is decoded from bytes, malformed ones get an `EPROTO` reply, and a connection that
 //! keeps sending them is dropped.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -204,31 +204,10 @@ impl Server {
             let mut cmsg = RecvAncillaryBuffer::new(&mut space);
             // After answering, poll briefly for the next request before sleeping: a client
             // making calls back to back then never waits for this thread to be woken.
-            let served = std::time::Instant::now();
-            let r = loop {
-                let spinning = served.elapsed() < REQUEST_SPIN;
-                let flags = if spinning {
-                    RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
-                } else {
-                    RecvFlags::CMSG_CLOEXEC
-                };
-                match rustix::net::recvmsg(
-                    &c.fd,
-                    &mut [IoSliceMut::new(&mut buf)],
-                    &mut cmsg,
-                    flags,
-                ) {
-                    Err(rustix::io::Errno::AGAIN) if spinning => std::thread::yield_now(),
-                    r => break r,
-                }
-            };
+            let r = libmoneta::control::recvmsg_polling(&c.fd, &mut buf, &mut cmsg, REQUEST_SPIN);
             // Descriptors a client sends us are dropped (closed) here, unused.
             cmsg.drain().for_each(drop);
-            let r = match r {
-                Ok(r) => r,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => break,
-            };
+            let Ok(r) = r else { break };
             if r.bytes == 0 {
                 break;
             }

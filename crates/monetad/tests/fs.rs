@@ -521,3 +521,41 @@ fn a_reader_never_sees_the_bytes_of_a_file_that_reuses_the_space() {
     assert!(file_read(&r2, rh2).unwrap().is_empty());
     let _ = Control::connect(&d.socket).unwrap().ping();
 }
+
+#[test]
+fn a_connection_keeps_the_rights_its_remaining_handles_carry() {
+    let d = Daemon::start_fs("64M", &[]);
+    let ch = d.channel();
+    let c = ch.control();
+    let (rw, _, _) = c.fs_open(b"/f", CREAT, 0o644).unwrap();
+    let (ro, rights, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(rights, RIGHT_READ);
+    file_write(&ch, rw, 0, &[3; 4096]).unwrap();
+    let (_, ext) = c.fs_lookup(ro, 0, 1).unwrap();
+    let dev = ext[0].dev;
+    // Looked up through the read-only handle, the record still carries the union: write.
+    ch.write(dev, &[4; 16], Completion::Dma).unwrap();
+    // Closing the read-only handle changes nothing the connection may do.
+    let (ro2, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    c.fs_close(ro2).unwrap();
+    ch.write(dev, &[5; 16], Completion::Dma).unwrap();
+    // Closing the writable one drops write: the records go, and a new lookup gives read only.
+    c.fs_close(rw).unwrap();
+    let mut b = [0u8; 16];
+    assert!(matches!(
+        ch.read(dev, &mut b, Completion::Dma),
+        Err(ClientError::Status(Status::PermissionMiss))
+    ));
+    c.fs_lookup(ro, 0, 1).unwrap();
+    ch.read(dev, &mut b, Completion::Dma).unwrap();
+    assert_eq!(b, [5; 16]);
+    assert!(matches!(
+        ch.write(dev, &[6; 16], Completion::Dma),
+        Err(ClientError::Status(Status::PermissionDenied))
+    ));
+    c.fs_close(ro).unwrap();
+    assert!(matches!(
+        ch.read(dev, &mut b, Completion::Dma),
+        Err(ClientError::Status(Status::PermissionMiss))
+    ));
+}
