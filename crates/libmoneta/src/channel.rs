@@ -529,7 +529,7 @@ impl Channel {
 }
 
 /// A command with no cookie; its sequence number is set at submission.
-fn command(opcode: Opcode, completion: Completion, addr: u64, len: u64) -> Command {
+pub(crate) fn command(opcode: Opcode, completion: Completion, addr: u64, len: u64) -> Command {
     Command {
         opcode,
         completion,

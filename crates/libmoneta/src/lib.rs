@@ -16,13 +16,17 @@
 
 pub mod channel;
 pub mod control;
+pub mod file;
 pub mod paths;
+pub mod policy;
 
 use std::path::PathBuf;
 
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
+pub use file::{DirEntry, File, Moneta, OpenOptions, Stats};
 pub use moneta_abi;
+pub use policy::Policy;
 
 /// Errors of the client core.
 #[derive(Debug, thiserror::Error)]

@@ -20,8 +20,12 @@ pub const OP_FS_CLOSE: u16 = 17;
 /// Reply: [`FsReply::Extents`].
 pub const OP_FS_LOOKUP: u16 = 18;
 /// Allocate and extend for writes past the end or into holes: payload as lookup; needs a
-/// handle open for writing. Reply: [`FsReply::Extents`].
+/// handle open for writing. Offset [`APPEND`] places the range at the file's end, atomically
+/// with the growth; the reply's size minus the length is where it landed.
+/// Reply: [`FsReply::Extents`].
 pub const OP_FS_EXTEND: u16 = 19;
+/// Extend offset meaning "at the current end of the file".
+pub const APPEND: u64 = u64::MAX;
 /// `fsync`: payload handle (u64). Reply empty.
 pub const OP_FS_FSYNC: u16 = 20;
 /// `stat`/`lstat`/`fstat`: payload target. Reply: [`FsReply::Stat`].
@@ -486,7 +490,8 @@ impl FsRequest {
             OP_FS_CLOSE => FsRequest::Close { handle: r.u64()? },
             OP_FS_LOOKUP | OP_FS_EXTEND => {
                 let (handle, offset, len) = (r.u64()?, r.u64()?, r.u64()?);
-                if offset.checked_add(len).is_none() {
+                let append = op == OP_FS_EXTEND && offset == APPEND;
+                if !append && offset.checked_add(len).is_none() {
                     return Err(Error::BadField("len"));
                 }
                 if op == OP_FS_LOOKUP {

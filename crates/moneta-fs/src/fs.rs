@@ -1031,6 +1031,8 @@ impl Fs {
 
     /// Allocates every hole of `[off, off + len)` (zeroed before it becomes part of the file)
     /// and grows the size to `off + len` if it is larger. Returns the mapping of the range.
+    /// `off == u64::MAX` appends: the range starts at the current size, so that concurrent
+    /// appenders each get their own range (the caller learns it as the new size minus `len`).
     pub fn extend(
         &mut self,
         ino: u64,
@@ -1042,6 +1044,11 @@ impl Fs {
         if !self.inode(ino).is_reg() {
             return e(libc::EINVAL, "not a regular file");
         }
+        let off = if off == u64::MAX {
+            self.inode(ino).size
+        } else {
+            off
+        };
         if len == 0 {
             return self.map(ino, off, 0, max);
         }
@@ -1167,7 +1174,10 @@ impl Fs {
         let old = self.inode(ino).size;
         if size < old {
             let keep = size.div_ceil(cs);
-            let ranges = self.ranges_from(ino, keep);
+            // Revoke from the chunk that holds the new end, not only the freed chunks: a
+            // client that still holds records of the kept part of that chunk would otherwise
+            // read past the new end (or write there without growing the file) on a stale size.
+            let ranges = self.ranges_from(ino, size / cs);
             self.revoke(&ranges)?;
             if !size.is_multiple_of(cs) {
                 let (_, m) = self.map(ino, size, 1, 1)?;

@@ -93,6 +93,10 @@ pub struct Args {
     /// Serve the array as a raw device, without a file system (administrative grants only).
     #[arg(long)]
     pub raw: bool,
+    /// Allocation unit of the file system made on a new array (a power of two, at least 4K)
+    /// [default: 1M].
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_size: Option<u64>,
     /// Mode bits of the control socket, octal [default: 666; access is also limited by the
     /// socket's directory].
     #[arg(long)]
@@ -117,6 +121,7 @@ struct FileConfig {
     write_latency_ns: Option<u64>,
     socket_mode: Option<String>,
     raw: Option<bool>,
+    chunk_size: Option<toml::Value>,
 }
 
 fn toml_size(v: &Option<toml::Value>, name: &str) -> Result<Option<u64>, String> {
@@ -150,6 +155,8 @@ pub struct Config {
     pub socket_mode: u32,
     /// No file system: a raw device.
     pub raw: bool,
+    /// Allocation unit of a file system made on a new array.
+    pub chunk_size: u64,
 }
 
 impl Config {
@@ -220,6 +227,15 @@ impl Config {
             .ok()
             .filter(|m| *m <= 0o777)
             .ok_or_else(|| format!("socket mode `{mode}` is not octal permission bits"))?;
+        let chunk_size = args
+            .chunk_size
+            .or(toml_size(&file.chunk_size, "chunk_size")?)
+            .unwrap_or(moneta_fs::layout::DEFAULT_CHUNK);
+        if !chunk_size.is_power_of_two() || chunk_size < 4096 {
+            return Err(format!(
+                "chunk size {chunk_size} is not a power of two of at least 4K"
+            ));
+        }
         Ok(Config {
             socket: args
                 .socket
@@ -230,6 +246,7 @@ impl Config {
             device,
             socket_mode,
             raw: args.raw || file.raw.unwrap_or(false),
+            chunk_size,
         })
     }
 }

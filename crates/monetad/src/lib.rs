@@ -144,6 +144,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         if fresh {
             // A new array (a file this call created, or memory) gets a file system at once.
             let opts = moneta_fs::MkfsOptions {
+                chunk_size: config.chunk_size,
                 root_uid: rustix::process::geteuid().as_raw(),
                 root_gid: rustix::process::getegid().as_raw(),
                 ..Default::default()

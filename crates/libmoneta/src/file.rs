@@ -1,0 +1,1320 @@
+//! Files on nvfs through the channel (Moneta-D §2.2, §4.2, §4.3).
+//!
+//! A [`Moneta`] is a process's connection: one control socket to `monetad` and the channel that
+//! comes with it, shared by every thread and every open [`File`]. Opening a file asks the
+//! permission manager for a handle; after that, reads and writes inside the file go straight to
+//! the device through the channel, without a system call. Each open file keeps a *translation
+//! map* from file offsets to array addresses, filled on demand:
+//!
+//! - an offset the map does not cover is a **soft miss**: the library asks the manager for the
+//!   extents there (`FS_LOOKUP`), which also installs their permission records in the channel;
+//! - a command that completes with `PERMISSION_MISS` (the record was evicted, or revoked by a
+//!   truncate) is a **hard miss**: the library drops its map, asks again and retries from the
+//!   first byte that did not complete;
+//! - a write past the end or into a hole goes through the manager's extend call, which
+//!   allocates whole chunks, zeroed, and grows the file.
+//!
+//! The cached size is a hint that can only be too small while the map holds records: a truncate
+//! in any process revokes every channel's records from the chunk of the new end on, so a stale
+//! larger size always meets a hard miss first.
+//!
+//! ```no_run
+//! use libmoneta::{Moneta, OpenOptions};
+//!
+//! let m = Moneta::connect_default()?;
+//! let f = m.open("/notes.txt", OpenOptions::new().read(true).write(true).create(true))?;
+//! f.write_at(b"hello, nvm", 0)?;
+//! let mut buf = [0u8; 5];
+//! assert_eq!(f.read_at(&mut buf, 0)?, 5);
+//! assert_eq!(&buf, b"hello");
+//! # Ok::<(), libmoneta::ClientError>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::{self, IoSlice, IoSliceMut, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use moneta_abi::control::{RIGHT_READ, RIGHT_WRITE};
+use moneta_abi::fsproto::{
+    FsDirEntry, FsExtent, FsReply, FsRequest, FsStat, FsStatFs, Target, WireTime, APPEND, HOLE,
+    RENAME_NOREPLACE,
+};
+use moneta_abi::{Completion, Opcode, Status};
+
+use crate::channel::{command, Channel, Tag};
+use crate::policy::Policy;
+use crate::{paths, ClientError};
+
+/// Bytes a read-side lookup asks for beyond the request, so that a sequential reader takes one
+/// soft miss per extent run rather than one per request.
+const LOOKUP_AHEAD: u64 = 64 << 20;
+/// Most commands one request keeps in flight (each on its own tag).
+const MAX_INFLIGHT: usize = 16;
+/// Consecutive hard misses without progress before a request gives up with `EIO`: the
+/// permission table is too small for even one command's records.
+const MAX_FRUITLESS_MISSES: u32 = 1000;
+
+fn errno(e: i32) -> ClientError {
+    ClientError::Io(io::Error::from_raw_os_error(e))
+}
+
+fn path_bytes<P: AsRef<Path>>(p: &P) -> Vec<u8> {
+    p.as_ref().as_os_str().as_bytes().to_vec()
+}
+
+fn target<P: AsRef<Path>>(p: &P, follow: bool) -> Target {
+    Target::Path {
+        path: path_bytes(p),
+        follow,
+    }
+}
+
+fn gather(bufs: &[IoSlice<'_>]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bufs.iter().map(|b| b.len()).sum());
+    for b in bufs {
+        v.extend_from_slice(b);
+    }
+    v
+}
+
+fn bad_reply(what: &'static str) -> ClientError {
+    ClientError::Protocol(moneta_abi::control::Error::BadField(what))
+}
+
+impl From<ClientError> for io::Error {
+    fn from(e: ClientError) -> io::Error {
+        match e {
+            ClientError::Io(e) => e,
+            other => io::Error::from_raw_os_error(other.errno()),
+        }
+    }
+}
+
+/// Counters of one connection, for tests and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Lookups sent to the manager because the translation map did not cover an access.
+    pub soft_misses: u64,
+    /// Commands that completed with `PERMISSION_MISS` and were retried.
+    pub hard_misses: u64,
+    /// Extend calls (writes past the end or into holes).
+    pub extends: u64,
+    /// Device commands issued.
+    pub commands: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    soft_misses: AtomicU64,
+    hard_misses: AtomicU64,
+    extends: AtomicU64,
+    commands: AtomicU64,
+}
+
+struct Inner {
+    channel: Channel,
+    policy: Policy,
+    counters: Counters,
+}
+
+/// A connection to `monetad` and its channel; cheap to clone and shared by threads.
+#[derive(Clone)]
+pub struct Moneta {
+    inner: Arc<Inner>,
+}
+
+/// A directory entry.
+pub type DirEntry = FsDirEntry;
+
+/// Options for [`Moneta::open`], as in `std::fs::OpenOptions`.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    mode: u32,
+    custom_flags: i32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenOptions {
+    /// No access, mode 0666 for new files.
+    pub fn new() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            mode: 0o666,
+            custom_flags: 0,
+        }
+    }
+    /// Open for reading.
+    pub fn read(&mut self, on: bool) -> &mut Self {
+        self.read = on;
+        self
+    }
+    /// Open for writing.
+    pub fn write(&mut self, on: bool) -> &mut Self {
+        self.write = on;
+        self
+    }
+    /// Every write goes to the end of the file (implies write).
+    pub fn append(&mut self, on: bool) -> &mut Self {
+        self.append = on;
+        self
+    }
+    /// Truncate to zero on open.
+    pub fn truncate(&mut self, on: bool) -> &mut Self {
+        self.truncate = on;
+        self
+    }
+    /// Create if missing.
+    pub fn create(&mut self, on: bool) -> &mut Self {
+        self.create = on;
+        self
+    }
+    /// Create, failing with `EEXIST` if it exists.
+    pub fn create_new(&mut self, on: bool) -> &mut Self {
+        self.create_new = on;
+        self
+    }
+    /// Permission bits for a created file (before the umask of the daemon's policy: none).
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+    /// Extra `O_*` bits (`O_DIRECTORY`, `O_NOFOLLOW`, ...).
+    pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
+        self.custom_flags = flags;
+        self
+    }
+    /// The `open(2)` flags these options mean.
+    pub fn flags(&self) -> i32 {
+        let acc = match (self.read, self.write || self.append) {
+            (true, true) => libc::O_RDWR,
+            (false, true) => libc::O_WRONLY,
+            _ => libc::O_RDONLY,
+        };
+        let mut f = acc | self.custom_flags;
+        if self.append {
+            f |= libc::O_APPEND;
+        }
+        if self.truncate {
+            f |= libc::O_TRUNC;
+        }
+        if self.create || self.create_new {
+            f |= libc::O_CREAT;
+        }
+        if self.create_new {
+            f |= libc::O_EXCL;
+        }
+        f
+    }
+}
+
+impl Moneta {
+    /// Connects to the daemon at `socket` and opens this process's channel. The completion
+    /// policy comes from `MONETA_COMPLETION` (see [`Policy::from_env`]).
+    pub fn connect(socket: &Path) -> Result<Moneta, ClientError> {
+        Self::connect_with(socket, Policy::from_env())
+    }
+
+    /// Connects to the daemon at the default socket ([`paths::default_socket`]).
+    pub fn connect_default() -> Result<Moneta, ClientError> {
+        Self::connect(&paths::default_socket())
+    }
+
+    /// Connects with an explicit completion policy.
+    pub fn connect_with(socket: &Path, policy: Policy) -> Result<Moneta, ClientError> {
+        Ok(Moneta {
+            inner: Arc::new(Inner {
+                channel: Channel::open(socket)?,
+                policy,
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The channel.
+    pub fn channel(&self) -> &Channel {
+        &self.inner.channel
+    }
+
+    /// The connection's completion policy.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        Stats {
+            soft_misses: c.soft_misses.load(Ordering::Relaxed),
+            hard_misses: c.hard_misses.load(Ordering::Relaxed),
+            extends: c.extends.load(Ordering::Relaxed),
+            commands: c.commands.load(Ordering::Relaxed),
+        }
+    }
+
+    fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
+        self.inner.channel.control().fs(req)
+    }
+
+    fn fs_empty(&self, req: FsRequest) -> Result<(), ClientError> {
+        self.fs(req).map(|_| ())
+    }
+
+    fn fs_stat_reply(&self, req: FsRequest) -> Result<FsStat, ClientError> {
+        match self.fs(req)? {
+            FsReply::Stat(s) => Ok(s),
+            _ => Err(bad_reply("stat reply")),
+        }
+    }
+
+    /// Opens `path` with `opts`.
+    pub fn open<P: AsRef<Path>>(&self, path: P, opts: &OpenOptions) -> Result<File, ClientError> {
+        self.open_flags(path, opts.flags(), opts.mode)
+    }
+
+    /// Opens `path` with `open(2)` flags and a creation mode.
+    pub fn open_flags<P: AsRef<Path>>(
+        &self,
+        path: P,
+        flags: i32,
+        mode: u32,
+    ) -> Result<File, ClientError> {
+        let (handle, rights, stat) =
+            self.inner
+                .channel
+                .control()
+                .fs_open(&path_bytes(&path), flags, mode)?;
+        Ok(File {
+            m: self.clone(),
+            handle,
+            ino: stat.ino,
+            readable: rights & RIGHT_READ != 0,
+            writable: rights & RIGHT_WRITE != 0,
+            append: flags & libc::O_APPEND != 0,
+            is_dir: stat.mode & libc::S_IFMT == libc::S_IFDIR,
+            pos: Mutex::new(0),
+            map: RwLock::new(Map {
+                size: stat.size,
+                gen: 0,
+                ext: BTreeMap::new(),
+            }),
+            miss: Mutex::new(()),
+            policy: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Creates (or truncates) `path` for writing, like `std::fs::File::create`.
+    pub fn create<P: AsRef<Path>>(&self, path: P) -> Result<File, ClientError> {
+        self.open(
+            path,
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )
+    }
+
+    /// `stat(2)`.
+    pub fn stat<P: AsRef<Path>>(&self, path: P) -> Result<FsStat, ClientError> {
+        self.fs_stat_reply(FsRequest::Stat {
+            target: target(&path, true),
+        })
+    }
+
+    /// `lstat(2)`.
+    pub fn lstat<P: AsRef<Path>>(&self, path: P) -> Result<FsStat, ClientError> {
+        self.fs_stat_reply(FsRequest::Stat {
+            target: target(&path, false),
+        })
+    }
+
+    /// `mkdir(2)`.
+    pub fn mkdir<P: AsRef<Path>>(&self, path: P, mode: u32) -> Result<FsStat, ClientError> {
+        self.fs_stat_reply(FsRequest::Mkdir {
+            mode,
+            path: path_bytes(&path),
+        })
+    }
+
+    /// `rmdir(2)`.
+    pub fn rmdir<P: AsRef<Path>>(&self, path: P) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Rmdir {
+            path: path_bytes(&path),
+        })
+    }
+
+    /// `unlink(2)`.
+    pub fn unlink<P: AsRef<Path>>(&self, path: P) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Unlink {
+            path: path_bytes(&path),
+        })
+    }
+
+    /// `rename(2)`; with `noreplace`, `renameat2(RENAME_NOREPLACE)`.
+    pub fn rename<P: AsRef<Path>, Q: AsRef<Path>>(
+        &self,
+        from: P,
+        to: Q,
+        noreplace: bool,
+    ) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Rename {
+            flags: if noreplace { RENAME_NOREPLACE } else { 0 },
+            from: path_bytes(&from),
+            to: path_bytes(&to),
+        })
+    }
+
+    /// `link(2)`.
+    pub fn link<P: AsRef<Path>, Q: AsRef<Path>>(
+        &self,
+        from: P,
+        to: Q,
+    ) -> Result<FsStat, ClientError> {
+        self.fs_stat_reply(FsRequest::Link {
+            from: path_bytes(&from),
+            to: path_bytes(&to),
+        })
+    }
+
+    /// `symlink(2)`: a link at `path` that points to `target`.
+    pub fn symlink<P: AsRef<Path>>(&self, target: &[u8], path: P) -> Result<FsStat, ClientError> {
+        self.fs_stat_reply(FsRequest::Symlink {
+            target: target.to_vec(),
+            path: path_bytes(&path),
+        })
+    }
+
+    /// `readlink(2)`.
+    pub fn readlink<P: AsRef<Path>>(&self, path: P) -> Result<Vec<u8>, ClientError> {
+        match self.fs(FsRequest::Readlink {
+            path: path_bytes(&path),
+        })? {
+            FsReply::Bytes(b) => Ok(b),
+            _ => Err(bad_reply("readlink reply")),
+        }
+    }
+
+    /// `chmod(2)`.
+    pub fn chmod<P: AsRef<Path>>(&self, path: P, mode: u32) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Chmod {
+            target: target(&path, true),
+            mode,
+        })
+    }
+
+    /// `chown(2)` (`u32::MAX` leaves an id unchanged); `follow` false is `lchown(2)`.
+    pub fn chown<P: AsRef<Path>>(
+        &self,
+        path: P,
+        uid: u32,
+        gid: u32,
+        follow: bool,
+    ) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Chown {
+            target: target(&path, follow),
+            uid,
+            gid,
+        })
+    }
+
+    /// `utimensat(2)`: nanoseconds may be `UTIME_NOW` or `UTIME_OMIT`.
+    pub fn utimes<P: AsRef<Path>>(
+        &self,
+        path: P,
+        atime: WireTime,
+        mtime: WireTime,
+        follow: bool,
+    ) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Utimes {
+            target: target(&path, follow),
+            atime,
+            mtime,
+        })
+    }
+
+    /// `truncate(2)`.
+    pub fn truncate<P: AsRef<Path>>(&self, path: P, size: u64) -> Result<(), ClientError> {
+        self.fs_empty(FsRequest::Truncate {
+            target: target(&path, true),
+            size,
+        })
+    }
+
+    /// `statfs(2)`.
+    pub fn statfs(&self) -> Result<FsStatFs, ClientError> {
+        match self.fs(FsRequest::Statfs)? {
+            FsReply::StatFs(s) => Ok(s),
+            _ => Err(bad_reply("statfs reply")),
+        }
+    }
+
+    /// Every entry of a directory, `.` and `..` included.
+    pub fn read_dir<P: AsRef<Path>>(&self, path: P) -> Result<Vec<DirEntry>, ClientError> {
+        let d = self.open_flags(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let mut out = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let (entries, end) = d.read_dir_from(cookie)?;
+            if let Some(last) = entries.last() {
+                cookie = last.next;
+            }
+            let empty = entries.is_empty();
+            out.extend(entries);
+            if end || empty {
+                break;
+            }
+        }
+        d.close()?;
+        Ok(out)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Ext {
+    len: u64,
+    /// Array address, or `HOLE`.
+    dev: u64,
+    /// The lookup that brought it: a hole is trusted only by the request that looked it up,
+    /// since another process may fill it at any time.
+    gen: u64,
+}
+
+struct Map {
+    size: u64,
+    gen: u64,
+    ext: BTreeMap<u64, Ext>,
+}
+
+impl Map {
+    /// The entry covering `off`, with its start.
+    #[inline]
+    fn at(&self, off: u64) -> Option<(u64, Ext)> {
+        let (&k, &e) = self.ext.range(..=off).next_back()?;
+        (off < k + e.len).then_some((k, e))
+    }
+
+    /// The array address of `[off, off + len)` when one mapped (non-hole) entry covers it.
+    #[inline]
+    fn single(&self, off: u64, len: u64) -> Option<u64> {
+        let (k, e) = self.at(off)?;
+        (e.dev != HOLE && off + len <= k + e.len).then(|| e.dev + (off - k))
+    }
+
+    fn insert(&mut self, x: &FsExtent, gen: u64) {
+        let end = x.file_off.saturating_add(x.len);
+        let stale: Vec<u64> = self
+            .ext
+            .range(..end)
+            .rev()
+            .take_while(|(k, e)| **k + e.len > x.file_off)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            self.ext.remove(&k);
+        }
+        self.ext.insert(
+            x.file_off,
+            Ext {
+                len: x.len,
+                dev: x.dev,
+                gen,
+            },
+        );
+    }
+}
+
+/// One device command of a request: `len` bytes at array address `dev`, for the bytes at `at`
+/// in the caller's buffer.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    dev: u64,
+    len: usize,
+    at: usize,
+}
+
+/// What a request plan found.
+enum Plan {
+    /// Every byte is mapped: segments (and, for reads, holes to zero) are ready.
+    Ready,
+    /// The first byte (buffer offset) the map does not cover.
+    Miss(usize),
+}
+
+/// The user's buffer of one request.
+enum Io<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// How a run of commands ended short of success.
+enum Fail {
+    /// A command met `PERMISSION_MISS`; the bytes before buffer offset `.0` completed.
+    Miss(usize),
+    /// Anything else.
+    Err(ClientError),
+}
+
+/// An open file on nvfs.
+pub struct File {
+    m: Moneta,
+    handle: u64,
+    ino: u64,
+    readable: bool,
+    writable: bool,
+    append: bool,
+    is_dir: bool,
+    pos: Mutex<u64>,
+    map: RwLock<Map>,
+    /// Serializes this file's lookups and extends, so that sizes from replies apply in order.
+    miss: Mutex<()>,
+    /// 0: the connection's policy; else [`encode_policy`].
+    policy: AtomicU64,
+    /// Closed by [`File::close`]: nothing left for `Drop`.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+fn encode_policy(p: Policy) -> u64 {
+    match p {
+        Policy::Fixed(Completion::Dma) => 1,
+        Policy::Fixed(Completion::Forward) => 2,
+        Policy::Fixed(Completion::Sleep) => 3,
+        Policy::Auto { spin_max } => 4 + spin_max as u64,
+    }
+}
+
+fn decode_policy(v: u64) -> Option<Policy> {
+    match v {
+        0 => None,
+        1 => Some(Policy::Fixed(Completion::Dma)),
+        2 => Some(Policy::Fixed(Completion::Forward)),
+        3 => Some(Policy::Fixed(Completion::Sleep)),
+        n => Some(Policy::Auto {
+            spin_max: (n - 4) as usize,
+        }),
+    }
+}
+
+impl File {
+    /// The daemon's handle.
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// The inode number.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// The connection the file belongs to.
+    pub fn moneta(&self) -> &Moneta {
+        &self.m
+    }
+
+    /// Overrides the connection's completion policy for this file (`None` restores it).
+    pub fn set_policy(&self, p: Option<Policy>) {
+        self.policy
+            .store(p.map_or(0, encode_policy), Ordering::Relaxed);
+    }
+
+    /// The completion policy in force for this file.
+    pub fn policy(&self) -> Policy {
+        decode_policy(self.policy.load(Ordering::Relaxed)).unwrap_or(self.m.inner.policy)
+    }
+
+    #[inline]
+    fn mode_for(&self, len: usize) -> Completion {
+        self.policy().mode(len)
+    }
+
+    fn ch(&self) -> &Channel {
+        &self.m.inner.channel
+    }
+
+    /// Attributes (`fstat(2)`).
+    pub fn stat(&self) -> Result<FsStat, ClientError> {
+        self.m.fs_stat_reply(FsRequest::Stat {
+            target: Target::Handle(self.handle),
+        })
+    }
+
+    /// The file's size as the manager knows it now.
+    pub fn len(&self) -> Result<u64, ClientError> {
+        Ok(self.stat()?.size)
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> Result<bool, ClientError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// `ftruncate(2)`.
+    pub fn set_len(&self, size: u64) -> Result<(), ClientError> {
+        if !self.writable {
+            return Err(errno(libc::EINVAL));
+        }
+        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        self.m.fs_empty(FsRequest::Truncate {
+            target: Target::Handle(self.handle),
+            size,
+        })?;
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        map.ext.clear();
+        map.size = size;
+        map.gen += 1;
+        Ok(())
+    }
+
+    /// `fsync(2)`: data and metadata durable against a machine crash.
+    pub fn sync_all(&self) -> Result<(), ClientError> {
+        self.m.fs_empty(FsRequest::Fsync {
+            handle: self.handle,
+        })
+    }
+
+    /// `fdatasync(2)` (nvfs keeps data and metadata together: the same as [`File::sync_all`]).
+    pub fn sync_data(&self) -> Result<(), ClientError> {
+        self.sync_all()
+    }
+
+    /// `fchmod(2)`.
+    pub fn chmod(&self, mode: u32) -> Result<(), ClientError> {
+        self.m.fs_empty(FsRequest::Chmod {
+            target: Target::Handle(self.handle),
+            mode,
+        })
+    }
+
+    /// `fchown(2)`.
+    pub fn chown(&self, uid: u32, gid: u32) -> Result<(), ClientError> {
+        self.m.fs_empty(FsRequest::Chown {
+            target: Target::Handle(self.handle),
+            uid,
+            gid,
+        })
+    }
+
+    /// `futimens(2)`.
+    pub fn utimes(&self, atime: WireTime, mtime: WireTime) -> Result<(), ClientError> {
+        self.m.fs_empty(FsRequest::Utimes {
+            target: Target::Handle(self.handle),
+            atime,
+            mtime,
+        })
+    }
+
+    /// One batch of directory entries from `cookie` (0 to start, else the `next` of the last
+    /// entry seen), and whether the directory is exhausted.
+    pub fn read_dir_from(&self, cookie: u64) -> Result<(Vec<DirEntry>, bool), ClientError> {
+        match self.m.fs(FsRequest::Readdir {
+            handle: self.handle,
+            cookie,
+        })? {
+            FsReply::Dir { entries, end } => Ok((entries, end)),
+            _ => Err(bad_reply("readdir reply")),
+        }
+    }
+
+    /// Closes the file, reporting the daemon's answer (dropping it closes silently).
+    pub fn close(self) -> Result<(), ClientError> {
+        self.closed.store(true, Ordering::Relaxed);
+        self.m.fs_empty(FsRequest::Close {
+            handle: self.handle,
+        })
+    }
+
+    // ----- data path -----
+
+    /// Asks the manager for the extents from file offset `off` (a soft miss), or with
+    /// `extend` allocates and grows (`off == APPEND` appends). Returns the lookup's generation
+    /// and the size it reported.
+    fn lookup(&self, off: u64, len: u64, extend: bool) -> Result<(u64, u64), ClientError> {
+        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &self.m.inner.counters;
+        let ctl = self.ch().control();
+        let (size, exts) = if extend {
+            c.extends.fetch_add(1, Ordering::Relaxed);
+            ctl.fs_extend(self.handle, off, len)?
+        } else {
+            c.soft_misses.fetch_add(1, Ordering::Relaxed);
+            ctl.fs_lookup(self.handle, off, len.max(LOOKUP_AHEAD))?
+        };
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        map.gen += 1;
+        let gen = map.gen;
+        map.size = size;
+        for x in &exts {
+            if x.len > 0 {
+                map.insert(x, gen);
+            }
+        }
+        Ok((gen, size))
+    }
+
+    /// A hard miss: forget the map (its records may be gone) and the size.
+    fn hard_miss(&self, fruitless: &mut u32) -> Result<(), ClientError> {
+        self.m
+            .inner
+            .counters
+            .hard_misses
+            .fetch_add(1, Ordering::Relaxed);
+        *fruitless += 1;
+        if *fruitless > MAX_FRUITLESS_MISSES {
+            return Err(ClientError::Refused {
+                errno: libc::EIO,
+                message: "the permission table cannot hold this request's records".into(),
+            });
+        }
+        if *fruitless > 8 {
+            std::thread::yield_now();
+        }
+        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        map.ext.clear();
+        map.size = 0;
+        map.gen += 1;
+        Ok(())
+    }
+
+    /// Plans `[off, off + len)` from the map into slice-sized segments; for reads, hole runs
+    /// looked up by generation `fresh` go to `holes` (buffer offset, length).
+    fn plan(
+        &self,
+        map: &Map,
+        off: u64,
+        len: usize,
+        fresh: Option<u64>,
+        segs: &mut Vec<Seg>,
+        holes: &mut Vec<(usize, usize)>,
+    ) -> Plan {
+        segs.clear();
+        holes.clear();
+        let slice = self.ch().slice_size() as u64;
+        let end = off + len as u64;
+        let mut at = off;
+        while at < end {
+            let Some((k, e)) = map.at(at) else {
+                return Plan::Miss((at - off) as usize);
+            };
+            let run_end = end.min(k + e.len);
+            if e.dev == HOLE {
+                if fresh != Some(e.gen) {
+                    return Plan::Miss((at - off) as usize);
+                }
+                holes.push(((at - off) as usize, (run_end - at) as usize));
+            } else {
+                let mut p = at;
+                while p < run_end {
+                    let n = (run_end - p).min(slice);
+                    segs.push(Seg {
+                        dev: e.dev + (p - k),
+                        len: n as usize,
+                        at: (p - off) as usize,
+                    });
+                    p += n;
+                }
+            }
+            at = run_end;
+        }
+        Plan::Ready
+    }
+
+    /// Runs `segs` against `io`, up to [`MAX_INFLIGHT`] at once on tags of the channel, each
+    /// completed in `mode`.
+    fn transfer(&self, io: &mut Io<'_>, segs: &[Seg], mode: Completion) -> Result<(), Fail> {
+        let ch = self.ch();
+        self.m
+            .inner
+            .counters
+            .commands
+            .fetch_add(segs.len() as u64, Ordering::Relaxed);
+        let mut spare: [Tag; MAX_INFLIGHT] = [Tag(0); MAX_INFLIGHT];
+        let mut nspare = 0usize;
+        let mut held = 0usize;
+        // Ring of (tag, segment index) in submission order.
+        let mut ring: [(Tag, usize); MAX_INFLIGHT] = [(Tag(0), 0); MAX_INFLIGHT];
+        let (mut head, mut inflight) = (0usize, 0usize);
+        let mut fail: Option<Fail> = None;
+        let finish = |tag: Tag, i: usize, io: &mut Io<'_>, fail: &mut Option<Fail>| {
+            let seg = segs[i];
+            match ch.wait(tag, mode) {
+                Ok(c) => match c.status {
+                    Status::Ok => {
+                        if let Io::Read(buf) = io {
+                            ch.read_dma(tag, 0, &mut buf[seg.at..seg.at + seg.len]);
+                        }
+                    }
+                    Status::PermissionMiss => {
+                        fail.get_or_insert(Fail::Miss(seg.at));
+                    }
+                    Status::PermissionDenied => {
+                        fail.get_or_insert(Fail::Err(errno(libc::EBADF)));
+                    }
+                    s => {
+                        fail.get_or_insert(Fail::Err(ClientError::Status(s)));
+                    }
+                },
+                Err(e) => {
+                    fail.get_or_insert(Fail::Err(e));
+                }
+            }
+        };
+        for (i, seg) in segs.iter().enumerate() {
+            if fail.is_some() {
+                break;
+            }
+            let tag = if nspare > 0 {
+                nspare -= 1;
+                spare[nspare]
+            } else if held == 0 {
+                held += 1;
+                ch.tag()
+            } else if let Some(t) = (held < MAX_INFLIGHT).then(|| ch.try_tag()).flatten() {
+                held += 1;
+                t
+            } else {
+                let (t, j) = ring[head];
+                head = (head + 1) % MAX_INFLIGHT;
+                inflight -= 1;
+                finish(t, j, io, &mut fail);
+                if fail.is_some() {
+                    spare[nspare] = t;
+                    nspare += 1;
+                    break;
+                }
+                t
+            };
+            let opcode = match io {
+                Io::Read(_) => Opcode::Read,
+                Io::Write(buf) => {
+                    ch.write_dma(tag, 0, &buf[seg.at..seg.at + seg.len]);
+                    Opcode::Write
+                }
+            };
+            ch.submit(tag, &command(opcode, mode, seg.dev, seg.len as u64));
+            ring[(head + inflight) % MAX_INFLIGHT] = (tag, i);
+            inflight += 1;
+        }
+        while inflight > 0 {
+            let (t, j) = ring[head];
+            head = (head + 1) % MAX_INFLIGHT;
+            inflight -= 1;
+            finish(t, j, io, &mut fail);
+            spare[nspare] = t;
+            nspare += 1;
+        }
+        for &t in &spare[..nspare] {
+            ch.release(t);
+        }
+        match fail {
+            None => Ok(()),
+            Some(f) => Err(f),
+        }
+    }
+
+    /// One command on one tag: the path of a small request inside one extent.
+    #[inline]
+    fn one(&self, io: &mut Io<'_>, dev: u64, mode: Completion) -> Result<(), Fail> {
+        let seg = [Seg {
+            dev,
+            len: match io {
+                Io::Read(b) => b.len(),
+                Io::Write(b) => b.len(),
+            },
+            at: 0,
+        }];
+        self.transfer(io, &seg, mode)
+    }
+
+    /// `pread(2)`: reads at `off` without moving the position; returns bytes read (0 at the
+    /// end of the file).
+    pub fn read_at(&self, buf: &mut [u8], off: u64) -> Result<usize, ClientError> {
+        let mode = self.mode_for(buf.len());
+        self.read_at_with(buf, off, mode)
+    }
+
+    /// [`File::read_at`] with the completion mode chosen by the caller.
+    pub fn read_at_with(
+        &self,
+        buf: &mut [u8],
+        off: u64,
+        mode: Completion,
+    ) -> Result<usize, ClientError> {
+        if self.is_dir {
+            return Err(errno(libc::EISDIR));
+        }
+        if !self.readable {
+            return Err(errno(libc::EBADF));
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if off.checked_add(buf.len() as u64).is_none() || off > i64::MAX as u64 {
+            return Err(errno(libc::EINVAL));
+        }
+        let slice = self.ch().slice_size();
+        // Fast path: inside the known size, one mapped extent, one slice.
+        {
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            if off < map.size {
+                let n = (buf.len() as u64).min(map.size - off) as usize;
+                if n <= slice {
+                    if let Some(dev) = map.single(off, n as u64) {
+                        drop(map);
+                        match self.one(&mut Io::Read(&mut buf[..n]), dev, mode) {
+                            Ok(()) => return Ok(n),
+                            Err(Fail::Err(e)) => return Err(e),
+                            Err(Fail::Miss(_)) => {
+                                let mut f = 0;
+                                self.hard_miss(&mut f)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut segs = Vec::new();
+        let mut holes = Vec::new();
+        let mut done = 0usize;
+        let mut fresh: Option<(u64, u64)> = None;
+        let mut fruitless = 0u32;
+        loop {
+            let at = off + done as u64;
+            let want = buf.len() - done;
+            let plan = {
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                let size = match fresh {
+                    Some((_, size)) => size.min(map.size),
+                    None => map.size,
+                };
+                if at >= size {
+                    if fresh.is_some() {
+                        return Ok(done);
+                    }
+                    Some(0)
+                } else {
+                    let n = (want as u64).min(size - at) as usize;
+                    match self.plan(&map, at, n, fresh.map(|f| f.0), &mut segs, &mut holes) {
+                        Plan::Ready => None,
+                        Plan::Miss(i) => Some(i),
+                    }
+                }
+            };
+            if let Some(i) = plan {
+                if fresh.is_some() {
+                    // Just looked up and still unmapped: another thread's hard miss cleared
+                    // the map in between. Count it so that a storm cannot loop forever.
+                    self.hard_miss(&mut fruitless)?;
+                }
+                let from = at + i as u64;
+                fresh = Some(self.lookup(from, (want - i) as u64, false)?);
+                continue;
+            }
+            let n: usize = segs.iter().map(|s| s.len).sum::<usize>()
+                + holes.iter().map(|h| h.1).sum::<usize>();
+            let part = &mut buf[done..done + n];
+            for &(h, len) in &holes {
+                part[h..h + len].fill(0);
+            }
+            match self.transfer(&mut Io::Read(part), &segs, mode) {
+                Ok(()) => return Ok(done + n),
+                Err(Fail::Err(e)) => return Err(e),
+                Err(Fail::Miss(i)) => {
+                    if i > 0 {
+                        fruitless = 0;
+                    }
+                    done += i;
+                    fresh = None;
+                    self.hard_miss(&mut fruitless)?;
+                }
+            }
+        }
+    }
+
+    /// `pwrite(2)`: writes all of `data` at `off` without moving the position (on a file
+    /// opened for appending, at the end, as Linux does).
+    pub fn write_at(&self, data: &[u8], off: u64) -> Result<usize, ClientError> {
+        let mode = self.mode_for(data.len());
+        self.write_at_with(data, off, mode)
+    }
+
+    /// [`File::write_at`] with the completion mode chosen by the caller.
+    pub fn write_at_with(
+        &self,
+        data: &[u8],
+        off: u64,
+        mode: Completion,
+    ) -> Result<usize, ClientError> {
+        let at = if self.append { None } else { Some(off) };
+        self.write_inner(data, at, mode).map(|_| data.len())
+    }
+
+    /// Writes `data` at `off`, or at the end with `None`; returns where it landed.
+    fn write_inner(
+        &self,
+        data: &[u8],
+        off: Option<u64>,
+        mode: Completion,
+    ) -> Result<u64, ClientError> {
+        if !self.writable {
+            return Err(errno(libc::EBADF));
+        }
+        let len = data.len() as u64;
+        let mut off = match off {
+            Some(o) => {
+                match o.checked_add(len) {
+                    Some(end) if o <= i64::MAX as u64 && end <= i64::MAX as u64 => {}
+                    _ => return Err(errno(libc::EFBIG)),
+                }
+                o
+            }
+            None if data.is_empty() => return self.len(),
+            None => {
+                let (_, size) = self.lookup(APPEND, len, true)?;
+                size.checked_sub(len)
+                    .ok_or_else(|| bad_reply("append size"))?
+            }
+        };
+        if data.is_empty() {
+            return Ok(off);
+        }
+        let start = off;
+        let slice = self.ch().slice_size();
+        // Fast path: inside the known size, one mapped extent, one slice.
+        if data.len() <= slice {
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            if off + len <= map.size {
+                if let Some(dev) = map.single(off, len) {
+                    drop(map);
+                    match self.one(&mut Io::Write(data), dev, mode) {
+                        Ok(()) => return Ok(start),
+                        Err(Fail::Err(e)) => return Err(e),
+                        Err(Fail::Miss(_)) => {
+                            let mut f = 0;
+                            self.hard_miss(&mut f)?;
+                        }
+                    }
+                }
+            }
+        }
+        let mut segs = Vec::new();
+        let mut holes = Vec::new();
+        let mut data = data;
+        let mut fruitless = 0u32;
+        loop {
+            let end = off + data.len() as u64;
+            let plan = {
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                match self.plan(&map, off, data.len(), None, &mut segs, &mut holes) {
+                    Plan::Ready if end <= map.size => None,
+                    Plan::Ready => Some(0),
+                    Plan::Miss(i) => Some(i),
+                }
+            };
+            if let Some(i) = plan {
+                // Writes past the end or into unmapped space: the extend call maps what is
+                // allocated, allocates the holes and grows the size, in one round trip.
+                self.lookup(off + i as u64, (data.len() - i) as u64, true)?;
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                if map.at(off + i as u64).is_none() {
+                    drop(map);
+                    self.hard_miss(&mut fruitless)?;
+                }
+                continue;
+            }
+            match self.transfer(&mut Io::Write(data), &segs, mode) {
+                Ok(()) => return Ok(start),
+                Err(Fail::Err(e)) => return Err(e),
+                Err(Fail::Miss(i)) => {
+                    if i > 0 {
+                        fruitless = 0;
+                    }
+                    off += i as u64;
+                    data = &data[i..];
+                    self.hard_miss(&mut fruitless)?;
+                }
+            }
+        }
+    }
+
+    /// `read(2)`: reads at the position and advances it.
+    pub fn read(&self, buf: &mut [u8]) -> Result<usize, ClientError> {
+        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.read_at(buf, *pos)?;
+        *pos += n as u64;
+        Ok(n)
+    }
+
+    /// `write(2)`: writes at the position (at the end when appending) and advances it.
+    pub fn write(&self, data: &[u8]) -> Result<usize, ClientError> {
+        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let mode = self.mode_for(data.len());
+        let at = self.write_inner(data, (!self.append).then_some(*pos), mode)?;
+        *pos = at + data.len() as u64;
+        Ok(data.len())
+    }
+
+    /// `preadv(2)`: fills the buffers in order from `off`; stops at the end of the file.
+    pub fn read_vectored_at(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        off: u64,
+    ) -> Result<usize, ClientError> {
+        let mut total = 0usize;
+        for b in bufs.iter_mut() {
+            if b.is_empty() {
+                continue;
+            }
+            let n = self.read_at(b, off + total as u64)?;
+            total += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// `pwritev(2)`: writes the buffers in order from `off` (as one write, so an appending
+    /// writer's buffers stay together).
+    pub fn write_vectored_at(&self, bufs: &[IoSlice<'_>], off: u64) -> Result<usize, ClientError> {
+        match bufs.iter().filter(|b| !b.is_empty()).count() {
+            0 => Ok(0),
+            1 => {
+                let b = bufs.iter().find(|b| !b.is_empty()).expect("one buffer");
+                self.write_at(b, off)
+            }
+            _ => self.write_at(&gather(bufs), off),
+        }
+    }
+
+    /// `readv(2)`.
+    pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, ClientError> {
+        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.read_vectored_at(bufs, *pos)?;
+        *pos += n as u64;
+        Ok(n)
+    }
+
+    /// `writev(2)`.
+    pub fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> Result<usize, ClientError> {
+        let data = gather(bufs);
+        self.write(&data)
+    }
+
+    /// `lseek(2)`: the new position.
+    pub fn seek(&self, to: SeekFrom) -> Result<u64, ClientError> {
+        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let new = match to {
+            SeekFrom::Start(n) => Some(n),
+            SeekFrom::Current(d) => pos.checked_add_signed(d),
+            SeekFrom::End(d) => self.len()?.checked_add_signed(d),
+        };
+        match new {
+            Some(n) if n <= i64::MAX as u64 => {
+                *pos = n;
+                Ok(n)
+            }
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    /// The position.
+    pub fn position(&self) -> u64 {
+        *self.pos.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("handle", &self.handle)
+            .field("ino", &self.ino)
+            .field("read", &self.readable)
+            .field("write", &self.writable)
+            .field("append", &self.append)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Moneta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Moneta")
+            .field("channel", &self.inner.channel.id())
+            .field("policy", &self.inner.policy)
+            .finish()
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let _ = self.m.fs_empty(FsRequest::Close {
+            handle: self.handle,
+        });
+    }
+}
+
+impl io::Read for &File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        File::read(self, buf).map_err(Into::into)
+    }
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        File::read_vectored(self, bufs).map_err(Into::into)
+    }
+}
+
+impl io::Write for &File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        File::write(self, buf).map_err(Into::into)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        File::write_vectored(self, bufs).map_err(Into::into)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl io::Seek for &File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        File::seek(self, pos).map_err(Into::into)
+    }
+}
+
+impl io::Read for File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        File::read(self, buf).map_err(Into::into)
+    }
+}
+
+impl io::Write for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        File::write(self, buf).map_err(Into::into)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl io::Seek for File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        File::seek(self, pos).map_err(Into::into)
+    }
+}

@@ -1,0 +1,471 @@
+//! libmoneta's file API against a real daemon: every call and its errors, a randomized
+//! comparison with the kernel on tmpfs, threads sharing one channel, hard misses forced by a
+//! tiny permission table, and size coherence between connections.
+
+mod common;
+
+use std::io::{IoSlice, IoSliceMut, Read, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use common::*;
+use libmoneta::{ClientError, Moneta, OpenOptions, Policy};
+use moneta_abi::fsproto::{WireTime, UTIME_OMIT};
+use moneta_abi::Completion;
+use rand::{Rng, SeedableRng};
+
+fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
+    match r {
+        Err(e) => e.errno(),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+#[test]
+fn every_call_and_its_errors() {
+    let d = Daemon::start_fs("64M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+
+    // open/create and the access checks of the data path.
+    assert_eq!(
+        errno_of(m.open("/missing", OpenOptions::new().read(true))),
+        libc::ENOENT
+    );
+    let f = m.open("/a", &rw()).unwrap();
+    assert_eq!(f.write_at(b"hello world", 0).unwrap(), 11);
+    let mut buf = [0u8; 64];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), 11);
+    assert_eq!(&buf[..11], b"hello world");
+    assert_eq!(f.read_at(&mut buf, 11).unwrap(), 0, "at the end");
+    assert_eq!(f.read_at(&mut buf, 1 << 40).unwrap(), 0, "past the end");
+    assert_eq!(f.read_at(&mut buf[..0], 0).unwrap(), 0);
+    assert_eq!(
+        errno_of(m.open("/a", OpenOptions::new().write(true).create_new(true))),
+        libc::EEXIST
+    );
+    let ro = m.open("/a", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(errno_of(ro.write_at(b"x", 0)), libc::EBADF);
+    assert_eq!(errno_of(ro.set_len(0)), libc::EINVAL);
+    let wo = m.open("/a", OpenOptions::new().write(true)).unwrap();
+    assert_eq!(errno_of(wo.read_at(&mut buf, 0)), libc::EBADF);
+    assert_eq!(errno_of(f.write_at(b"x", u64::MAX - 1)), libc::EFBIG);
+    assert_eq!(errno_of(f.read_at(&mut buf, u64::MAX - 1)), libc::EINVAL);
+
+    // read/write/seek move the position; the std traits agree.
+    let mut g = m.open("/b", &rw()).unwrap();
+    g.write_all(b"0123456789").unwrap();
+    assert_eq!(g.position(), 10);
+    assert_eq!(g.seek(SeekFrom::Start(2)).unwrap(), 2);
+    let mut three = [0u8; 3];
+    g.read_exact(&mut three).unwrap();
+    assert_eq!(&three, b"234");
+    assert_eq!(g.seek(SeekFrom::Current(-1)).unwrap(), 4);
+    assert_eq!(g.seek(SeekFrom::End(-2)).unwrap(), 8);
+    assert_eq!(errno_of(g.seek(SeekFrom::Current(-100))), libc::EINVAL);
+    let mut rest = Vec::new();
+    g.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, b"89");
+
+    // Vectored calls.
+    let n = g
+        .write_vectored_at(
+            &[IoSlice::new(b"ab"), IoSlice::new(b""), IoSlice::new(b"cd")],
+            20,
+        )
+        .unwrap();
+    assert_eq!(n, 4);
+    let (mut x, mut y) = ([0u8; 3], [0u8; 10]);
+    let n = g
+        .read_vectored_at(&mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)], 19)
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(&x, b"\0ab");
+    assert_eq!(&y[..2], b"cd");
+    g.seek(SeekFrom::Start(0)).unwrap();
+    assert_eq!(
+        g.write_vectored(&[IoSlice::new(b"AB"), IoSlice::new(b"CD")])
+            .unwrap(),
+        4
+    );
+    g.seek(SeekFrom::Start(0)).unwrap();
+    let (mut p, mut q) = ([0u8; 1], [0u8; 3]);
+    assert_eq!(
+        g.read_vectored(&mut [IoSliceMut::new(&mut p), IoSliceMut::new(&mut q)])
+            .unwrap(),
+        4
+    );
+    assert_eq!((&p, &q), (b"A", b"BCD"));
+
+    // Append: writes land at the end whatever the position or offset.
+    let ap = m
+        .open("/b", OpenOptions::new().read(true).append(true))
+        .unwrap();
+    ap.write(b"XY").unwrap();
+    assert_eq!(ap.position(), 26);
+    ap.write_at(b"Z", 0).unwrap();
+    assert_eq!(ap.stat().unwrap().size, 27);
+    let mut all = vec![0u8; 27];
+    assert_eq!(ap.read_at(&mut all, 0).unwrap(), 27);
+    assert_eq!(&all[22..], b"cdXYZ");
+
+    // Truncate (by handle and by path), fsync, stat, attributes.
+    g.set_len(3).unwrap();
+    assert_eq!(g.len().unwrap(), 3);
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 3);
+    g.set_len(100).unwrap();
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 64);
+    assert!(
+        buf[3..64].iter().all(|&b| b == 0),
+        "a grown file reads zeros"
+    );
+    m.truncate("/b", 5).unwrap();
+    assert_eq!(m.stat("/b").unwrap().size, 5);
+    g.sync_all().unwrap();
+    g.sync_data().unwrap();
+    g.chmod(0o640).unwrap();
+    assert_eq!(m.stat("/b").unwrap().mode & 0o7777, 0o640);
+    m.chmod("/b", 0o600).unwrap();
+    assert_eq!(g.stat().unwrap().mode & 0o7777, 0o600);
+    let t = WireTime {
+        sec: 1_000_000,
+        nsec: 5,
+    };
+    let omit = WireTime {
+        sec: 0,
+        nsec: UTIME_OMIT,
+    };
+    m.utimes("/b", t, omit, true).unwrap();
+    assert_eq!(m.stat("/b").unwrap().atime, t);
+    g.utimes(omit, t).unwrap();
+    assert_eq!(g.stat().unwrap().mtime, t);
+    let me = rustix::process::geteuid().as_raw();
+    g.chown(me, u32::MAX).unwrap();
+    m.chown("/b", u32::MAX, u32::MAX, false).unwrap();
+
+    // Directories and names.
+    m.mkdir("/d", 0o755).unwrap();
+    assert_eq!(errno_of(m.mkdir("/d", 0o755)), libc::EEXIST);
+    let dir = m
+        .open_flags("/d", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        .unwrap();
+    assert_eq!(errno_of(dir.read_at(&mut buf, 0)), libc::EISDIR);
+    drop(dir);
+    m.rename("/b", "/d/b2", false).unwrap();
+    assert_eq!(errno_of(m.stat("/b")), libc::ENOENT);
+    m.link("/d/b2", "/d/b3").unwrap();
+    m.symlink(b"/d/b2", "/s").unwrap();
+    assert_eq!(m.readlink("/s").unwrap(), b"/d/b2");
+    assert_eq!(m.stat("/s").unwrap().size, 5);
+    assert_eq!(m.lstat("/s").unwrap().mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(errno_of(m.rename("/d/b3", "/d/b2", true)), libc::EEXIST);
+    let mut names: Vec<Vec<u8>> = m
+        .read_dir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            b".".to_vec(),
+            b"..".to_vec(),
+            b"b2".to_vec(),
+            b"b3".to_vec()
+        ]
+    );
+    assert_eq!(errno_of(m.rmdir("/d")), libc::ENOTEMPTY);
+    m.unlink("/d/b3").unwrap();
+    m.unlink("/d/b2").unwrap();
+    m.rmdir("/d").unwrap();
+    // The unlinked file stays readable through its open handle.
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 5);
+    let sf = m.statfs().unwrap();
+    assert_eq!(sf.chunk_size, 64 << 10);
+    assert!(sf.chunks_free < sf.chunks);
+    drop(g);
+    f.close().unwrap();
+    assert!(m.stats().soft_misses > 0);
+}
+
+/// The same random operations on an nvfs file through libmoneta and on a tmpfs file through
+/// the kernel; every result and, regularly, the whole contents must agree byte for byte.
+#[test]
+fn randomized_against_the_kernel() {
+    let seed: u64 = std::env::var("MONETA_FILES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("randomized_against_the_kernel: MONETA_FILES_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let d = Daemon::start_fs("256M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let shm = std::path::Path::new("/dev/shm");
+    let kdir = TempDir(shm.join(format!("moneta-files-{}-{seed}", std::process::id())));
+    std::fs::create_dir_all(&kdir.0).unwrap();
+    // Two files written in turn, so that each one's extents interleave on the array.
+    let nf: Vec<libmoneta::File> = (0..2)
+        .map(|i| m.open(format!("/f{i}"), &rw()).unwrap())
+        .collect();
+    let kf: Vec<std::fs::File> = (0..2)
+        .map(|i| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(kdir.0.join(format!("f{i}")))
+                .unwrap()
+        })
+        .collect();
+    let size_of = |rng: &mut rand::rngs::StdRng| -> usize {
+        match rng.gen_range(0..10) {
+            0..=4 => rng.gen_range(1..=600),
+            5..=7 => rng.gen_range(1..=70_000),
+            _ => rng.gen_range(1..=3 << 20),
+        }
+    };
+    for step in 0..400 {
+        let i = rng.gen_range(0..2);
+        let (n, k) = (&nf[i], &kf[i]);
+        let limit = 8u64 << 20;
+        let ctx = format!("seed {seed} step {step} file {i}");
+        match rng.gen_range(0..10) {
+            0..=3 => {
+                let len = size_of(&mut rng);
+                let off = rng.gen_range(0..limit);
+                let mut data = vec![0u8; len];
+                rng.fill(&mut data[..]);
+                assert_eq!(n.write_at(&data, off).unwrap(), len, "{ctx}");
+                k.write_all_at(&data, off).unwrap();
+            }
+            4..=6 => {
+                let len = size_of(&mut rng);
+                let off = rng.gen_range(0..limit + (1 << 20));
+                let mut a = vec![0xAAu8; len];
+                let mut b = vec![0x55u8; len];
+                let na = n.read_at(&mut a, off).unwrap();
+                let nb = read_full_at(k, &mut b, off);
+                assert_eq!(na, nb, "{ctx}: read length at {off}+{len}");
+                assert!(a[..na] == b[..nb], "{ctx}: read bytes at {off}+{len}");
+            }
+            7 => {
+                let size = match rng.gen_range(0..3) {
+                    0 => 0,
+                    1 => rng.gen_range(0..limit),
+                    _ => rng.gen_range(0..(1 << 20)),
+                };
+                n.set_len(size).unwrap();
+                k.set_len(size).unwrap();
+            }
+            8 => {
+                let bufs: Vec<Vec<u8>> = (0..rng.gen_range(1..4))
+                    .map(|_| {
+                        let mut b = vec![0u8; rng.gen_range(0..5000)];
+                        rng.fill(&mut b[..]);
+                        b
+                    })
+                    .collect();
+                let slices: Vec<IoSlice> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+                let off = rng.gen_range(0..limit);
+                let total: usize = bufs.iter().map(|b| b.len()).sum();
+                assert_eq!(n.write_vectored_at(&slices, off).unwrap(), total, "{ctx}");
+                k.write_all_at(&bufs.concat(), off).unwrap();
+            }
+            _ => compare_whole(n, k, &ctx),
+        }
+    }
+    for i in 0..2 {
+        compare_whole(&nf[i], &kf[i], &format!("seed {seed} final file {i}"));
+    }
+    let s = m.stats();
+    assert!(
+        s.extends > 0 && s.soft_misses > 0 && s.commands > 0,
+        "{s:?}"
+    );
+}
+
+fn read_full_at(k: &std::fs::File, buf: &mut [u8], off: u64) -> usize {
+    let mut done = 0;
+    while done < buf.len() {
+        match k.read_at(&mut buf[done..], off + done as u64).unwrap() {
+            0 => break,
+            n => done += n,
+        }
+    }
+    done
+}
+
+fn compare_whole(n: &libmoneta::File, k: &std::fs::File, ctx: &str) {
+    let ks = k.metadata().unwrap().len();
+    assert_eq!(n.len().unwrap(), ks, "{ctx}: size");
+    let mut a = vec![0u8; ks as usize + 1];
+    let mut b = vec![0u8; ks as usize + 1];
+    assert_eq!(
+        n.read_at(&mut a, 0).unwrap(),
+        ks as usize,
+        "{ctx}: whole read"
+    );
+    assert_eq!(read_full_at(k, &mut b, 0), ks as usize);
+    if a != b {
+        let p = a.iter().zip(&b).position(|(x, y)| x != y);
+        panic!("{ctx}: contents differ first at byte {p:?}");
+    }
+}
+
+/// Many threads of one process share its channel: disjoint ranges keep their own bytes, and
+/// overlapping 4 KiB writes (one command each) are never torn.
+#[test]
+fn threads_share_one_channel() {
+    let d = Daemon::start_fs("128M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = Arc::new(m.open("/shared", &rw()).unwrap());
+    let threads = 8u64;
+    let per = 256u64 << 10;
+    f.set_len(threads * per).unwrap();
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let base = t * per;
+                for round in 0..40u64 {
+                    let len = rng.gen_range(1..=40_000usize);
+                    let off = base + rng.gen_range(0..per - len as u64);
+                    let data = pattern((t * 7 + round) as u8, off, len);
+                    f.write_at(&data, off).unwrap();
+                    let mut back = vec![0u8; len];
+                    assert_eq!(f.read_at(&mut back, off).unwrap(), len);
+                    assert!(back == data, "thread {t} round {round}");
+                    // Overlapping area: uniform 4 KiB blocks at the front of the file.
+                    let blk = rng.gen_range(0..16u64) * 4096;
+                    let fill = vec![(t * 16 + round % 16) as u8; 4096];
+                    f.write_at(&fill, threads * per + blk).unwrap();
+                    let mut got = vec![0u8; 4096];
+                    f.read_at(&mut got, threads * per + rng.gen_range(0..16u64) * 4096)
+                        .unwrap();
+                    assert!(got.iter().all(|&b| b == got[0]), "torn block");
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let mut got = vec![0u8; 4096];
+    for b in 0..16u64 {
+        f.read_at(&mut got, threads * per + b * 4096).unwrap();
+        assert!(got.iter().all(|&x| x == got[0]), "block {b} torn");
+    }
+}
+
+/// A permission table of 8 entries for 24 files read in turn: records are evicted all the time
+/// and every read still returns the right bytes, through hard misses.
+#[test]
+fn hard_misses_from_a_tiny_table() {
+    let d = Daemon::start_fs("64M", &["--chunk-size", "64K", "--table-entries", "8"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let files: Vec<_> = (0..24)
+        .map(|i| {
+            let f = m.open(format!("/h{i}"), &rw()).unwrap();
+            f.write_at(&pattern(i as u8, 0, 100_000), 0).unwrap();
+            f
+        })
+        .collect();
+    let mut want: Vec<Vec<u8>> = (0..24).map(|i| pattern(i as u8, 0, 100_000)).collect();
+    for round in 0..3 {
+        for (i, f) in files.iter().enumerate() {
+            let mut buf = vec![0u8; 100_000];
+            assert_eq!(f.read_at(&mut buf, 0).unwrap(), 100_000);
+            assert!(buf == want[i], "round {round} file {i}");
+            want[i][5] = round as u8;
+            f.write_at(&[round as u8], 5).unwrap();
+            let mut one = [0u8; 1];
+            f.read_at(&mut one, 5).unwrap();
+            assert_eq!(one[0], round as u8);
+        }
+    }
+    assert!(m.stats().hard_misses > 0, "{:?}", m.stats());
+}
+
+/// Sizes between connections: a reader that cached a larger size sees a truncate by another
+/// process at once (its records were revoked), and appenders in two connections never overlap.
+#[test]
+fn size_coherence_between_connections() {
+    let d = Daemon::start_fs("64M", &["--chunk-size", "64K"]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let fa = a.open("/c", &rw()).unwrap();
+    fa.write_at(&vec![7u8; 10_000], 0).unwrap();
+    let fb = b.open("/c", &rw()).unwrap();
+    let mut buf = vec![0u8; 10_000];
+    assert_eq!(fb.read_at(&mut buf, 0).unwrap(), 10_000);
+    fa.set_len(100).unwrap();
+    assert_eq!(
+        fb.read_at(&mut buf, 0).unwrap(),
+        100,
+        "stale size after truncate"
+    );
+    assert_eq!(fb.read_at(&mut buf, 200).unwrap(), 0);
+    // Growth by another connection is seen too.
+    fa.write_at(b"tail", 50_000).unwrap();
+    assert_eq!(fb.read_at(&mut buf[..4], 50_000).unwrap(), 4);
+    assert_eq!(&buf[..4], b"tail");
+    assert_eq!(fb.read_at(&mut buf[..100], 150).unwrap(), 100);
+    assert!(buf[..100].iter().all(|&x| x == 0), "the gap reads zeros");
+
+    let mut o = OpenOptions::new();
+    o.append(true).create(true);
+    let pa = a.open("/log", &o).unwrap();
+    let pb = b.open("/log", &o).unwrap();
+    let h: Vec<_> = [(pa, b'a'), (pb, b'b')]
+        .into_iter()
+        .map(|(f, c)| {
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    f.write(&[c; 100]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in h {
+        t.join().unwrap();
+    }
+    let r = a.open("/log", OpenOptions::new().read(true)).unwrap();
+    let mut all = vec![0u8; 40_001];
+    assert_eq!(r.read_at(&mut all, 0).unwrap(), 40_000);
+    for rec in all[..40_000].chunks(100) {
+        assert!(rec.iter().all(|&x| x == rec[0]), "interleaved appends");
+    }
+}
+
+/// Completion policies: every mode moves the same bytes, per call, per file and per connection.
+#[test]
+fn completion_modes() {
+    let d = Daemon::start_fs("64M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect_with(&d.socket, Policy::Fixed(Completion::Sleep)).unwrap();
+    assert_eq!(m.policy(), Policy::Fixed(Completion::Sleep));
+    let f = m.open("/p", &rw()).unwrap();
+    let data = pattern(3, 0, 300_000);
+    for (i, mode) in [Completion::Dma, Completion::Forward, Completion::Sleep]
+        .into_iter()
+        .enumerate()
+    {
+        let off = i as u64 * 400_000;
+        f.write_at_with(&data, off, mode).unwrap();
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(f.read_at_with(&mut back, off, mode).unwrap(), data.len());
+        assert!(back == data);
+    }
+    f.set_policy(Some(Policy::Auto { spin_max: 1024 }));
+    assert_eq!(f.policy(), Policy::Auto { spin_max: 1024 });
+    f.write_at(&data[..100], 0).unwrap();
+    f.set_policy(None);
+    assert_eq!(f.policy(), Policy::Fixed(Completion::Sleep));
+}
