@@ -226,6 +226,27 @@ impl Channel {
         unsafe { self.base.as_ptr().add(DMA_OFFSET + start) }
     }
 
+    /// The first `len` bytes of tag `tag`'s DMA slice. Only meaningful while the caller holds
+    /// the tag with no command in flight on it (the device touches a slice only for the tag's
+    /// command).
+    pub(crate) fn dma_slice(&self, tag: Tag, len: usize) -> &[u8] {
+        assert!(len <= self.slice_size());
+        let p = self.dma_ptr(tag, 0, len);
+        // SAFETY: in bounds of the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
+    /// The first `len` bytes of tag `tag`'s DMA slice, to fill in place (same rule as
+    /// [`Channel::dma_slice`]).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn dma_slice_mut(&self, tag: Tag, len: usize) -> &mut [u8] {
+        assert!(len <= self.slice_size());
+        let p = self.dma_ptr(tag, 0, len);
+        // SAFETY: in bounds of the mapping; the holder of the tag is the only one who touches
+        // its slice while no command is in flight on it.
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+
     /// Copies `data` into the DMA buffer at `off` bytes past tag `tag`'s slice start.
     pub fn write_dma(&self, tag: Tag, off: usize, data: &[u8]) {
         let dst = self.dma_ptr(tag, off, data.len());

@@ -542,10 +542,21 @@ impl Map {
 /// One device command of a request: `len` bytes at array address `dev`, for the bytes at `at`
 /// in the caller's buffer.
 #[derive(Clone, Copy, Debug)]
-struct Seg {
-    dev: u64,
-    len: usize,
-    at: usize,
+pub(crate) struct Seg {
+    pub(crate) dev: u64,
+    pub(crate) len: usize,
+    pub(crate) at: usize,
+}
+
+/// A request mapped onto the array.
+#[derive(Default)]
+pub(crate) struct Prepared {
+    /// Bytes the request moves.
+    pub(crate) len: usize,
+    /// Its device commands.
+    pub(crate) segs: Vec<Seg>,
+    /// Runs of the buffer (offset, length) that are holes: zeros.
+    pub(crate) holes: Vec<(usize, usize)>,
 }
 
 /// What a request plan found.
@@ -644,6 +655,73 @@ impl File {
 
     fn ch(&self) -> &Channel {
         &self.m.inner.channel
+    }
+
+    /// The connection's channel.
+    pub fn channel(&self) -> &Channel {
+        &self.m.inner.channel
+    }
+
+    /// Whether writes go to the end (`O_APPEND`).
+    pub fn appends(&self) -> bool {
+        self.append
+    }
+
+    /// Where a write asked for at `off` goes: `None` means at the end.
+    pub(crate) fn write_offset(&self, off: u64) -> Option<u64> {
+        (!self.append).then_some(off)
+    }
+
+    /// Refuses a read on a directory or a handle without the right.
+    pub(crate) fn check_access(&self, write: bool) -> Result<(), ClientError> {
+        if write {
+            if !self.writable {
+                return Err(errno(libc::EBADF));
+            }
+        } else {
+            if self.is_dir {
+                return Err(errno(libc::EISDIR));
+            }
+            if !self.readable {
+                return Err(errno(libc::EBADF));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses ranges past the largest file offset.
+    pub(crate) fn check_range(&self, off: u64, len: u64, write: bool) -> Result<(), ClientError> {
+        match off.checked_add(len) {
+            Some(end) if off <= i64::MAX as u64 && end <= i64::MAX as u64 => Ok(()),
+            _ => Err(errno(if write { libc::EFBIG } else { libc::EINVAL })),
+        }
+    }
+
+    /// Reserves `len` bytes at the end of the file (atomically with other appenders, in any
+    /// process); returns where they start.
+    pub(crate) fn append_at(&self, len: u64) -> Result<u64, ClientError> {
+        if len == 0 {
+            return self.len();
+        }
+        let (_, size) = self.lookup(APPEND, len, true)?;
+        size.checked_sub(len)
+            .ok_or_else(|| bad_reply("append size"))
+    }
+
+    /// Drops the translation map (after a hard miss seen elsewhere).
+    pub(crate) fn forget_map(&self) {
+        let mut f = 0;
+        let _ = self.hard_miss(&mut f);
+    }
+
+    /// Writes all of `data` at exactly `off` (no append redirection).
+    pub(crate) fn write_exact_at_with(
+        &self,
+        data: &[u8],
+        off: u64,
+        mode: Completion,
+    ) -> Result<(), ClientError> {
+        self.write_inner(data, Some(off), mode).map(|_| ())
     }
 
     /// Attributes (`fstat(2)`).
@@ -813,7 +891,7 @@ impl File {
             };
             let run_end = end.min(k + e.len);
             if e.dev == HOLE {
-                if fresh != Some(e.gen) {
+                if fresh.is_none_or(|f| e.gen < f) {
                     return Plan::Miss((at - off) as usize);
                 }
                 holes.push(((at - off) as usize, (run_end - at) as usize));
@@ -955,18 +1033,11 @@ impl File {
         off: u64,
         mode: Completion,
     ) -> Result<usize, ClientError> {
-        if self.is_dir {
-            return Err(errno(libc::EISDIR));
-        }
-        if !self.readable {
-            return Err(errno(libc::EBADF));
-        }
+        self.check_access(false)?;
         if buf.is_empty() {
             return Ok(0);
         }
-        if off.checked_add(buf.len() as u64).is_none() || off > i64::MAX as u64 {
-            return Err(errno(libc::EINVAL));
-        }
+        self.check_range(off, buf.len() as u64, false)?;
         let slice = self.ch().slice_size();
         // Fast path: inside the known size, one mapped extent, one slice.
         {
@@ -988,62 +1059,116 @@ impl File {
                 }
             }
         }
-        let mut segs = Vec::new();
-        let mut holes = Vec::new();
         let mut done = 0usize;
-        let mut fresh: Option<(u64, u64)> = None;
         let mut fruitless = 0u32;
         loop {
-            let at = off + done as u64;
-            let want = buf.len() - done;
-            let plan = {
-                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-                let size = match fresh {
-                    Some((_, size)) => size.min(map.size),
-                    None => map.size,
-                };
-                if at >= size {
-                    if fresh.is_some() {
-                        return Ok(done);
-                    }
-                    Some(0)
-                } else {
-                    let n = (want as u64).min(size - at) as usize;
-                    match self.plan(&map, at, n, fresh.map(|f| f.0), &mut segs, &mut holes) {
-                        Plan::Ready => None,
-                        Plan::Miss(i) => Some(i),
-                    }
-                }
-            };
-            if let Some(i) = plan {
-                if fresh.is_some() {
-                    // Just looked up and still unmapped: another thread's hard miss cleared
-                    // the map in between. Count it so that a storm cannot loop forever.
-                    self.hard_miss(&mut fruitless)?;
-                }
-                let from = at + i as u64;
-                fresh = Some(self.lookup(from, (want - i) as u64, false)?);
-                continue;
+            let p = self.prepare_read(off + done as u64, buf.len() - done, &mut fruitless)?;
+            if p.len == 0 {
+                return Ok(done);
             }
-            let n: usize = segs.iter().map(|s| s.len).sum::<usize>()
-                + holes.iter().map(|h| h.1).sum::<usize>();
-            let part = &mut buf[done..done + n];
-            for &(h, len) in &holes {
+            let part = &mut buf[done..done + p.len];
+            for &(h, len) in &p.holes {
                 part[h..h + len].fill(0);
             }
-            match self.transfer(&mut Io::Read(part), &segs, mode) {
-                Ok(()) => return Ok(done + n),
+            match self.transfer(&mut Io::Read(part), &p.segs, mode) {
+                Ok(()) => return Ok(done + p.len),
                 Err(Fail::Err(e)) => return Err(e),
                 Err(Fail::Miss(i)) => {
                     if i > 0 {
                         fruitless = 0;
                     }
                     done += i;
-                    fresh = None;
                     self.hard_miss(&mut fruitless)?;
                 }
             }
         }
+    }
+
+    /// Maps `[at, at + want)` for a read, looking up what the map lacks: the segments, the
+    /// holes to zero, and the bytes the read returns (clipped to the size; 0 at the end).
+    pub(crate) fn prepare_read(
+        &self,
+        at: u64,
+        want: usize,
+        fruitless: &mut u32,
+    ) -> Result<Prepared, ClientError> {
+        let mut p = Prepared::default();
+        // Generation of this request's first lookup: holes looked up since then are trusted.
+        let mut fresh: Option<u64> = None;
+        let mut asked: Option<u64> = None;
+        loop {
+            let miss = {
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                if at >= map.size {
+                    if fresh.is_some() {
+                        p.len = 0;
+                        return Ok(p);
+                    }
+                    0
+                } else {
+                    p.len = (want as u64).min(map.size - at) as usize;
+                    match self.plan(&map, at, p.len, fresh, &mut p.segs, &mut p.holes) {
+                        Plan::Ready => return Ok(p),
+                        Plan::Miss(i) => i,
+                    }
+                }
+            };
+            let from = at + miss as u64;
+            if asked.is_some_and(|a| from <= a) {
+                // Looked up here already and still unmapped: another thread's hard miss
+                // cleared the map in between.
+                self.no_progress(fruitless)?;
+            }
+            asked = Some(from);
+            let (gen, _) = self.lookup(from, (want - miss) as u64, false)?;
+            fresh.get_or_insert(gen);
+        }
+    }
+
+    /// Maps `[off, off + len)` for a write, extending the file (allocating holes, growing the
+    /// size) where needed: the segments.
+    pub(crate) fn prepare_write(
+        &self,
+        off: u64,
+        len: usize,
+        fruitless: &mut u32,
+    ) -> Result<Prepared, ClientError> {
+        let mut p = Prepared {
+            len,
+            ..Prepared::default()
+        };
+        let end = off + len as u64;
+        let mut asked: Option<u64> = None;
+        loop {
+            let miss = {
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                match self.plan(&map, off, len, None, &mut p.segs, &mut p.holes) {
+                    Plan::Ready if end <= map.size => return Ok(p),
+                    Plan::Ready => 0,
+                    Plan::Miss(i) => i,
+                }
+            };
+            // Past the end or unmapped: the extend call maps what is allocated, allocates the
+            // holes and grows the size, in one round trip.
+            let from = off + miss as u64;
+            if asked.is_some_and(|a| from <= a) {
+                self.no_progress(fruitless)?;
+            }
+            asked = Some(from);
+            self.lookup(from, (len - miss) as u64, true)?;
+        }
+    }
+
+    fn no_progress(&self, fruitless: &mut u32) -> Result<(), ClientError> {
+        *fruitless += 1;
+        if *fruitless > MAX_FRUITLESS_MISSES {
+            return Err(ClientError::Refused {
+                errno: libc::EIO,
+                message: "the file's mapping keeps changing under this request".into(),
+            });
+        }
+        std::thread::yield_now();
+        Ok(())
     }
 
     /// `pwrite(2)`: writes all of `data` at `off` without moving the position (on a file
@@ -1071,24 +1196,14 @@ impl File {
         off: Option<u64>,
         mode: Completion,
     ) -> Result<u64, ClientError> {
-        if !self.writable {
-            return Err(errno(libc::EBADF));
-        }
+        self.check_access(true)?;
         let len = data.len() as u64;
         let mut off = match off {
             Some(o) => {
-                match o.checked_add(len) {
-                    Some(end) if o <= i64::MAX as u64 && end <= i64::MAX as u64 => {}
-                    _ => return Err(errno(libc::EFBIG)),
-                }
+                self.check_range(o, len, true)?;
                 o
             }
-            None if data.is_empty() => return self.len(),
-            None => {
-                let (_, size) = self.lookup(APPEND, len, true)?;
-                size.checked_sub(len)
-                    .ok_or_else(|| bad_reply("append size"))?
-            }
+            None => self.append_at(len)?,
         };
         if data.is_empty() {
             return Ok(off);
@@ -1112,32 +1227,11 @@ impl File {
                 }
             }
         }
-        let mut segs = Vec::new();
-        let mut holes = Vec::new();
         let mut data = data;
         let mut fruitless = 0u32;
         loop {
-            let end = off + data.len() as u64;
-            let plan = {
-                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-                match self.plan(&map, off, data.len(), None, &mut segs, &mut holes) {
-                    Plan::Ready if end <= map.size => None,
-                    Plan::Ready => Some(0),
-                    Plan::Miss(i) => Some(i),
-                }
-            };
-            if let Some(i) = plan {
-                // Writes past the end or into unmapped space: the extend call maps what is
-                // allocated, allocates the holes and grows the size, in one round trip.
-                self.lookup(off + i as u64, (data.len() - i) as u64, true)?;
-                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-                if map.at(off + i as u64).is_none() {
-                    drop(map);
-                    self.hard_miss(&mut fruitless)?;
-                }
-                continue;
-            }
-            match self.transfer(&mut Io::Write(data), &segs, mode) {
+            let p = self.prepare_write(off, data.len(), &mut fruitless)?;
+            match self.transfer(&mut Io::Write(data), &p.segs, mode) {
                 Ok(()) => return Ok(start),
                 Err(Fail::Err(e)) => return Err(e),
                 Err(Fail::Miss(i)) => {

@@ -14,6 +14,7 @@
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 
+pub mod aio;
 pub mod channel;
 pub mod control;
 pub mod file;
@@ -22,6 +23,7 @@ pub mod policy;
 
 use std::path::PathBuf;
 
+pub use aio::{Pending, WriteSlot};
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
 pub use file::{DirEntry, File, Moneta, OpenOptions, Stats};

@@ -469,3 +469,122 @@ fn completion_modes() {
     f.set_policy(None);
     assert_eq!(f.policy(), Policy::Fixed(Completion::Sleep));
 }
+
+/// The asynchronous API: more requests than tags in flight, wait any / all, batches, polling,
+/// zero-copy reads and writes, appends, errors.
+#[test]
+fn asynchronous_requests() {
+    use libmoneta::aio::{wait_all, wait_any};
+    let d = Daemon::start_fs("64M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/q", &rw()).unwrap();
+    let body = pattern(9, 0, 2 << 20);
+    f.write_at(&body, 0).unwrap();
+
+    // 200 reads of assorted sizes and offsets, far more than the channel's 64 tags.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let asks: Vec<(u64, usize)> = (0..200)
+        .map(|_| {
+            let len = [1usize, 512, 4096, 20_000, 100_000][rng.gen_range(0..5)];
+            (rng.gen_range(0..(2u64 << 20) + 1000), len)
+        })
+        .collect();
+    let mut reqs: Vec<_> = asks
+        .iter()
+        .map(|&(off, len)| f.submit_read(vec![0u8; len], off).unwrap())
+        .collect();
+    let mut seen = 0;
+    while !reqs.is_empty() {
+        let i = wait_any(&mut reqs).unwrap();
+        let mut r = reqs.swap_remove(i);
+        let n = r.wait().unwrap();
+        assert!(r.data().len() == n);
+        seen += 1;
+        let _ = r.into_buffer();
+    }
+    assert_eq!(seen, 200);
+    // Each result checked against the file.
+    let mut reqs: Vec<_> = asks
+        .iter()
+        .map(|&(off, len)| f.submit_read(vec![0u8; len], off).unwrap())
+        .collect();
+    wait_all(&mut reqs);
+    for (r, &(off, len)) in reqs.iter_mut().zip(&asks) {
+        assert!(r.is_done());
+        let n = r.wait().unwrap();
+        let want = len.min((body.len() as u64).saturating_sub(off) as usize);
+        assert_eq!(n, want, "read at {off}+{len}");
+        assert!(r.data() == &body[off as usize..off as usize + n]);
+        assert_eq!(
+            errno_of(r.wait()),
+            libc::EINVAL,
+            "a result is taken only once"
+        );
+    }
+    drop(reqs);
+
+    // Writes, batched, then read back synchronously.
+    let ops: Vec<(bool, Vec<u8>, u64)> = (0..40u64)
+        .map(|i| (true, pattern(i as u8, i, 3000), 3_000_000 + i * 3000))
+        .collect();
+    let mut ws: Vec<_> = f
+        .submit_batch(ops)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    while ws.iter_mut().any(|w| !w.poll()) {
+        std::hint::spin_loop();
+    }
+    for w in &mut ws {
+        assert_eq!(w.wait().unwrap(), 3000);
+    }
+    drop(ws);
+    for i in 0..40u64 {
+        let mut back = vec![0u8; 3000];
+        f.read_at(&mut back, 3_000_000 + i * 3000).unwrap();
+        assert!(back == pattern(i as u8, i, 3000), "batched write {i}");
+    }
+
+    // Zero-copy: a write filled in its DMA slice, a read left in its slice; also across an
+    // extent boundary (64 KiB chunks), where the library copies instead.
+    for off in [8192u64, 65_536 - 100] {
+        let mut slot = f.write_slot(1000).unwrap();
+        slot.buf().copy_from_slice(&pattern(77, off, 1000));
+        let mut w = slot.submit(off).unwrap();
+        assert_eq!(w.wait().unwrap(), 1000);
+        drop(w);
+        let mut r = f.submit_read_in_place(off, 1000).unwrap();
+        assert_eq!(r.wait().unwrap(), 1000);
+        assert!(r.data() == pattern(77, off, 1000), "in place at {off}");
+    }
+    assert_eq!(
+        errno_of(f.submit_read_in_place(0, 1 << 20)),
+        libc::EINVAL,
+        "more than a slice"
+    );
+
+    // Append and access errors.
+    let mut o = OpenOptions::new();
+    o.append(true);
+    let ap = m.open("/q", &o).unwrap();
+    let size = f.len().unwrap();
+    let mut a = ap.submit_write(b"end".to_vec(), 0).unwrap();
+    assert_eq!(a.wait().unwrap(), 3);
+    drop(a);
+    let mut tail = [0u8; 3];
+    f.read_at(&mut tail, size).unwrap();
+    assert_eq!(&tail, b"end");
+    assert_eq!(errno_of(ap.submit_read(vec![0; 10], 0)), libc::EBADF);
+    let ro = m.open("/q", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(errno_of(ro.submit_write(vec![1], 0)), libc::EBADF);
+    // A read past the end ends at once with 0 bytes.
+    let mut r = ro.submit_read(vec![0; 10], 1 << 30).unwrap();
+    assert_eq!(r.wait().unwrap(), 0);
+    // Dropping requests in flight is safe, and the tags come back.
+    let inflight: Vec<_> = (0..100u64)
+        .map(|i| ro.submit_read(vec![0u8; 16384], i * 16384).unwrap())
+        .collect();
+    drop(inflight);
+    let mut again = ro.submit_read(vec![0u8; 4096], 0).unwrap();
+    assert_eq!(again.wait().unwrap(), 4096);
+}
