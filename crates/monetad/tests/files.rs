@@ -588,3 +588,65 @@ fn asynchronous_requests() {
     let mut again = ro.submit_read(vec![0u8; 4096], 0).unwrap();
     assert_eq!(again.wait().unwrap(), 4096);
 }
+
+/// The C example, compiled against `include/moneta.h` with warnings as errors and linked with
+/// `libmoneta.so`, runs its synchronous and asynchronous checks against a real daemon.
+#[test]
+fn c_example_program() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::path::Path::new(env!("CARGO_BIN_EXE_monetad"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let so = dir.join("libmoneta.so");
+    if !so.exists() {
+        // `cargo test -p monetad` alone does not build the C library; build it.
+        let mut c = std::process::Command::new(env!("CARGO"));
+        c.args(["build", "-p", "libmoneta-c"]);
+        if dir.ends_with("release") {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p libmoneta-c");
+    }
+    assert!(so.exists(), "{} missing", so.display());
+    let tmp = TempDir::new("cex");
+    let exe = tmp.0.join("moneta_example");
+    let out = std::process::Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-O1",
+            "-I",
+        ])
+        .arg(root.join("include"))
+        .arg(root.join("examples/c/moneta_example.c"))
+        .arg("-L")
+        .arg(&dir)
+        .arg("-lmoneta")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = Daemon::start_fs("64M", &[]);
+    let run = std::process::Command::new(&exe)
+        .env("MONETA_SOCKET", &d.socket)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && stdout.contains("moneta_example: ok"),
+        "example failed: {}\n{}{}",
+        run.status,
+        stdout,
+        String::from_utf8_lossy(&run.stderr)
+    );
+}

@@ -1,0 +1,121 @@
+//! `include/moneta.h` is generated from `src/lib.rs`; this test regenerates it and fails if the
+//! committed header differs, so the two cannot drift. `MONETA_BLESS=1` rewrites the header.
+
+use std::path::Path;
+
+#[test]
+fn header_matches_the_code() {
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = krate.join("../../include/moneta.h");
+    let config = cbindgen::Config::from_file(krate.join("cbindgen.toml")).expect("cbindgen.toml");
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(krate.join("src/lib.rs"))
+        .generate()
+        .expect("generate the header");
+    let mut fresh = Vec::new();
+    bindings.write(&mut fresh);
+    let fresh = String::from_utf8(fresh).unwrap();
+    if std::env::var("MONETA_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(&header, &fresh).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&header).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "include/moneta.h is out of date with src/lib.rs; regenerate it with \
+         MONETA_BLESS=1 cargo test -p libmoneta-c --test header"
+    );
+}
+
+/// The header compiles on its own as strict C and as C++.
+#[test]
+fn header_compiles_as_c_and_cpp() {
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let include = krate.join("../../include");
+    let dir = std::env::temp_dir().join(format!("moneta-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("use.c");
+    std::fs::write(
+        &src,
+        "#include \"moneta.h\"\n\
+         int main(void) { struct moneta_stat st; struct moneta_conn *(*f)(const char *) = moneta_connect; st.size = f != 0; return (int)st.size; }\n",
+    )
+    .unwrap();
+    for (cc, std, lang) in [("cc", "-std=c11", "c"), ("c++", "-std=c++11", "c++")] {
+        let out = std::process::Command::new(cc)
+            .args([
+                std,
+                "-x",
+                lang,
+                "-Wall",
+                "-Wextra",
+                "-pedantic",
+                "-Werror",
+                "-c",
+                "-I",
+            ])
+            .arg(&include)
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.join(format!("use-{lang}.o")))
+            .output()
+            .unwrap_or_else(|e| panic!("run {cc}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cc} {std} rejects moneta.h:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `libmoneta.so` exports exactly the functions the header declares: rustc keeps every other
+/// symbol local (it links the library with its own version script), and this checks it.
+#[test]
+fn exports_match_the_header() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let so = dir.join("libmoneta.so");
+    if !so.exists() {
+        let mut c = std::process::Command::new(env!("CARGO"));
+        c.args(["build", "-p", "libmoneta-c"]);
+        if dir.ends_with("release") {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p libmoneta-c");
+    }
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--defined-only", "--format=posix"])
+        .arg(&so)
+        .output()
+        .expect("run nm");
+    assert!(out.status.success());
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let name = w.next()?;
+            (w.next()? == "T").then(|| name.split('@').next().unwrap().to_string())
+        })
+        .collect();
+    exported.sort();
+    let header = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include/moneta.h"),
+    )
+    .unwrap();
+    let mut declared: Vec<String> = header
+        .lines()
+        .filter(|l| !l.starts_with("//") && !l.starts_with('#') && l.contains('('))
+        .filter_map(|l| {
+            let name = l.split('(').next()?.rsplit([' ', '*']).next()?;
+            name.starts_with("moneta_").then(|| name.to_string())
+        })
+        .collect();
+    declared.sort();
+    declared.dedup();
+    assert_eq!(
+        exported, declared,
+        "exports of libmoneta.so differ from moneta.h"
+    );
+}
