@@ -29,9 +29,9 @@ use std::time::Duration;
 
 use moneta_abi::{Completion, Opcode, Status};
 
-use crate::channel::{command, Tag};
+use crate::channel::{command, Channel, Tag};
 use crate::file::{File, Prepared};
-use crate::ClientError;
+use crate::{fork, ClientError};
 
 enum Buf {
     Owned(Vec<u8>),
@@ -47,6 +47,10 @@ enum Buf {
 /// before the device is done with them).
 pub struct Pending<'f> {
     file: &'f File,
+    /// The channel the commands went to, and the fork generation it belongs to: in a forked
+    /// child, a request of the parent ends with `ECANCELED` without touching its tags.
+    ch: &'f Channel,
+    gen: u64,
     write: bool,
     off: u64,
     buf: Buf,
@@ -124,6 +128,7 @@ impl File {
     /// request's slice, where [`Pending::data`] shows them, without a copy. (A range that spans
     /// two extents or a hole is read into a private buffer instead, transparently.)
     pub fn submit_read_in_place(&self, off: u64, len: usize) -> Result<Pending<'_>, ClientError> {
+        self.h()?;
         if len > self.channel().slice_size() {
             return Err(ClientError::Io(std::io::Error::from_raw_os_error(
                 libc::EINVAL,
@@ -136,15 +141,19 @@ impl File {
     /// A DMA slice to fill in place for a zero-copy write of `len` bytes (at most one slice);
     /// [`WriteSlot::submit`] sends it.
     pub fn write_slot(&self, len: usize) -> Result<WriteSlot<'_>, ClientError> {
+        self.h()?;
         if len > self.channel().slice_size() {
             return Err(ClientError::Io(std::io::Error::from_raw_os_error(
                 libc::EINVAL,
             )));
         }
         self.check_access(true)?;
+        let ch = self.channel();
         Ok(WriteSlot {
             file: self,
-            tag: Some(self.channel().tag()),
+            ch,
+            gen: fork::generation(),
+            tag: Some(ch.tag()),
             len,
         })
     }
@@ -185,6 +194,7 @@ impl File {
         bits: &mut u64,
     ) -> Result<Pending<'_>, ClientError> {
         self.check_access(write)?;
+        self.h()?;
         let len = match buf {
             Buf::Owned(ref v) => v.len(),
             Buf::Raw(_, n) | Buf::InPlace(n) => n,
@@ -206,6 +216,8 @@ impl File {
         };
         let mut p = Pending {
             file: self,
+            ch: self.channel(),
+            gen: fork::generation(),
             write,
             off,
             buf,
@@ -240,8 +252,13 @@ impl File {
 }
 
 impl<'f> Pending<'f> {
-    fn ch(&self) -> &'f crate::Channel {
-        self.file.channel()
+    fn ch(&self) -> &'f Channel {
+        self.ch
+    }
+
+    /// A request of the parent process seen in a forked child.
+    fn orphaned(&self) -> bool {
+        self.gen != fork::generation()
     }
 
     /// An in-place read that does not fit one command on one tag becomes an owned one.
@@ -352,6 +369,16 @@ impl<'f> Pending<'f> {
     /// Moves the request along; returns whether it has ended. Never blocks unless `block`.
     fn progress(&mut self, block: bool) -> bool {
         if self.ended {
+            return true;
+        }
+        if self.orphaned() {
+            // POSIX: a child does not inherit its parent's asynchronous requests.
+            self.inflight.clear();
+            self.held = None;
+            self.result = Some(Err(ClientError::Io(std::io::Error::from_raw_os_error(
+                libc::ECANCELED,
+            ))));
+            self.ended = true;
             return true;
         }
         loop {
@@ -482,6 +509,9 @@ impl std::fmt::Debug for Pending<'_> {
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
+        if self.orphaned() {
+            return;
+        }
         // Stop issuing and let the device finish what it has.
         self.next = self.prep.segs.len();
         let ch = self.ch();
@@ -498,6 +528,8 @@ impl Drop for Pending<'_> {
 /// A DMA slice being filled for a zero-copy write.
 pub struct WriteSlot<'f> {
     file: &'f File,
+    ch: &'f Channel,
+    gen: u64,
     tag: Option<Tag>,
     len: usize,
 }
@@ -506,7 +538,7 @@ impl<'f> WriteSlot<'f> {
     /// The slice to fill.
     pub fn buf(&mut self) -> &mut [u8] {
         let tag = self.tag.expect("slot holds its tag until submitted");
-        self.file.channel().dma_slice_mut(tag, self.len)
+        self.ch.dma_slice_mut(tag, self.len)
     }
 
     /// Sends the slice's bytes to `off` (the end on a file opened for appending). When the
@@ -515,7 +547,12 @@ impl<'f> WriteSlot<'f> {
         let f = self.file;
         let tag = self.tag.take().expect("slot holds its tag until submitted");
         let len = self.len;
-        let ch = f.channel();
+        let ch = self.ch;
+        if self.gen != fork::generation() {
+            return Err(ClientError::Io(std::io::Error::from_raw_os_error(
+                libc::ECANCELED,
+            )));
+        }
         let mode = f.policy().mode(len);
         let r = (|| {
             let off = if f.appends() {
@@ -541,6 +578,8 @@ impl<'f> WriteSlot<'f> {
             inflight.push_back((tag, 0));
             return Ok(Pending {
                 file: f,
+                ch,
+                gen: self.gen,
                 write: true,
                 off,
                 buf: Buf::Owned(Vec::new()),
@@ -566,7 +605,9 @@ impl<'f> WriteSlot<'f> {
 impl Drop for WriteSlot<'_> {
     fn drop(&mut self) {
         if let Some(t) = self.tag.take() {
-            self.file.channel().release(t);
+            if self.gen == fork::generation() {
+                self.ch.release(t);
+            }
         }
     }
 }

@@ -549,6 +549,44 @@ impl Channel {
     }
 }
 
+impl Channel {
+    /// In a forked child: makes the parent's channel inert. Its descriptors (control socket,
+    /// channel memory, kick pipe) are replaced by `/dev/null`, so the parent's connection ends
+    /// when the parent closes it, and its mapping by private zeroed memory, so nothing this
+    /// process does can reach the parent's tags. The object stays valid for references held
+    /// elsewhere, which check the fork generation before use.
+    pub(crate) fn detach(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain system calls on descriptors this object owns; `dup3` replaces each
+        // atomically, so the numbers stay owned by it and are closed once, at drop.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if null >= 0 {
+                for fd in [
+                    self.control.fd().as_raw_fd(),
+                    self.memfd.as_raw_fd(),
+                    self.kick.as_raw_fd(),
+                ] {
+                    libc::dup3(null, fd, libc::O_CLOEXEC);
+                }
+                libc::close(null);
+            }
+        }
+        // SAFETY: replaces exactly this channel's mapping, in place, with anonymous memory;
+        // `Drop` unmaps it as before.
+        unsafe {
+            libc::mmap(
+                self.base.as_ptr().cast(),
+                self.info.channel_size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        }
+    }
+}
+
 /// A command with no cookie; its sequence number is set at submission.
 pub(crate) fn command(opcode: Opcode, completion: Completion, addr: u64, len: u64) -> Command {
     Command {

@@ -264,6 +264,55 @@ impl Control {
         }
     }
 
+    /// Prepares a fork: a bundle of every handle of this connection for a child to claim.
+    pub(crate) fn fs_fork(&self) -> Result<crate::fork::Ticket, ClientError> {
+        let (body, mut fds) = self.call(&Request::Fs(FsRequest::Fork))?;
+        match (body, fds.pop()) {
+            (ReplyBody::Fs(FsReply::Forked { bundle, secret, .. }), Some(pipe))
+                if fds.is_empty() =>
+            {
+                use std::os::fd::IntoRawFd;
+                Ok(crate::fork::Ticket {
+                    bundle,
+                    secret,
+                    pipe: pipe.into_raw_fd(),
+                })
+            }
+            _ => Err(ClientError::Protocol(control::Error::BadField(
+                "fork reply",
+            ))),
+        }
+    }
+
+    /// Claims a fork bundle: pairs of (the forking connection's handle, this one's).
+    pub fn fs_inherit(
+        &self,
+        bundle: u64,
+        secret: [u64; 2],
+    ) -> Result<Vec<(u64, u64)>, ClientError> {
+        let mut out = Vec::new();
+        loop {
+            match self.fs(FsRequest::Inherit {
+                bundle,
+                secret,
+                from: out.len() as u32,
+            })? {
+                FsReply::Inherited { total, pairs } => {
+                    let empty = pairs.is_empty();
+                    out.extend(pairs);
+                    if out.len() >= total as usize || empty {
+                        return Ok(out);
+                    }
+                }
+                _ => {
+                    return Err(ClientError::Protocol(control::Error::BadField(
+                        "inherit reply",
+                    )))
+                }
+            }
+        }
+    }
+
     /// Closes a handle.
     pub fn fs_close(&self, handle: u64) -> Result<(), ClientError> {
         self.fs(FsRequest::Close { handle }).map(|_| ())

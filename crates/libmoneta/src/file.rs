@@ -30,11 +30,11 @@
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, IoSlice, IoSliceMut, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use moneta_abi::control::{RIGHT_READ, RIGHT_WRITE};
@@ -45,7 +45,10 @@ use moneta_abi::fsproto::{
 use moneta_abi::{Completion, Opcode, Status};
 
 use crate::channel::{command, Channel, Tag};
+use crate::control::Control;
+use crate::fork::{self, GenLock, Ticket};
 use crate::policy::Policy;
+use crate::position::Position;
 use crate::{paths, ClientError};
 
 /// Bytes a read-side lookup asks for beyond the request, so that a sequential reader takes one
@@ -114,10 +117,123 @@ struct Counters {
     commands: AtomicU64,
 }
 
-struct Inner {
-    channel: Channel,
+/// A connection, shared by its [`Moneta`] clones and open files.
+///
+/// After a `fork` the child's copy is *stale* (its generation is not the process's): its first
+/// use detaches the parent's channel, connects anew and claims the parent's handles (see
+/// [`crate::fork`]). Every channel the connection ever had stays allocated (inert once
+/// detached) until the connection is dropped, so references handed out never dangle.
+pub(crate) struct Inner {
+    socket: PathBuf,
     policy: Policy,
     counters: Counters,
+    /// The current channel (one of `state.chans`).
+    cur: AtomicPtr<Channel>,
+    /// The fork generation `cur` belongs to.
+    gen: AtomicU64,
+    /// Index of the current channel in `state.chans`.
+    epoch: AtomicU64,
+    state: GenLock<ConnState>,
+    /// A bundle to claim, left by the fork that made this process.
+    ticket: GenLock<Option<Ticket>>,
+    /// Files open on the connection (a fork with none asks the daemon for nothing).
+    open: AtomicUsize,
+}
+
+struct ConnState {
+    // Boxed: `cur` and references handed out point at a channel while the vector grows.
+    #[allow(clippy::vec_box)]
+    chans: Vec<Box<Channel>>,
+    /// `remaps[k]`: handles of channel `k`'s connection to those of `k + 1` (`None`: nothing
+    /// was inherited).
+    remaps: Vec<Option<HashMap<u64, u64>>>,
+}
+
+impl Inner {
+    /// The current channel: valid once [`Inner::live`] has succeeded in this generation.
+    #[inline]
+    fn cur(&self) -> &Channel {
+        // SAFETY: `cur` points into a box of `state.chans`, which lives as long as `self`.
+        unsafe { &*self.cur.load(Ordering::Acquire) }
+    }
+
+    /// Whether the current channel belongs to this process.
+    #[inline]
+    fn fresh(&self) -> bool {
+        self.gen.load(Ordering::Acquire) == fork::generation()
+    }
+
+    /// The current channel, connecting first in a forked child.
+    #[inline]
+    fn live(&self) -> Result<&Channel, ClientError> {
+        if !self.fresh() {
+            self.refresh()?;
+        }
+        Ok(self.cur())
+    }
+
+    /// In a forked child: detaches the parent's channel, connects, claims the bundle.
+    fn refresh(&self) -> Result<(), ClientError> {
+        let g = fork::generation();
+        let mut st = self.state.lock();
+        if self.gen.load(Ordering::Acquire) == g {
+            return Ok(());
+        }
+        st.chans.last().expect("a connection").detach();
+        let ch = Channel::from_control(Control::connect(&self.socket)?)?;
+        let ticket = self.ticket.lock().take();
+        let remap = match ticket {
+            Some(t) => {
+                let r = ch.control().fs_inherit(t.bundle, t.secret);
+                t.close_pipe();
+                match r {
+                    Ok(pairs) => Some(pairs.into_iter().collect()),
+                    Err(e) => {
+                        eprintln!("libmoneta: the files of the parent process are lost: {e}");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let b = Box::new(ch);
+        self.cur
+            .store(&*b as *const Channel as *mut Channel, Ordering::Release);
+        st.chans.push(b);
+        st.remaps.push(remap);
+        self.epoch
+            .store(st.chans.len() as u64 - 1, Ordering::Release);
+        self.gen.store(g, Ordering::Release);
+        Ok(())
+    }
+
+    /// Before a fork: a bundle of this connection's handles for the child, if it has any.
+    pub(crate) fn prepare_fork(&self) -> Option<Ticket> {
+        if self.open.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let ch = self.live().ok()?;
+        match ch.control().fs_fork() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("libmoneta: a forked child will not inherit its files: {e}");
+                None
+            }
+        }
+    }
+
+    /// In a forked child, right after the fork: the bundle to claim.
+    pub(crate) fn set_ticket(&self, t: Ticket) {
+        *self.ticket.lock() = Some(t);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.lock().take() {
+            t.close_pipe();
+        }
+    }
 }
 
 /// A connection to `monetad` and its channel; cheap to clone and shared by threads.
@@ -240,18 +356,31 @@ impl Moneta {
 
     /// Connects with an explicit completion policy.
     pub fn connect_with(socket: &Path, policy: Policy) -> Result<Moneta, ClientError> {
-        Ok(Moneta {
-            inner: Arc::new(Inner {
-                channel: Channel::open(socket)?,
-                policy,
-                counters: Counters::default(),
+        let ch = Box::new(Channel::open(socket)?);
+        let inner = Arc::new(Inner {
+            socket: socket.to_owned(),
+            policy,
+            counters: Counters::default(),
+            cur: AtomicPtr::new(&*ch as *const Channel as *mut Channel),
+            gen: AtomicU64::new(fork::generation()),
+            epoch: AtomicU64::new(0),
+            state: GenLock::new(ConnState {
+                chans: vec![ch],
+                remaps: Vec::new(),
             }),
-        })
+            ticket: GenLock::new(None),
+            open: AtomicUsize::new(0),
+        });
+        fork::register(&inner);
+        Ok(Moneta { inner })
     }
 
-    /// The channel.
+    /// The channel (in a forked child, its own: connecting on first use). If a forked child
+    /// cannot reach the daemon, this is its parent's channel made inert, whose requests
+    /// never complete: use the file calls, which report the error.
     pub fn channel(&self) -> &Channel {
-        &self.inner.channel
+        let _ = self.inner.live();
+        self.inner.cur()
     }
 
     /// The connection's completion policy.
@@ -271,7 +400,7 @@ impl Moneta {
     }
 
     fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
-        self.inner.channel.control().fs(req)
+        self.inner.live()?.control().fs(req)
     }
 
     fn fs_empty(&self, req: FsRequest) -> Result<(), ClientError> {
@@ -297,20 +426,20 @@ impl Moneta {
         flags: i32,
         mode: u32,
     ) -> Result<File, ClientError> {
-        let (handle, rights, stat) =
-            self.inner
-                .channel
-                .control()
-                .fs_open(&path_bytes(&path), flags, mode)?;
+        let ch = self.inner.live()?;
+        let pos = Position::new()?;
+        let (handle, rights, stat) = ch.control().fs_open(&path_bytes(&path), flags, mode)?;
+        self.inner.open.fetch_add(1, Ordering::AcqRel);
         Ok(File {
             m: self.clone(),
-            handle,
+            handle: AtomicU64::new(handle),
+            epoch: AtomicU64::new(self.inner.epoch.load(Ordering::Acquire)),
             ino: stat.ino,
             readable: rights & RIGHT_READ != 0,
             writable: rights & RIGHT_WRITE != 0,
             append: flags & libc::O_APPEND != 0,
             is_dir: stat.mode & libc::S_IFMT == libc::S_IFDIR,
-            pos: Mutex::new(0),
+            pos,
             map: RwLock::new(Map {
                 size: stat.size,
                 gen: 0,
@@ -584,13 +713,15 @@ enum Fail {
 /// An open file on nvfs.
 pub struct File {
     m: Moneta,
-    handle: u64,
+    /// The daemon's handle, on the connection of channel `epoch` of `m`.
+    handle: AtomicU64,
+    epoch: AtomicU64,
     ino: u64,
     readable: bool,
     writable: bool,
     append: bool,
     is_dir: bool,
-    pos: Mutex<u64>,
+    pos: Position,
     map: RwLock<Map>,
     /// Serializes this file's lookups and extends, so that sizes from replies apply in order.
     miss: Mutex<()>,
@@ -622,9 +753,52 @@ fn decode_policy(v: u64) -> Option<Policy> {
 }
 
 impl File {
-    /// The daemon's handle.
+    /// The daemon's handle (on this process's connection).
     pub fn handle(&self) -> u64 {
-        self.handle
+        self.h().unwrap_or(0)
+    }
+
+    /// The handle, after making sure it and the channel belong to this process: in a forked
+    /// child, the first use connects and maps the parent's handle to the inherited one.
+    #[inline]
+    pub(crate) fn h(&self) -> Result<u64, ClientError> {
+        let i = &self.m.inner;
+        if i.fresh() && self.epoch.load(Ordering::Acquire) == i.epoch.load(Ordering::Acquire) {
+            return Ok(self.handle.load(Ordering::Relaxed));
+        }
+        self.rebind()
+    }
+
+    #[cold]
+    fn rebind(&self) -> Result<u64, ClientError> {
+        let i = &self.m.inner;
+        i.refresh()?;
+        let st = i.state.lock();
+        let now = i.epoch.load(Ordering::Acquire);
+        let (mut e, mut h) = (
+            self.epoch.load(Ordering::Acquire),
+            self.handle.load(Ordering::Relaxed),
+        );
+        if e == now {
+            return Ok(h);
+        }
+        while e < now {
+            h = st
+                .remaps
+                .get(e as usize)
+                .and_then(|r| r.as_ref())
+                .and_then(|r| r.get(&h).copied())
+                .ok_or_else(|| errno(libc::EBADF))?;
+            e += 1;
+        }
+        drop(st);
+        // The translation map held records of the old channel.
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        map.ext.clear();
+        map.gen += 1;
+        self.handle.store(h, Ordering::Relaxed);
+        self.epoch.store(now, Ordering::Release);
+        Ok(h)
     }
 
     /// The inode number.
@@ -653,13 +827,15 @@ impl File {
         self.policy().mode(len)
     }
 
+    /// The channel, once [`File::h`] succeeded.
+    #[inline]
     fn ch(&self) -> &Channel {
-        &self.m.inner.channel
+        self.m.inner.cur()
     }
 
-    /// The connection's channel.
+    /// The connection's channel (see [`Moneta::channel`]).
     pub fn channel(&self) -> &Channel {
-        &self.m.inner.channel
+        self.m.channel()
     }
 
     /// Whether writes go to the end (`O_APPEND`).
@@ -727,7 +903,7 @@ impl File {
     /// Attributes (`fstat(2)`).
     pub fn stat(&self) -> Result<FsStat, ClientError> {
         self.m.fs_stat_reply(FsRequest::Stat {
-            target: Target::Handle(self.handle),
+            target: Target::Handle(self.h()?),
         })
     }
 
@@ -748,7 +924,7 @@ impl File {
         }
         let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         self.m.fs_empty(FsRequest::Truncate {
-            target: Target::Handle(self.handle),
+            target: Target::Handle(self.h()?),
             size,
         })?;
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
@@ -760,9 +936,7 @@ impl File {
 
     /// `fsync(2)`: data and metadata durable against a machine crash.
     pub fn sync_all(&self) -> Result<(), ClientError> {
-        self.m.fs_empty(FsRequest::Fsync {
-            handle: self.handle,
-        })
+        self.m.fs_empty(FsRequest::Fsync { handle: self.h()? })
     }
 
     /// `fdatasync(2)` (nvfs keeps data and metadata together: the same as [`File::sync_all`]).
@@ -773,7 +947,7 @@ impl File {
     /// `fchmod(2)`.
     pub fn chmod(&self, mode: u32) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Chmod {
-            target: Target::Handle(self.handle),
+            target: Target::Handle(self.h()?),
             mode,
         })
     }
@@ -781,7 +955,7 @@ impl File {
     /// `fchown(2)`.
     pub fn chown(&self, uid: u32, gid: u32) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Chown {
-            target: Target::Handle(self.handle),
+            target: Target::Handle(self.h()?),
             uid,
             gid,
         })
@@ -790,7 +964,7 @@ impl File {
     /// `futimens(2)`.
     pub fn utimes(&self, atime: WireTime, mtime: WireTime) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Utimes {
-            target: Target::Handle(self.handle),
+            target: Target::Handle(self.h()?),
             atime,
             mtime,
         })
@@ -800,7 +974,7 @@ impl File {
     /// entry seen), and whether the directory is exhausted.
     pub fn read_dir_from(&self, cookie: u64) -> Result<(Vec<DirEntry>, bool), ClientError> {
         match self.m.fs(FsRequest::Readdir {
-            handle: self.handle,
+            handle: self.h()?,
             cookie,
         })? {
             FsReply::Dir { entries, end } => Ok((entries, end)),
@@ -811,9 +985,9 @@ impl File {
     /// Closes the file, reporting the daemon's answer (dropping it closes silently).
     pub fn close(self) -> Result<(), ClientError> {
         self.closed.store(true, Ordering::Relaxed);
-        self.m.fs_empty(FsRequest::Close {
-            handle: self.handle,
-        })
+        self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
+        let handle = self.h()?;
+        self.m.fs_empty(FsRequest::Close { handle })
     }
 
     // ----- data path -----
@@ -822,15 +996,16 @@ impl File {
     /// `extend` allocates and grows (`off == APPEND` appends). Returns the lookup's generation
     /// and the size it reported.
     fn lookup(&self, off: u64, len: u64, extend: bool) -> Result<(u64, u64), ClientError> {
+        let handle = self.h()?;
         let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         let c = &self.m.inner.counters;
         let ctl = self.ch().control();
         let (size, exts) = if extend {
             c.extends.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_extend(self.handle, off, len)?
+            ctl.fs_extend(handle, off, len)?
         } else {
             c.soft_misses.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_lookup(self.handle, off, len.max(LOOKUP_AHEAD))?
+            ctl.fs_lookup(handle, off, len.max(LOOKUP_AHEAD))?
         };
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         map.gen += 1;
@@ -1038,6 +1213,7 @@ impl File {
             return Ok(0);
         }
         self.check_range(off, buf.len() as u64, false)?;
+        self.h()?;
         let slice = self.ch().slice_size();
         // Fast path: inside the known size, one mapped extent, one slice.
         {
@@ -1208,6 +1384,7 @@ impl File {
         if data.is_empty() {
             return Ok(off);
         }
+        self.h()?;
         let start = off;
         let slice = self.ch().slice_size();
         // Fast path: inside the known size, one mapped extent, one slice.
@@ -1248,18 +1425,18 @@ impl File {
 
     /// `read(2)`: reads at the position and advances it.
     pub fn read(&self, buf: &mut [u8]) -> Result<usize, ClientError> {
-        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
-        let n = self.read_at(buf, *pos)?;
-        *pos += n as u64;
+        let mut pos = self.pos.lock();
+        let n = self.read_at(buf, pos.get())?;
+        pos.set(pos.get() + n as u64);
         Ok(n)
     }
 
     /// `write(2)`: writes at the position (at the end when appending) and advances it.
     pub fn write(&self, data: &[u8]) -> Result<usize, ClientError> {
-        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pos = self.pos.lock();
         let mode = self.mode_for(data.len());
-        let at = self.write_inner(data, (!self.append).then_some(*pos), mode)?;
-        *pos = at + data.len() as u64;
+        let at = self.write_inner(data, (!self.append).then_some(pos.get()), mode)?;
+        pos.set(at + data.len() as u64);
         Ok(data.len())
     }
 
@@ -1298,9 +1475,9 @@ impl File {
 
     /// `readv(2)`.
     pub fn read_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, ClientError> {
-        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
-        let n = self.read_vectored_at(bufs, *pos)?;
-        *pos += n as u64;
+        let mut pos = self.pos.lock();
+        let n = self.read_vectored_at(bufs, pos.get())?;
+        pos.set(pos.get() + n as u64);
         Ok(n)
     }
 
@@ -1312,15 +1489,15 @@ impl File {
 
     /// `lseek(2)`: the new position.
     pub fn seek(&self, to: SeekFrom) -> Result<u64, ClientError> {
-        let mut pos = self.pos.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pos = self.pos.lock();
         let new = match to {
             SeekFrom::Start(n) => Some(n),
-            SeekFrom::Current(d) => pos.checked_add_signed(d),
+            SeekFrom::Current(d) => pos.get().checked_add_signed(d),
             SeekFrom::End(d) => self.len()?.checked_add_signed(d),
         };
         match new {
             Some(n) if n <= i64::MAX as u64 => {
-                *pos = n;
+                pos.set(n);
                 Ok(n)
             }
             _ => Err(errno(libc::EINVAL)),
@@ -1329,14 +1506,14 @@ impl File {
 
     /// The position.
     pub fn position(&self) -> u64 {
-        *self.pos.lock().unwrap_or_else(|e| e.into_inner())
+        self.pos.get()
     }
 }
 
 impl std::fmt::Debug for File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("File")
-            .field("handle", &self.handle)
+            .field("handle", &self.handle.load(Ordering::Relaxed))
             .field("ino", &self.ino)
             .field("read", &self.readable)
             .field("write", &self.writable)
@@ -1348,7 +1525,7 @@ impl std::fmt::Debug for File {
 impl std::fmt::Debug for Moneta {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Moneta")
-            .field("channel", &self.inner.channel.id())
+            .field("channel", &self.inner.cur().id())
             .field("policy", &self.inner.policy)
             .finish()
     }
@@ -1359,9 +1536,15 @@ impl Drop for File {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        let _ = self.m.fs_empty(FsRequest::Close {
-            handle: self.handle,
-        });
+        self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
+        // A forked child that never used its connection has nothing to close: the bundle
+        // holding its copies goes when the child does.
+        if !self.m.inner.fresh() {
+            return;
+        }
+        if let Ok(handle) = self.h() {
+            let _ = self.m.fs_empty(FsRequest::Close { handle });
+        }
     }
 }
 

@@ -18,8 +18,10 @@ pub mod aio;
 pub mod channel;
 pub mod control;
 pub mod file;
+pub mod fork;
 pub mod paths;
 pub mod policy;
+mod position;
 
 use std::path::PathBuf;
 

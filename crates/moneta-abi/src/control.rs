@@ -48,6 +48,8 @@ pub mod errno {
     pub const ENOENT: i32 = 2;
     /// I/O error.
     pub const EIO: i32 = 5;
+    /// Resource temporarily unavailable.
+    pub const EAGAIN: i32 = 11;
     /// No such handle.
     pub const EBADF: i32 = 9;
     /// Out of memory.

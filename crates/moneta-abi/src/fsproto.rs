@@ -1,4 +1,4 @@
-//! The file-system calls of the control protocol (ops 16 to 34): the permission manager's
+//! The file-system calls of the control protocol (ops 16 to 36): the permission manager's
 //! interface (Moneta-D §2.1). Payloads use the control protocol's little-endian encoding; a
 //! byte string is a u32 length followed by the bytes (no terminator, no padding).
 //!
@@ -61,6 +61,21 @@ pub const OP_FS_READLINK: u16 = 32;
 pub const OP_FS_READDIR: u16 = 33;
 /// `statfs`: no payload. Reply: [`FsReply::StatFs`].
 pub const OP_FS_STATFS: u16 = 34;
+/// Prepares a `fork`: no payload. The daemon copies every handle of the connection into a
+/// *bundle* that a child process claims with [`OP_FS_INHERIT`] on its own connection. Reply:
+/// [`FsReply::Forked`], with one file descriptor: the write end of a pipe whose read end the
+/// daemon keeps. The bundle lives until it is claimed or until every copy of that write end is
+/// closed (the parent closes its copy after forking; a child that exits or never claims drops
+/// its own), so no bundle outlives the processes that could claim it.
+pub const OP_FS_FORK: u16 = 35;
+/// Claims a bundle made by [`OP_FS_FORK`] on another connection: payload bundle (u64), secret
+/// (two u64), from (u32), reserved (u32). The first call (from 0) moves every handle of the
+/// bundle to this connection, with the same rights, and answers the first pairs of (old
+/// handle, new handle); a bundle of more than [`MAX_INHERITED`] handles is read in pages by
+/// calling again with `from` set to the pairs received so far (the same bundle and secret).
+/// Reply: [`FsReply::Inherited`]. A wrong bundle or secret, or a bundle already claimed by
+/// another connection: `EBADF`.
+pub const OP_FS_INHERIT: u16 = 36;
 
 /// Longest path, in bytes.
 pub const PATH_MAX: usize = 4095;
@@ -80,10 +95,12 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const HOLE: u64 = u64::MAX;
 /// Most extents in one reply.
 pub const MAX_EXTENTS: usize = 256;
+/// Most handle pairs in one [`FsReply::Inherited`] (one page of a bundle).
+pub const MAX_INHERITED: usize = 1000;
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_STATFS).contains(&op)
+    (OP_FS_OPEN..=OP_FS_INHERIT).contains(&op)
 }
 
 /// What a call acts on.
@@ -186,6 +203,12 @@ pub enum FsRequest {
         cookie: u64,
     },
     Statfs,
+    Fork,
+    Inherit {
+        bundle: u64,
+        secret: [u64; 2],
+        from: u32,
+    },
 }
 
 /// File attributes on the wire (104 bytes): ino, size, blocks, blksize (u64); atime, mtime,
@@ -282,6 +305,24 @@ pub enum FsReply {
     Bytes(Vec<u8>),
     /// Totals.
     StatFs(FsStatFs),
+    /// bundle (u64), secret (two u64), handles (u32), reserved (u32); a pipe's write end
+    /// comes with it.
+    Forked {
+        /// The bundle's id.
+        bundle: u64,
+        /// What a claim must present.
+        secret: [u64; 2],
+        /// Handles in the bundle.
+        handles: u32,
+    },
+    /// total (u32), count (u32), `count` pairs of (old handle, new handle) (u64 each).
+    Inherited {
+        /// Pairs in the whole bundle.
+        total: u32,
+        /// The claiming connection's handle for each handle of the forking one, from the
+        /// requested index on.
+        pairs: Vec<(u64, u64)>,
+    },
 }
 
 fn path_ok(p: &[u8]) -> Result<(), Error> {
@@ -402,6 +443,8 @@ impl FsRequest {
             FsRequest::Readlink { .. } => OP_FS_READLINK,
             FsRequest::Readdir { .. } => OP_FS_READDIR,
             FsRequest::Statfs => OP_FS_STATFS,
+            FsRequest::Fork => OP_FS_FORK,
+            FsRequest::Inherit { .. } => OP_FS_INHERIT,
         }
     }
 
@@ -469,7 +512,18 @@ impl FsRequest {
             FsRequest::Readdir { handle, cookie } => {
                 w.u64(*handle).u64(*cookie);
             }
-            FsRequest::Statfs => {}
+            FsRequest::Statfs | FsRequest::Fork => {}
+            FsRequest::Inherit {
+                bundle,
+                secret,
+                from,
+            } => {
+                w.u64(*bundle)
+                    .u64(secret[0])
+                    .u64(secret[1])
+                    .u32(*from)
+                    .u32(0);
+            }
         }
     }
 
@@ -581,6 +635,18 @@ impl FsRequest {
                 cookie: r.u64()?,
             },
             OP_FS_STATFS => FsRequest::Statfs,
+            OP_FS_FORK => FsRequest::Fork,
+            OP_FS_INHERIT => {
+                let bundle = r.u64()?;
+                let secret = [r.u64()?, r.u64()?];
+                let from = r.u32()?;
+                r.zero32("reserved")?;
+                FsRequest::Inherit {
+                    bundle,
+                    secret,
+                    from,
+                }
+            }
             other => return Err(Error::UnknownOp(other)),
         })
     }
@@ -624,6 +690,23 @@ impl FsReply {
                     .u64(s.inodes)
                     .u64(s.inodes_free)
                     .u64(s.name_max);
+            }
+            FsReply::Forked {
+                bundle,
+                secret,
+                handles,
+            } => {
+                w.u64(*bundle)
+                    .u64(secret[0])
+                    .u64(secret[1])
+                    .u32(*handles)
+                    .u32(0);
+            }
+            FsReply::Inherited { total, pairs } => {
+                w.u32(*total).u32(pairs.len() as u32);
+                for (a, b) in pairs {
+                    w.u64(*a).u64(*b);
+                }
             }
         }
     }
@@ -694,6 +777,29 @@ impl FsReply {
                 inodes_free: r.u64()?,
                 name_max: r.u64()?,
             }),
+            OP_FS_FORK => {
+                let bundle = r.u64()?;
+                let secret = [r.u64()?, r.u64()?];
+                let handles = r.u32()?;
+                r.zero32("reserved")?;
+                FsReply::Forked {
+                    bundle,
+                    secret,
+                    handles,
+                }
+            }
+            OP_FS_INHERIT => {
+                let total = r.u32()?;
+                let n = r.u32()? as usize;
+                if n > MAX_INHERITED || n > total as usize {
+                    return Err(Error::BadField("pair count"));
+                }
+                let mut pairs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    pairs.push((r.u64()?, r.u64()?));
+                }
+                FsReply::Inherited { total, pairs }
+            }
             _ => FsReply::Empty,
         })
     }
@@ -785,6 +891,12 @@ mod tests {
                 cookie: 77,
             },
             FsRequest::Statfs,
+            FsRequest::Fork,
+            FsRequest::Inherit {
+                bundle: 12,
+                secret: [u64::MAX, 3],
+                from: 1000,
+            },
         ];
         for req in reqs {
             let b = encode_request(5, &Request::Fs(req.clone()));
@@ -863,6 +975,21 @@ mod tests {
                 }),
             ),
             (OP_FS_CLOSE, FsReply::Empty),
+            (
+                OP_FS_FORK,
+                FsReply::Forked {
+                    bundle: 4,
+                    secret: [5, 6],
+                    handles: 7,
+                },
+            ),
+            (
+                OP_FS_INHERIT,
+                FsReply::Inherited {
+                    total: 1002,
+                    pairs: vec![(1, 9), (2, 10)],
+                },
+            ),
         ];
         for (op, rep) in replies {
             let b = encode_reply(op, 2, &Ok(ReplyBody::Fs(rep.clone())));

@@ -953,6 +953,18 @@ impl Fs {
         !self.txn.is_empty() || !self.dirty.is_empty()
     }
 
+    /// Counts one more open handle of `ino`, which must be open already (a handle copied for a
+    /// forked process); [`Fs::close`] drops it.
+    pub fn reopen(&mut self, ino: u64) -> FsResult<()> {
+        match self.open.get_mut(&ino) {
+            Some(count) => {
+                *count += 1;
+                Ok(())
+            }
+            None => e(libc::EBADF, "the inode is not open"),
+        }
+    }
+
     /// Drops an open handle of `ino`; frees the file if it was unlinked and this was its last
     /// handle.
     pub fn close(&mut self, ino: u64) -> FsResult<()> {

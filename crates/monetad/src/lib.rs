@@ -163,6 +163,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         SystemClock::best(),
     )?);
     let manager = fs.map(|fs| Arc::new(manager::Manager::new(fs, device.clone())));
+    if let Some(m) = &manager {
+        m.start_reaper()
+            .map_err(|e| DaemonError::Config(format!("cannot start the bundle reaper: {e}")))?;
+    }
     let pid_path = config::pid_file(&config.socket);
     let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));
     let (stop_tx, stop_rx) = mpsc::channel();

@@ -16,9 +16,17 @@
 //!   so no allocation can slip in between.
 //! - `chmod` does not revoke the rights of handles already open: as in POSIX, permission is
 //!   checked at open.
+//! - A `fork` copies the connection's handles into a *bundle* that the child claims on its own
+//!   connection (`OP_FS_FORK`, `OP_FS_INHERIT`), as a forked child inherits its parent's open
+//!   files. A bundle holds its files open until it is claimed or until the pipe that comes with
+//!   it hangs up, which the kernel reports once no process holds its write end any more; a
+//!   reaper thread waits for those hang-ups.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustix::event::epoll;
 
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
@@ -27,11 +35,47 @@ use moneta_fs::{file_id, Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
+/// Most fork bundles waiting to be claimed, in all.
+pub const MAX_BUNDLES: usize = 4096;
+/// Most fork bundles waiting to be claimed that one user's connections made.
+pub const MAX_BUNDLES_PER_UID: usize = 1024;
 
 /// The permission manager: the mounted file system and the device whose tables it fills.
 pub struct Manager {
     fs: Mutex<Fs>,
     device: Arc<Device>,
+    bundles: Mutex<Bundles>,
+    /// Hang-ups of the bundles' pipes (read ends), keyed by bundle id.
+    hangups: OwnedFd,
+}
+
+/// Handles copied by a `fork` for the child to claim.
+struct Bundle {
+    secret: [u64; 2],
+    uid: u32,
+    handles: Vec<(u64, Handle)>,
+    /// The read end of the pipe whose write ends the forking process and its child hold.
+    pipe: OwnedFd,
+}
+
+#[derive(Default)]
+struct Bundles {
+    map: HashMap<u64, Bundle>,
+    per_uid: HashMap<u32, usize>,
+    next: u64,
+}
+
+impl Bundles {
+    fn take(&mut self, id: u64) -> Option<Bundle> {
+        let b = self.map.remove(&id)?;
+        if let Some(n) = self.per_uid.get_mut(&b.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_uid.remove(&b.uid);
+            }
+        }
+        Some(b)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +86,9 @@ struct Handle {
     write: bool,
 }
 
+/// A claimed bundle: id, secret, pairs of (old handle, new handle).
+type Claimed = (u64, [u64; 2], Vec<(u64, u64)>);
+
 /// A connection's view: its credentials and open handles.
 pub struct Session {
     /// Credentials from `SO_PEERCRED` and `SO_PEERGROUPS`.
@@ -50,6 +97,8 @@ pub struct Session {
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
     per_file: HashMap<u64, (u32, u32)>,
     next: u64,
+    /// The last bundle claimed, with its pairs, for reading them in pages.
+    claimed: Option<Claimed>,
 }
 
 impl Session {
@@ -60,6 +109,7 @@ impl Session {
             handles: HashMap::new(),
             per_file: HashMap::new(),
             next: 1,
+            claimed: None,
         }
     }
 
@@ -171,7 +221,180 @@ impl Manager {
         Manager {
             fs: Mutex::new(fs),
             device,
+            bundles: Mutex::new(Bundles::default()),
+            hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
         }
+    }
+
+    /// Starts the thread that releases fork bundles whose pipes hung up.
+    pub fn start_reaper(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("moneta-reaper".into())
+            .spawn(move || me.reap())
+            .map(|_| ())
+    }
+
+    fn reap(&self) {
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        loop {
+            let ids: Vec<u64> = match epoll::wait(&self.hangups, &mut space, None) {
+                Ok((events, _)) => events.iter().map(|ev| ev.data.u64()).collect(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!("the fork-bundle reaper stops: {e}");
+                    return;
+                }
+            };
+            for id in ids {
+                let taken = self.bundles_lock().take(id);
+                if let Some(b) = taken {
+                    tracing::debug!(bundle = id, "fork bundle released unclaimed");
+                    self.release_bundle(b);
+                }
+            }
+        }
+    }
+
+    fn bundles_lock(&self) -> MutexGuard<'_, Bundles> {
+        self.bundles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stops watching a bundle's pipe and closes the handles it still holds.
+    fn release_bundle(&self, b: Bundle) {
+        let _ = epoll::delete(&self.hangups, &b.pipe);
+        let mut fs = self.fs();
+        for (_, h) in b.handles {
+            if let Err(e) = fs.close(h.ino) {
+                tracing::warn!(ino = h.ino, "closing a handle of a fork bundle: {e}");
+            }
+        }
+    }
+
+    /// `OP_FS_FORK`: copies every handle of `s` into a new bundle; returns the reply and the
+    /// pipe's write end for the client.
+    pub fn fork(&self, s: &Session) -> Result<(FsReply, OwnedFd), Failure> {
+        let uid = s.cred.uid;
+        {
+            let b = self.bundles_lock();
+            if b.map.len() >= MAX_BUNDLES
+                || b.per_uid.get(&uid).copied().unwrap_or(0) >= MAX_BUNDLES_PER_UID
+            {
+                return Err(fail(
+                    errno::EAGAIN,
+                    "too many fork bundles wait to be claimed; try again later",
+                ));
+            }
+        }
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| fail(errno::EMFILE, &format!("cannot make a pipe: {e}")))?;
+        let mut secret = [0u64; 2];
+        let mut raw = [0u8; 16];
+        rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| fail(errno::EIO, &format!("getrandom: {e}")))?;
+        secret[0] = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
+        secret[1] = u64::from_le_bytes(raw[8..].try_into().expect("8 bytes"));
+        let handles: Vec<(u64, Handle)> = s.handles.iter().map(|(&k, &h)| (k, h)).collect();
+        {
+            let mut fs = self.fs();
+            for (i, (_, h)) in handles.iter().enumerate() {
+                if let Err(e) = fs.reopen(h.ino) {
+                    for (_, done) in &handles[..i] {
+                        let _ = fs.close(done.ino);
+                    }
+                    return Err(failure(e));
+                }
+            }
+        }
+        let count = handles.len() as u32;
+        let mut b = self.bundles_lock();
+        b.next += 1;
+        let id = b.next;
+        if let Err(e) = epoll::add(
+            &self.hangups,
+            &read,
+            epoll::EventData::new_u64(id),
+            epoll::EventFlags::empty(),
+        ) {
+            drop(b);
+            self.release_bundle(Bundle {
+                secret,
+                uid,
+                handles,
+                pipe: read,
+            });
+            return Err(fail(errno::ENOMEM, &format!("cannot watch the pipe: {e}")));
+        }
+        b.map.insert(
+            id,
+            Bundle {
+                secret,
+                uid,
+                handles,
+                pipe: read,
+            },
+        );
+        *b.per_uid.entry(uid).or_default() += 1;
+        Ok((
+            FsReply::Forked {
+                bundle: id,
+                secret,
+                handles: count,
+            },
+            write,
+        ))
+    }
+
+    /// `OP_FS_INHERIT`: moves a bundle's handles to `s` (first page) or reads on.
+    fn inherit(
+        &self,
+        s: &mut Session,
+        bundle: u64,
+        secret: [u64; 2],
+        from: u32,
+    ) -> Result<FsReply, Failure> {
+        let page = |pairs: &[(u64, u64)]| {
+            let from = (from as usize).min(pairs.len());
+            let end = (from + MAX_INHERITED).min(pairs.len());
+            FsReply::Inherited {
+                total: pairs.len() as u32,
+                pairs: pairs[from..end].to_vec(),
+            }
+        };
+        let bad = || fail(errno::EBADF, "no such fork bundle, or the wrong secret");
+        if from > 0 {
+            return match &s.claimed {
+                Some((id, sec, pairs)) if *id == bundle && *sec == secret => Ok(page(pairs)),
+                _ => Err(bad()),
+            };
+        }
+        let b = {
+            let mut all = self.bundles_lock();
+            match all.map.get(&bundle) {
+                Some(b) if b.secret == secret => {}
+                _ => return Err(bad()),
+            }
+            all.take(bundle).expect("present")
+        };
+        let _ = epoll::delete(&self.hangups, &b.pipe);
+        if s.handles.len() + b.handles.len() > MAX_HANDLES {
+            self.release_bundle(b);
+            return Err(fail(
+                errno::EMFILE,
+                "too many open files on this connection to inherit the bundle",
+            ));
+        }
+        let mut pairs = Vec::with_capacity(b.handles.len());
+        for (old, h) in b.handles {
+            let new = s.next;
+            s.next += 1;
+            s.add(new, h);
+            pairs.push((old, new));
+        }
+        pairs.sort_unstable();
+        let reply = page(&pairs);
+        s.claimed = Some((bundle, secret, pairs));
+        Ok(reply)
     }
 
     fn fs(&self) -> MutexGuard<'_, Fs> {
@@ -432,6 +655,15 @@ impl Manager {
                 }
                 Ok(FsReply::Dir { entries, end })
             }
+            FsRequest::Fork => Err(fail(
+                errno::EPROTO,
+                "fork is answered by the server, with a descriptor",
+            )),
+            FsRequest::Inherit {
+                bundle,
+                secret,
+                from,
+            } => self.inherit(s, bundle, secret, from),
             FsRequest::Statfs => {
                 let t = self.fs().statfs();
                 Ok(FsReply::StatFs(FsStatFs {

@@ -20,6 +20,7 @@ use moneta_abi::control::{
     self, decode_request, encode_reply, errno, peek_header, Failure, ReplyBody, Request,
     MAX_MESSAGE,
 };
+use moneta_abi::fsproto::FsRequest;
 use moneta_device::{Device, DeviceError, TableOp};
 
 use crate::manager::{Manager, Session};
@@ -358,6 +359,16 @@ impl Server {
                     .update(vec![TableOp::RemoveFile { channel, file }])
                     .map_err(device_failure)
             })),
+            Request::Fs(FsRequest::Fork) => match &self.manager {
+                Some(m) => match m.fork(&c.session) {
+                    Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), vec![pipe]),
+                    Err(f) => empty(Err(f)),
+                },
+                None => empty(Err(fail(
+                    errno::EOPNOTSUPP,
+                    "this daemon serves a raw device (--raw): no file system",
+                ))),
+            },
             Request::Fs(f) => match &self.manager {
                 Some(m) => (
                     m.call(&mut c.session, c.channel, f).map(ReplyBody::Fs),
