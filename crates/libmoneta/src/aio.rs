@@ -1,30 +1,52 @@
 //! Asynchronous reads and writes (Moneta-D §4.2, §5.4).
 //!
 //! A submitted request is mapped at once (a soft miss, an extend for a write past the end, go
-//! to the manager before the call returns), then its device commands go out on as many free tags
-//! as there are, and the call returns a [`Pending`] without waiting for the device. Commands
-//! that found no free tag go out as earlier ones complete, whenever the request is polled or
-//! waited for. A request ends with the bytes moved or an error; a hard miss on the way is
-//! retried synchronously when the request is reaped, as in the synchronous calls.
+//! to the manager before the call returns), then its device commands go out on free tags, and
+//! the call returns a [`Pending`] without waiting for the device. Commands that found no tag go
+//! out as earlier ones complete, whenever the request is polled or waited for. A request ends
+//! with the bytes moved or an error; a hard miss on the way is retried synchronously when the
+//! request is reaped, as in the synchronous calls.
 //!
-//! ```no_run
+//! Tags: a request keeps up to [`TAGS_PER_REQUEST`] commands in flight, each on a tag of the
+//! channel, and a read's tag stays taken until its bytes are copied out of the DMA slice, which
+//! happens when the request is polled, waited for or dropped. So that requests the application
+//! has not reaped yet never starve the others, a caller that finds no free tag first moves
+//! along every request of the channel that nobody is using at that moment: their completed
+//! commands are copied out into their buffers and their tags come back. Each request's state
+//! carries a busy flag taken by whoever works on it. Zero-copy requests keep their tag until
+//! they are dropped; at most [`MAX_PINNED_TAGS`] of the channel's tags may be held that way
+//! (`EAGAIN` beyond).
+//!
+//! ```
+//! # let _daemon = monetad::testing::Daemon::start();
 //! use libmoneta::{Moneta, OpenOptions};
 //! use libmoneta::aio::{wait_all, Pending};
 //!
 //! let m = Moneta::connect_default()?;
-//! let f = m.open("/data", OpenOptions::new().read(true))?;
+//! let f = m.open("/data", OpenOptions::new().read(true).write(true).create(true))?;
+//! f.set_len(32 * 4096)?;
 //! let mut reqs: Vec<Pending<'_>> = (0..32u64)
 //!     .map(|i| f.submit_read(vec![0u8; 512], i * 4096))
 //!     .collect::<Result<_, _>>()?;
 //! wait_all(&mut reqs);
 //! for r in &mut reqs {
-//!     let n = r.wait()?;
-//!     assert!(n <= 512);
+//!     assert_eq!(r.wait()?, 512); // holes read as zeros
 //! }
+//!
+//! // Zero-copy: fill the DMA slice in place, then read the bytes where the device left them.
+//! let mut slot = f.write_slot(8)?;
+//! slot.buf().copy_from_slice(b"in place");
+//! assert_eq!(slot.submit(0)?.wait()?, 8);
+//! let mut r = f.submit_read_in_place(0, 8)?;
+//! r.wait()?;
+//! assert_eq!(r.data(), b"in place");
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 
 use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use moneta_abi::{Completion, Opcode, Status};
@@ -32,6 +54,106 @@ use moneta_abi::{Completion, Opcode, Status};
 use crate::channel::{command, Channel, Tag};
 use crate::file::{File, Prepared};
 use crate::{fork, ClientError};
+
+/// Most commands one asynchronous request keeps in flight.
+pub const TAGS_PER_REQUEST: usize = 16;
+/// Most tags held at once by zero-copy requests and write slots of one channel.
+pub const MAX_PINNED_TAGS: usize = 32;
+
+/// A channel's requests that have not been dropped (slots reused), so that a caller who needs
+/// a tag can move other requests along.
+#[derive(Default)]
+pub(crate) struct Registry {
+    entries: Vec<Option<Shared>>,
+    free: Vec<usize>,
+}
+
+/// A request's state as the registry sees it; its lifetime is erased: an entry is removed when
+/// its request is dropped, before the file it borrows can go.
+#[derive(Clone, Copy)]
+struct Shared(NonNull<State<'static>>);
+
+// SAFETY: a state is touched only by whoever holds its `busy` flag.
+unsafe impl Send for Shared {}
+
+fn registry(ch: &Channel) -> std::sync::MutexGuard<'_, Registry> {
+    ch.requests.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn register(ch: &Channel, st: NonNull<State<'_>>) -> usize {
+    let st = Shared(st.cast());
+    let mut r = registry(ch);
+    match r.free.pop() {
+        Some(i) => {
+            r.entries[i] = Some(st);
+            i
+        }
+        None => {
+            r.entries.push(Some(st));
+            r.entries.len() - 1
+        }
+    }
+}
+
+fn unregister(ch: &Channel, i: usize) {
+    let mut r = registry(ch);
+    r.entries[i] = None;
+    r.free.push(i);
+}
+
+/// Moves along every request of `ch` that nobody is using at the moment: completed commands
+/// are reaped and their tags freed. Returns whether any tag came back.
+pub(crate) fn pump(ch: &Channel) -> bool {
+    let grabbed: Vec<Shared> = {
+        let r = registry(ch);
+        r.entries
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|p| {
+                // SAFETY: registered, so alive: its owner unregisters it (under this lock)
+                // before freeing it.
+                let busy = unsafe { &p.0.as_ref().busy };
+                busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            })
+            .collect()
+    };
+    let mut freed = false;
+    for p in grabbed {
+        // SAFETY: we hold its busy flag, which its owner takes before freeing it.
+        let st = unsafe { &mut *p.0.as_ptr() };
+        if !st.ended && !st.orphaned() {
+            let before = st.holding();
+            st.progress(false);
+            freed |= st.holding() < before;
+        }
+        st.busy.store(false, Ordering::Release);
+    }
+    freed
+}
+
+fn take_pinned(ch: &Channel) -> Result<(), ClientError> {
+    let mut cur = ch.pinned.load(Ordering::Relaxed);
+    loop {
+        if cur >= MAX_PINNED_TAGS {
+            return Err(ClientError::Io(std::io::Error::from_raw_os_error(
+                libc::EAGAIN,
+            )));
+        }
+        match ch
+            .pinned
+            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => return Ok(()),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+fn give_pinned(ch: &Channel) {
+    ch.pinned.fetch_sub(1, Ordering::AcqRel);
+}
 
 enum Buf {
     Owned(Vec<u8>),
@@ -46,6 +168,12 @@ enum Buf {
 /// Dropping a request that has not ended waits for its commands (their tags cannot be reused
 /// before the device is done with them).
 pub struct Pending<'f> {
+    st: NonNull<State<'f>>,
+    slot: usize,
+    _borrows: PhantomData<&'f File>,
+}
+
+struct State<'f> {
     file: &'f File,
     /// The channel the commands went to, and the fork generation it belongs to: in a forked
     /// child, a request of the parent ends with `ECANCELED` without touching its tags.
@@ -64,10 +192,14 @@ pub struct Pending<'f> {
     result: Option<Result<usize, ClientError>>,
     /// The tag whose DMA slice holds an in-place request's data.
     held: Option<Tag>,
+    /// An in-place request counts against [`MAX_PINNED_TAGS`].
+    pinned: bool,
     /// Bytes moved, once ended well.
     moved: usize,
     /// Ended (the result may have been taken since).
     ended: bool,
+    /// Taken by whoever uses the state: its request's calls, or [`pump`].
+    busy: AtomicBool,
 }
 
 impl File {
@@ -126,7 +258,8 @@ impl File {
 
     /// Submits a zero-copy read of at most one DMA slice: the device leaves the bytes in the
     /// request's slice, where [`Pending::data`] shows them, without a copy. (A range that spans
-    /// two extents or a hole is read into a private buffer instead, transparently.)
+    /// two extents or a hole is read into a private buffer instead, transparently.) The slice's
+    /// tag stays taken until the request is dropped; `EAGAIN` when [`MAX_PINNED_TAGS`] are.
     pub fn submit_read_in_place(&self, off: u64, len: usize) -> Result<Pending<'_>, ClientError> {
         self.h()?;
         if len > self.channel().slice_size() {
@@ -139,7 +272,7 @@ impl File {
     }
 
     /// A DMA slice to fill in place for a zero-copy write of `len` bytes (at most one slice);
-    /// [`WriteSlot::submit`] sends it.
+    /// [`WriteSlot::submit`] sends it. `EAGAIN` when [`MAX_PINNED_TAGS`] tags are held this way.
     pub fn write_slot(&self, len: usize) -> Result<WriteSlot<'_>, ClientError> {
         self.h()?;
         if len > self.channel().slice_size() {
@@ -149,10 +282,12 @@ impl File {
         }
         self.check_access(true)?;
         let ch = self.channel();
+        take_pinned(ch)?;
         Ok(WriteSlot {
             file: self,
             ch,
             gen: fork::generation(),
+            _pinned: PhantomData,
             tag: Some(ch.tag()),
             len,
         })
@@ -214,9 +349,10 @@ impl File {
         } else {
             self.prepare_read(off, len, &mut fruitless)?
         };
-        let mut p = Pending {
+        let ch = self.channel();
+        let mut st = State {
             file: self,
-            ch: self.channel(),
+            ch,
             gen: fork::generation(),
             write,
             off,
@@ -229,29 +365,150 @@ impl File {
             err: None,
             result: None,
             held: None,
+            pinned: false,
             moved: 0,
             ended: false,
+            busy: AtomicBool::new(false),
         };
-        p.own_if_in_place_unfit();
-        let holes = std::mem::take(&mut p.prep.holes);
+        st.own_if_in_place_unfit();
+        if matches!(st.buf, Buf::InPlace(_)) {
+            take_pinned(ch)?;
+            st.pinned = true;
+        }
+        let holes = std::mem::take(&mut st.prep.holes);
         {
-            let data = p.bytes_mut();
+            let data = st.bytes_mut();
             for &(h, n) in &holes {
                 data[h..h + n].fill(0);
             }
         }
         let batch = *bits != 0;
         let mut mine = 0u64;
-        p.issue(&mut mine);
+        st.issue(&mut mine);
         *bits |= mine;
         if !batch && *bits != 0 {
-            self.channel().ring(std::mem::take(bits));
+            ch.ring(std::mem::take(bits));
         }
-        Ok(p)
+        Ok(Pending::new(st))
     }
 }
 
 impl<'f> Pending<'f> {
+    fn new(st: State<'f>) -> Pending<'f> {
+        let ch = st.ch;
+        let st = NonNull::from(Box::leak(Box::new(st)));
+        Pending {
+            st,
+            slot: register(ch, st),
+            _borrows: PhantomData,
+        }
+    }
+
+    fn busy(&self) -> &AtomicBool {
+        // SAFETY: the state lives as long as `self`; the flag is an atomic.
+        unsafe { &self.st.as_ref().busy }
+    }
+
+    /// Takes the state's busy flag (a pump in another thread holds it only while it reaps).
+    fn acquire(&self) {
+        let mut spins = 0u32;
+        while self
+            .busy()
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Runs `f` on the state with its busy flag held.
+    fn with<R>(&mut self, f: impl FnOnce(&mut State<'f>) -> R) -> R {
+        self.acquire();
+        // SAFETY: the busy flag makes this the only reference to the state while `f` runs.
+        let r = f(unsafe { &mut *self.st.as_ptr() });
+        self.busy().store(false, Ordering::Release);
+        r
+    }
+
+    /// Reads the state with its busy flag held.
+    fn look<R>(&self, f: impl FnOnce(&State<'f>) -> R) -> R {
+        self.acquire();
+        // SAFETY: as in `with`.
+        let r = f(unsafe { self.st.as_ref() });
+        self.busy().store(false, Ordering::Release);
+        r
+    }
+
+    /// Whether the request has ended, moving it along without blocking.
+    pub fn poll(&mut self) -> bool {
+        self.with(|s| s.progress(false))
+    }
+
+    /// Waits for the request to end; the bytes moved (a read may be short at the end of the
+    /// file) or the error. The result can be taken once; later calls answer `EINVAL`.
+    pub fn wait(&mut self) -> Result<usize, ClientError> {
+        self.with(|s| {
+            s.progress(true);
+            s.result.take().unwrap_or_else(|| {
+                Err(ClientError::Io(std::io::Error::from_raw_os_error(
+                    libc::EINVAL,
+                )))
+            })
+        })
+    }
+
+    /// Whether the request has ended and its result has not been taken.
+    pub fn is_done(&self) -> bool {
+        self.look(|s| s.result.is_some())
+    }
+
+    /// Bytes moved by a request that ended well (0 before, or after an error).
+    pub fn moved(&self) -> usize {
+        self.look(|s| s.moved)
+    }
+
+    /// The bytes of an ended read: the DMA slice itself for an in-place read, else the owned
+    /// buffer (empty for a caller's raw buffer).
+    pub fn data(&self) -> &[u8] {
+        let (ended, n, held, owned) = self.look(|s| {
+            let owned = match &s.buf {
+                Buf::Owned(v) => Some((v.as_ptr(), v.len())),
+                _ => None,
+            };
+            (s.ended, s.moved, s.held, owned)
+        });
+        if !ended {
+            return &[];
+        }
+        // SAFETY: the state lives as long as `self`, and an ended request is left alone by
+        // pumps (they skip ended requests) and changes only through `&mut self` calls.
+        let ch = unsafe { self.st.as_ref().ch };
+        match (held, owned) {
+            (Some(tag), None) => ch.dma_slice(tag, n),
+            // SAFETY: as above: the owned buffer does not change while `self` is borrowed.
+            (_, Some((p, len))) => unsafe { std::slice::from_raw_parts(p, n.min(len)) },
+            _ => &[],
+        }
+    }
+
+    /// The owned buffer back, once the request ended (waits for it otherwise).
+    pub fn into_buffer(mut self) -> Vec<u8> {
+        self.with(|s| {
+            s.progress(true);
+            match std::mem::replace(&mut s.buf, Buf::Owned(Vec::new())) {
+                Buf::Owned(v) => v,
+                _ => Vec::new(),
+            }
+        })
+    }
+}
+
+impl<'f> State<'f> {
     fn ch(&self) -> &'f Channel {
         self.ch
     }
@@ -295,6 +552,11 @@ impl<'f> Pending<'f> {
         self.err.is_some() || self.miss.is_some()
     }
 
+    /// Tags this request holds now.
+    fn holding(&self) -> usize {
+        self.inflight.len() + self.held.is_some() as usize
+    }
+
     /// Puts commands on free tags (without ringing: the caller rings `bits`).
     fn issue(&mut self, bits: &mut u64) {
         let ch = self.ch();
@@ -303,7 +565,10 @@ impl<'f> Pending<'f> {
         } else {
             Opcode::Read
         };
-        while self.next < self.prep.segs.len() && !self.stopped() {
+        while self.next < self.prep.segs.len()
+            && !self.stopped()
+            && self.inflight.len() < TAGS_PER_REQUEST
+        {
             let Some(tag) = ch.try_tag() else { break };
             let seg = self.prep.segs[self.next];
             if self.write {
@@ -316,11 +581,13 @@ impl<'f> Pending<'f> {
         }
     }
 
-    /// Takes completed commands off the front, waiting for the first when `block`.
-    fn reap(&mut self, block: bool) {
+    /// Takes completed commands off the front, waiting for the first when `block` (only the
+    /// first: the caller issues the next command on its tag while the others complete).
+    fn reap(&mut self, mut block: bool) {
         let ch = self.ch();
         while let Some(&(tag, i)) = self.inflight.front() {
             let c = if block {
+                block = false;
                 Some(ch.wait(tag, self.mode))
             } else {
                 ch.poll(tag, self.mode).map(Ok)
@@ -381,12 +648,14 @@ impl<'f> Pending<'f> {
             self.ended = true;
             return true;
         }
+        let mut idle = 0u32;
         loop {
             let mut bits = 0u64;
             self.issue(&mut bits);
             if bits != 0 {
                 self.ch().ring(bits);
             }
+            let issued = bits != 0;
             self.reap(block && !self.inflight.is_empty());
             let all_out = self.next == self.prep.segs.len() || self.stopped();
             if self.inflight.is_empty() && all_out {
@@ -396,9 +665,19 @@ impl<'f> Pending<'f> {
             if !block {
                 return false;
             }
-            if self.inflight.is_empty() {
-                // Every tag is taken by other requests: wait for one to come back.
-                std::thread::sleep(Duration::from_micros(20));
+            if !issued && self.inflight.is_empty() {
+                // No free tag: other requests may hold completed ones.
+                if pump(self.ch) {
+                    continue;
+                }
+                idle += 1;
+                if idle < 64 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            } else {
+                idle = 0;
             }
         }
     }
@@ -447,80 +726,50 @@ impl<'f> Pending<'f> {
             Ok(m + done)
         }
     }
-
-    /// Whether the request has ended, moving it along without blocking.
-    pub fn poll(&mut self) -> bool {
-        self.progress(false)
-    }
-
-    /// Waits for the request to end; the bytes moved (a read may be short at the end of the
-    /// file) or the error. The result can be taken once; later calls answer `EINVAL`.
-    pub fn wait(&mut self) -> Result<usize, ClientError> {
-        self.progress(true);
-        self.result.take().unwrap_or_else(|| {
-            Err(ClientError::Io(std::io::Error::from_raw_os_error(
-                libc::EINVAL,
-            )))
-        })
-    }
-
-    /// Whether the request has ended and its result has not been taken.
-    pub fn is_done(&self) -> bool {
-        self.result.is_some()
-    }
-
-    /// Bytes moved by a request that ended well (0 before, or after an error).
-    pub fn moved(&self) -> usize {
-        self.moved
-    }
-
-    /// The bytes of an ended read: the DMA slice itself for an in-place read, else the owned
-    /// buffer (empty for a caller's raw buffer).
-    pub fn data(&self) -> &[u8] {
-        let n = self.moved;
-        match (&self.buf, self.held) {
-            (Buf::InPlace(_), Some(tag)) => self.ch().dma_slice(tag, n),
-            (Buf::Owned(v), _) => &v[..n.min(v.len())],
-            _ => &[],
-        }
-    }
-
-    /// The owned buffer back, once the request ended (waits for it otherwise).
-    pub fn into_buffer(mut self) -> Vec<u8> {
-        self.progress(true);
-        match std::mem::replace(&mut self.buf, Buf::Owned(Vec::new())) {
-            Buf::Owned(v) => v,
-            _ => Vec::new(),
-        }
-    }
 }
 
 impl std::fmt::Debug for Pending<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("write", &self.write)
-            .field("off", &self.off)
-            .field("len", &self.prep.len)
-            .field("in_flight", &self.inflight.len())
-            .field("done", &self.result.is_some())
-            .finish()
+        self.look(|s| {
+            f.debug_struct("Pending")
+                .field("write", &s.write)
+                .field("off", &s.off)
+                .field("len", &s.prep.len)
+                .field("in_flight", &s.inflight.len())
+                .field("done", &s.result.is_some())
+                .finish()
+        })
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if self.orphaned() {
+        // SAFETY: the state lives until freed below.
+        let (ch, orphaned) = unsafe { (self.st.as_ref().ch, self.st.as_ref().orphaned()) };
+        if orphaned {
+            // A forked child's copy of its parent's request: the parent's channel (inert here)
+            // and its registry are not this process's to touch.
+            // SAFETY: allocated in `Pending::new`; in this process nobody else reaches it.
+            drop(unsafe { Box::from_raw(self.st.as_ptr()) });
             return;
         }
+        unregister(ch, self.slot);
+        // A pump that grabbed it before it left the registry lets go when done.
+        self.acquire();
+        // SAFETY: allocated in `Pending::new`, freed once, here: out of the registry and with
+        // its busy flag held, nobody else can reach it.
+        let mut st = unsafe { Box::from_raw(self.st.as_ptr()) };
         // Stop issuing and let the device finish what it has.
-        self.next = self.prep.segs.len();
-        let ch = self.ch();
-        while let Some((tag, _)) = self.inflight.pop_front() {
-            let _ = ch.wait(tag, self.mode);
+        st.next = st.prep.segs.len();
+        while let Some((tag, _)) = st.inflight.pop_front() {
+            let _ = ch.wait(tag, st.mode);
             ch.release(tag);
         }
-        if let Some(t) = self.held.take() {
+        if let Some(t) = st.held.take() {
             ch.release(t);
+        }
+        if st.pinned {
+            give_pinned(ch);
         }
     }
 }
@@ -530,6 +779,8 @@ pub struct WriteSlot<'f> {
     file: &'f File,
     ch: &'f Channel,
     gen: u64,
+    /// Counts against [`MAX_PINNED_TAGS`] until submitted or dropped.
+    _pinned: PhantomData<()>,
     tag: Option<Tag>,
     len: usize,
 }
@@ -553,6 +804,7 @@ impl<'f> WriteSlot<'f> {
                 libc::ECANCELED,
             )));
         }
+        give_pinned(ch);
         let mode = f.policy().mode(len);
         let r = (|| {
             let off = if f.appends() {
@@ -576,7 +828,7 @@ impl<'f> WriteSlot<'f> {
             ch.submit(tag, &command(Opcode::Write, mode, seg.dev, seg.len as u64));
             let mut inflight = VecDeque::new();
             inflight.push_back((tag, 0));
-            return Ok(Pending {
+            return Ok(Pending::new(State {
                 file: f,
                 ch,
                 gen: self.gen,
@@ -591,9 +843,11 @@ impl<'f> WriteSlot<'f> {
                 err: None,
                 result: None,
                 held: None,
+                pinned: false,
                 moved: 0,
                 ended: false,
-            });
+                busy: AtomicBool::new(false),
+            }));
         }
         // Spans extents: the bytes leave the slice for an ordinary request.
         let data = ch.dma_slice(tag, len).to_vec();
@@ -602,11 +856,21 @@ impl<'f> WriteSlot<'f> {
     }
 }
 
+impl std::fmt::Debug for WriteSlot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteSlot")
+            .field("tag", &self.tag)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 impl Drop for WriteSlot<'_> {
     fn drop(&mut self) {
         if let Some(t) = self.tag.take() {
             if self.gen == fork::generation() {
                 self.ch.release(t);
+                give_pinned(self.ch);
             }
         }
     }
@@ -621,7 +885,7 @@ pub fn wait_any(reqs: &mut [Pending<'_>]) -> Option<usize> {
     let mut rounds = 0u32;
     loop {
         for (i, r) in reqs.iter_mut().enumerate() {
-            if r.progress(false) {
+            if r.poll() {
                 return Some(i);
             }
         }
@@ -639,6 +903,10 @@ pub fn wait_any(reqs: &mut [Pending<'_>]) -> Option<usize> {
 /// Waits until every request in `reqs` has ended.
 pub fn wait_all(reqs: &mut [Pending<'_>]) {
     for r in reqs.iter_mut() {
-        r.progress(true);
+        r.with(|s| s.progress(true));
     }
 }
+
+// SAFETY: a request's state is used only by whoever holds its busy flag, and what it borrows
+// (the file, its channel) is `Sync`.
+unsafe impl Send for Pending<'_> {}

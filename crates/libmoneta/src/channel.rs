@@ -13,7 +13,7 @@
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use moneta_abi::control::ChannelInfo;
@@ -53,6 +53,10 @@ pub struct Channel {
     memfd: OwnedFd,
     kick: OwnedFd,
     free: AtomicU64,
+    /// Tags held by zero-copy requests (see [`crate::aio::MAX_PINNED_TAGS`]).
+    pub(crate) pinned: AtomicUsize,
+    /// Asynchronous requests not dropped yet (see [`crate::aio`]).
+    pub(crate) requests: std::sync::Mutex<crate::aio::Registry>,
     /// Sequence number of the command last submitted on each tag.
     seqs: [AtomicU32; TAGS_PER_CHANNEL],
     /// Serializes consumers of the error queue (rare, off the data path).
@@ -106,6 +110,8 @@ impl Channel {
             memfd,
             kick,
             free: AtomicU64::new(u64::MAX),
+            pinned: AtomicUsize::new(0),
+            requests: std::sync::Mutex::new(Default::default()),
             seqs: std::array::from_fn(|_| AtomicU32::new(0)),
             err_lock: std::sync::Mutex::new(()),
         };
@@ -191,11 +197,16 @@ impl Channel {
     }
 
     /// Takes a free tag, waiting (spinning briefly, then sleeping with back-off) until one is.
+    /// While it waits, it moves this thread's asynchronous requests along, which frees the
+    /// tags of their completed commands.
     pub fn tag(&self) -> Tag {
         let mut spins = 0u32;
         loop {
             if let Some(t) = self.try_tag() {
                 return t;
+            }
+            if crate::aio::pump(self) {
+                continue;
             }
             spins += 1;
             if spins < 100 {

@@ -1,16 +1,26 @@
 //! libmoneta: the untrusted user-space driver of the Moneta device (Moneta-D §2.2, §4).
 //!
-//! This crate holds the client core: the control connection to `monetad` ([`Control`]) and the
-//! channel driver ([`Channel`]) that submits raw commands through shared memory and waits for
-//! their completion without entering the kernel.
+//! Applications read and write files on nvfs through their process's channel, without a
+//! system call on the common path, and ask the daemon's permission manager only for metadata
+//! and misses. Layers, bottom up: the control connection ([`Control`]), the channel driver
+//! ([`Channel`]: tags, doorbell, completion), files with their translation maps ([`Moneta`],
+//! [`File`]), asynchronous requests ([`aio`]), and `fork` ([`fork`]). The C interface is
+//! `libmoneta.so` (crate `libmoneta-c`, header `include/moneta.h`).
 //!
-//! ```no_run
-//! use libmoneta::{Channel, paths};
-//! use moneta_abi::Completion;
+//! The examples start a daemon inside the test process (`monetad::testing`); an application
+//! connects to the one `moneta start` runs.
 //!
-//! let ch = Channel::open(&paths::default_socket())?;
-//! let mut buf = [0u8; 512];
-//! ch.read(0, &mut buf, Completion::Dma)?; // needs a record covering [0, 512)
+//! ```
+//! # let _daemon = monetad::testing::Daemon::start();
+//! use libmoneta::{Moneta, OpenOptions};
+//!
+//! let m = Moneta::connect_default()?;
+//! let f = m.open("/hello", OpenOptions::new().read(true).write(true).create(true))?;
+//! f.write_at(b"hello, nvm", 0)?;
+//! let mut buf = [0u8; 10];
+//! assert_eq!(f.read_at(&mut buf, 0)?, 10);
+//! assert_eq!(&buf, b"hello, nvm");
+//! assert_eq!(m.stats().soft_misses, 0); // the extend that wrote it mapped it too
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 

@@ -77,9 +77,15 @@ fn bench_emits_well_formed_records_in_a_tiny_configuration() {
         &[
             "bench",
             "--path",
+            "moneta",
+            "--path",
             "moneta-raw",
             "--path",
             "kernel-psync",
+            "--path",
+            "kernel-uring",
+            "--path",
+            "kernel-uring-sqpoll",
             "--path",
             "perm-check",
             "--size",
@@ -107,7 +113,7 @@ fn bench_emits_well_formed_records_in_a_tiny_configuration() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(recs.len(), 2 * 2 + 1);
+    assert_eq!(recs.len(), 5 * 2 + 1);
     for r in &recs {
         for k in [
             "path", "op", "size", "qd", "threads", "ops", "seconds", "iops", "mib_s", "lat_ns",
@@ -134,9 +140,14 @@ fn bench_emits_well_formed_records_in_a_tiny_configuration() {
             assert_eq!(r["threads"], 2);
         }
     }
-    assert!(recs
-        .iter()
-        .any(|r| r["path"] == "moneta-raw" && r["device_cpu"].is_object()));
+    for p in ["moneta", "moneta-raw"] {
+        assert!(recs
+            .iter()
+            .any(|r| r["path"] == p && r["device_cpu"].is_object()));
+    }
+    for p in ["moneta", "kernel-uring", "kernel-uring-sqpoll"] {
+        assert_eq!(recs.iter().filter(|r| r["path"] == p).count(), 2, "{p}");
+    }
     assert!(recs
         .iter()
         .any(|r| r["path"] == "perm-check" && r["records"] == 100));
@@ -176,6 +187,51 @@ fn bench_runs_every_completion_strategy_with_queue_depth() {
         assert_eq!(r["completion"], c);
         assert_eq!(r["qd"], 4);
         assert!(r["ops"].as_u64().unwrap() > 0);
+    }
+}
+
+/// Queue depth through libmoneta's asynchronous API and io_uring, with a fixed number of
+/// operations per thread instead of a duration.
+#[test]
+fn bench_async_paths_with_an_operation_count() {
+    let o = moneta(
+        &[
+            "bench",
+            "--path",
+            "moneta",
+            "--path",
+            "kernel-uring",
+            "--op",
+            "randrw",
+            "--qd",
+            "8",
+            "--threads",
+            "2",
+            "--size",
+            "512,40K",
+            "--ops",
+            "300",
+            "--warmup",
+            "0",
+            "--runs",
+            "1",
+            "--region",
+            "4M",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let recs: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 4);
+    for r in &recs {
+        assert_eq!(r["qd"], 8, "{r}");
+        // Each thread stops after 300 completions; its last requests in flight still count.
+        let ops = r["ops"].as_u64().unwrap();
+        assert!((600..=600 + 2 * 8).contains(&ops), "{r}");
     }
 }
 

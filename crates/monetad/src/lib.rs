@@ -8,6 +8,7 @@
 pub mod config;
 pub mod manager;
 pub mod server;
+pub mod testing;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

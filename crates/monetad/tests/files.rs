@@ -589,6 +589,74 @@ fn asynchronous_requests() {
     assert_eq!(again.wait().unwrap(), 4096);
 }
 
+/// Requests the application has not reaped yet hold tags, and never starve the others: a
+/// request waited for before older ones, and a synchronous call in another thread, move the
+/// older requests along to free their tags. Zero-copy requests hold theirs up to a limit.
+#[test]
+fn unreaped_requests_do_not_starve_others() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/s", &rw()).unwrap();
+    let body = pattern(3, 0, 8 << 20);
+    f.write_at(&body, 0).unwrap();
+
+    // 20 reads of 256 KiB need 320 commands, five times the tags: the last one waited for
+    // first still ends.
+    let mut reqs: Vec<_> = (0..20u64)
+        .map(|i| {
+            f.submit_read(vec![0u8; 256 << 10], i * (256 << 10))
+                .unwrap()
+        })
+        .collect();
+    for (i, r) in reqs.iter_mut().enumerate().rev() {
+        assert_eq!(r.wait().unwrap(), 256 << 10);
+        let off = i * (256 << 10);
+        assert!(r.data() == &body[off..off + (256 << 10)], "request {i}");
+    }
+    drop(reqs);
+
+    // One thread leaves 40 requests unreaped; another reads synchronously meanwhile.
+    std::thread::scope(|sc| {
+        let mut mine: Vec<_> = (0..40u64)
+            .map(|i| f.submit_read(vec![0u8; 64 << 10], i * (64 << 10)).unwrap())
+            .collect();
+        let other = sc.spawn(|| {
+            let mut big = vec![0u8; 4 << 20];
+            assert_eq!(f.read_at(&mut big, 1 << 20).unwrap(), 4 << 20);
+            assert!(big == body[1 << 20..5 << 20]);
+        });
+        other.join().unwrap();
+        for (i, r) in mine.iter_mut().enumerate() {
+            assert_eq!(r.wait().unwrap(), 64 << 10);
+            assert!(r.data() == &body[i * (64 << 10)..(i + 1) * (64 << 10)]);
+        }
+    });
+
+    // Requests can be waited for on another thread than the one that submitted them.
+    let mut r = f.submit_read(vec![0u8; 100], 7).unwrap();
+    let want = &body[7..107];
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            assert_eq!(r.wait().unwrap(), 100);
+            assert!(r.data() == want);
+        });
+    });
+
+    // Zero-copy requests keep their tags until dropped, up to the limit.
+    let mut pinned: Vec<_> = (0..libmoneta::aio::MAX_PINNED_TAGS as u64)
+        .map(|i| f.submit_read_in_place(i * 4096, 4096).unwrap())
+        .collect();
+    assert_eq!(errno_of(f.submit_read_in_place(0, 4096)), libc::EAGAIN);
+    assert_eq!(errno_of(f.write_slot(10)), libc::EAGAIN);
+    // Synchronous calls still find tags.
+    let mut b = vec![0u8; 1 << 20];
+    assert_eq!(f.read_at(&mut b, 0).unwrap(), 1 << 20);
+    pinned.pop();
+    let mut again = f.submit_read_in_place(0, 4096).unwrap();
+    assert_eq!(again.wait().unwrap(), 4096);
+    assert!(again.data() == &body[..4096]);
+}
+
 /// The C example, compiled against `include/moneta.h` with warnings as errors and linked with
 /// `libmoneta.so`, runs its synchronous and asynchronous checks against a real daemon.
 #[test]

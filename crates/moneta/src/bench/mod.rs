@@ -1,10 +1,15 @@
 //! `moneta bench`: one engine that times the same I/O pattern through different paths.
 //!
-//! Paths: `moneta-raw` (raw commands on a granted extent through a channel), `kernel-psync`
-//! (`pread`/`pwrite` on a file, by default in `/dev/shm`), and `perm-check` (the permission
-//! table's check alone, in process). Each configuration runs `--runs` times, paths alternating,
-//! after a discarded warm-up; the reported run is the median by p50 latency, with the spread of
-//! p50 over all runs.
+//! Paths: `moneta` (files on nvfs through libmoneta, synchronous or `--qd` asynchronous),
+//! `moneta-raw` (raw commands through a channel on one file's extent: no file system on the
+//! way), `kernel-psync` (`pread`/`pwrite` on a file, by default in `/dev/shm`), `kernel-uring`
+//! and `kernel-uring-sqpoll` (io_uring on that file), and `perm-check` (the permission table's
+//! check alone, in process). Each configuration runs `--runs` times, paths alternating, after
+//! a discarded warm-up; the reported run is the median by p50 latency, with the spread of p50
+//! over all runs.
+
+mod files;
+mod uring;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -25,10 +30,17 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Path {
-    /// Raw commands through a channel on an administratively granted extent.
+    /// Files on nvfs through libmoneta (`--qd` above 1: asynchronous requests).
+    Moneta,
+    /// Raw commands through a channel on one file's extent.
     MonetaRaw,
     /// pread/pwrite on a file (tmpfs by default).
     KernelPsync,
+    /// io_uring on that file: fixed file, registered buffers, single issuer, deferred task
+    /// work.
+    KernelUring,
+    /// io_uring with a kernel thread polling the submission queue.
+    KernelUringSqpoll,
     /// The permission table's check alone.
     PermCheck,
     /// The file system's calls (soft miss, stat, small files) against the kernel on tmpfs.
@@ -38,8 +50,11 @@ pub enum Path {
 impl Path {
     fn name(self) -> &'static str {
         match self {
+            Path::Moneta => "moneta",
             Path::MonetaRaw => "moneta-raw",
             Path::KernelPsync => "kernel-psync",
+            Path::KernelUring => "kernel-uring",
+            Path::KernelUringSqpoll => "kernel-uring-sqpoll",
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
         }
@@ -74,14 +89,18 @@ pub enum CompletionArg {
     Forward,
     /// Issue-sleep: sleep on a futex.
     Sleep,
+    /// libmoneta's policy: spin up to 8 KiB, sleep above.
+    Auto,
 }
 
-impl From<CompletionArg> for Completion {
-    fn from(c: CompletionArg) -> Self {
-        match c {
+impl CompletionArg {
+    /// The mode for a request of `size` bytes.
+    fn mode(self, size: u64) -> Completion {
+        match self {
             CompletionArg::Spin => Completion::Dma,
             CompletionArg::Forward => Completion::Forward,
             CompletionArg::Sleep => Completion::Sleep,
+            CompletionArg::Auto => libmoneta::Policy::default().mode(size as usize),
         }
     }
 }
@@ -89,9 +108,9 @@ impl From<CompletionArg> for Completion {
 /// Options of `moneta bench`.
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Paths to measure (repeatable). Without any: the comparison of moneta-raw against
-    /// kernel-psync for 512 B and 4 KiB reads and writes, the permission check, and the idle
-    /// daemon's CPU.
+    /// Paths to measure (repeatable). Without any: the comparison of moneta (files through
+    /// libmoneta) and moneta-raw against kernel-psync for 512 B and 4 KiB reads and writes, the
+    /// permission check, and the idle daemon's CPU.
     #[arg(long = "path", value_enum)]
     pub paths: Vec<Path>,
     /// Operation.
@@ -100,7 +119,7 @@ pub struct BenchArgs {
     /// Request sizes in bytes (comma-separated; K/M suffixes allowed).
     #[arg(long, value_delimiter = ',', value_parser = monetad::config::parse_size)]
     pub size: Vec<u64>,
-    /// Requests in flight per thread (moneta-raw only; kernel-psync is synchronous).
+    /// Requests in flight per thread (kernel-psync is synchronous).
     #[arg(long, default_value_t = 1)]
     pub qd: usize,
     /// Threads.
@@ -109,27 +128,32 @@ pub struct BenchArgs {
     /// Seconds per run.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
+    /// Operations per thread and run instead of a duration (the warm-up still lasts
+    /// `--warmup` seconds; 0 skips it).
+    #[arg(long)]
+    pub ops: Option<u64>,
     /// Seconds of discarded warm-up before each configuration.
     #[arg(long, default_value_t = 0.5)]
     pub warmup: f64,
     /// Runs per configuration; the median is reported with the spread.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// File for kernel-psync [default: /dev/shm/moneta-bench-PID].
+    /// File for the kernel paths [default: /dev/shm/moneta-bench-PID].
     #[arg(long)]
     pub target: Option<PathBuf>,
     /// Bytes of the region the requests fall in.
     #[arg(long, default_value = "64M", value_parser = monetad::config::parse_size)]
     pub region: u64,
-    /// Completion strategy for moneta-raw.
+    /// Completion strategy for the Moneta paths.
     #[arg(long, value_enum, default_value = "spin")]
     pub completion: CompletionArg,
     /// Records installed for perm-check (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1000u64, 16384])]
     pub records: Vec<u64>,
-    /// Use the daemon at this socket (the bench needs to be its user or root to grant itself
-    /// an extent). Without it the bench starts a private daemon on a volatile array and stops
-    /// it at the end.
+    /// Use the daemon at this socket (the bench works in a file it creates and removes, or, on
+    /// a daemon started with --raw, grants itself an extent, which needs the daemon's user or
+    /// root). Without it the bench starts a private daemon on a volatile array and stops it at
+    /// the end.
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Print one JSON object per configuration instead of tables.
@@ -292,13 +316,59 @@ fn new_hist() -> Histogram<u64> {
 /// A target a run drives: everything set up once per configuration.
 enum Target {
     Moneta {
-        ch: Arc<Channel>,
+        ch: Arc<RawChannel>,
         daemon_pid: u32,
-        mode: Completion,
+        completion: CompletionArg,
+    },
+    File {
+        file: Arc<libmoneta::File>,
+        daemon_pid: u32,
+        completion: CompletionArg,
     },
     Kernel {
         fd: Arc<OwnedFd>,
     },
+    Uring {
+        fd: Arc<OwnedFd>,
+        sqpoll: bool,
+    },
+}
+
+/// The raw path's channel and where its region starts on the array.
+struct RawChannel {
+    ch: ChannelOwner,
+    base: u64,
+}
+
+enum ChannelOwner {
+    /// A connection of its own, granted the region (a `--raw` daemon).
+    Bare(Box<Channel>),
+    /// The channel of a connection holding the region's file open (the file is kept so its
+    /// records stay installed).
+    Files(libmoneta::Moneta, #[allow(dead_code)] libmoneta::File),
+}
+
+impl RawChannel {
+    fn ch(&self) -> &Channel {
+        match &self.ch {
+            ChannelOwner::Bare(c) => c,
+            ChannelOwner::Files(m, _) => m.channel(),
+        }
+    }
+}
+
+/// When a bench thread stops: at the end of the run's time, or after a number of operations.
+pub(crate) struct Stop {
+    flag: AtomicBool,
+    limit: Option<u64>,
+}
+
+impl Stop {
+    /// Whether a thread that has completed `ops` operations stops now.
+    #[inline]
+    pub(crate) fn done(&self, ops: u64) -> bool {
+        self.flag.load(Ordering::Relaxed) || self.limit.is_some_and(|l| ops >= l)
+    }
 }
 
 /// One bench thread's work: its latency histogram and operation count.
@@ -310,11 +380,17 @@ fn run_threads(
     size: u64,
     target: &Target,
     seconds: f64,
+    limit: Option<u64>,
 ) -> Result<RunResult, String> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop {
+        flag: AtomicBool::new(false),
+        limit,
+    });
     let cpu0 = rusage_self();
     let dev0 = match target {
-        Target::Moneta { daemon_pid, .. } => proc_cpu(*daemon_pid),
+        Target::Moneta { daemon_pid, .. } | Target::File { daemon_pid, .. } => {
+            proc_cpu(*daemon_pid)
+        }
         _ => None,
     };
     let start = Instant::now();
@@ -323,20 +399,34 @@ fn run_threads(
         let stop = stop.clone();
         let a = a.clone();
         let job: Job = match target {
-            Target::Moneta { ch, mode, .. } => {
+            Target::Moneta { ch, completion, .. } => {
                 let ch = ch.clone();
-                let mode = *mode;
+                let mode = completion.mode(size);
                 Box::new(move || moneta_thread(&a, size, &ch, mode, t, &stop))
+            }
+            Target::File {
+                file, completion, ..
+            } => {
+                let file = file.clone();
+                let mode = completion.mode(size);
+                Box::new(move || files::file_thread(&a, size, &file, mode, t, &stop))
             }
             Target::Kernel { fd } => {
                 let fd = fd.clone();
                 Box::new(move || kernel_thread(&a, size, &fd, t, &stop))
             }
+            Target::Uring { fd, sqpoll } => {
+                let fd = fd.clone();
+                let sqpoll = *sqpoll;
+                Box::new(move || uring::uring_thread(&a, size, &fd, sqpoll, t, &stop))
+            }
         };
         handles.push(std::thread::spawn(job));
     }
-    std::thread::sleep(Duration::from_secs_f64(seconds));
-    stop.store(true, Ordering::Relaxed);
+    if limit.is_none() {
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.flag.store(true, Ordering::Relaxed);
+    }
     let mut hist = new_hist();
     let mut ops = 0;
     for h in handles {
@@ -349,7 +439,9 @@ fn run_threads(
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = sub(rusage_self(), cpu0);
     let device_cpu = match (target, dev0) {
-        (Target::Moneta { daemon_pid, .. }, Some(d0)) => proc_cpu(*daemon_pid).map(|d| sub(d, d0)),
+        (Target::Moneta { daemon_pid, .. } | Target::File { daemon_pid, .. }, Some(d0)) => {
+            proc_cpu(*daemon_pid).map(|d| sub(d, d0))
+        }
         _ => None,
     };
     Ok(RunResult {
@@ -380,11 +472,13 @@ fn thread_state(
 fn moneta_thread(
     a: &BenchArgs,
     size: u64,
-    ch: &Channel,
+    raw: &RawChannel,
     mode: Completion,
     thread: usize,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> Result<(Histogram<u64>, u64), String> {
+    let ch = raw.ch();
+    let base = raw.base;
     let span = (size as usize).div_ceil(ch.slice_size());
     let qd = a.qd;
     let first = thread * qd * span;
@@ -413,7 +507,7 @@ fn moneta_thread(
                 &Command {
                     opcode,
                     completion: mode,
-                    addr: if nop { 0 } else { addr },
+                    addr: if nop { 0 } else { base + addr },
                     len: if nop { 0 } else { size },
                     cookie: 0,
                     seq: 0,
@@ -435,7 +529,7 @@ fn moneta_thread(
         let ns = clk.now_ns().saturating_sub(started[i]);
         hist.record(ns.max(1)).ok();
         ops += 1;
-        if stop.load(Ordering::Relaxed) {
+        if stop.done(ops) {
             // Drain the rest.
             for k in 1..qd {
                 let j = (i + k) % qd;
@@ -454,11 +548,11 @@ fn kernel_thread(
     size: u64,
     fd: &OwnedFd,
     thread: usize,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> Result<(Histogram<u64>, u64), String> {
     let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
     let mut ops = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.done(ops) {
         let w = offs.is_write(a.op);
         let addr = offs.next();
         let t = clk.now_ns();
@@ -497,7 +591,7 @@ fn summarize(
         path: path.name(),
         op: a.op,
         size,
-        qd: if path == Path::MonetaRaw { a.qd } else { 1 },
+        qd: if path == Path::KernelPsync { 1 } else { a.qd },
         threads: a.threads,
         completion,
         ops: r.ops,
@@ -595,6 +689,8 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
 struct BenchDaemon {
     socket: PathBuf,
     pid: u32,
+    /// It serves nvfs (else a raw device, where the raw path grants itself an extent).
+    fs: bool,
     private: Option<PathBuf>,
 }
 
@@ -603,37 +699,28 @@ impl BenchDaemon {
         if let Some(s) = &a.socket {
             let c = Control::connect(s).map_err(|e| e.to_string())?;
             let st = c.status().map_err(|e| e.to_string())?;
-            // The raw paths write the array directly: never over a file system.
-            if c.fs(moneta_abi::fsproto::FsRequest::Statfs).is_ok() {
-                return Err(format!(
-                    "the daemon at {} serves a file system; the raw-device benchmark would \
-                     overwrite it: run it against a daemon started with --raw, or without --socket",
-                    s.display()
-                ));
-            }
+            let fs = c.fs(moneta_abi::fsproto::FsRequest::Statfs).is_ok();
             return Ok(BenchDaemon {
                 socket: s.clone(),
                 pid: st.pid as u32,
+                fs,
                 private: None,
             });
         }
         let dir = std::env::temp_dir().join(format!("moneta-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("monetad.sock");
-        let size = region.next_multiple_of(1 << 20).max(64 << 20);
+        // Room for the two region files and the file system's tables.
+        let size = (2 * region + (64 << 20)).next_multiple_of(1 << 20);
         let started = crate::daemon::start(
             &socket,
-            &[
-                "--volatile".into(),
-                "--raw".into(),
-                "--size".into(),
-                size.to_string(),
-            ],
+            &["--volatile".into(), "--size".into(), size.to_string()],
             &dir.join("monetad.log"),
         )?;
         Ok(BenchDaemon {
             socket,
             pid: started.pid,
+            fs: true,
             private: Some(dir),
         })
     }
@@ -648,25 +735,98 @@ impl Drop for BenchDaemon {
     }
 }
 
-fn moneta_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
-    let ch = Channel::open(&d.socket).map_err(|e| e.to_string())?;
-    ch.control()
-        .grant(Grant {
-            channel: ch.id(),
-            rights: RIGHT_READ | RIGHT_WRITE,
-            start: 0,
-            len: a.region,
-            file: 0,
-        })
-        .map_err(|e| format!("cannot grant the bench an extent: {e}"))?;
+/// A file of `region` bytes, written through so every chunk is allocated.
+fn region_file(m: &libmoneta::Moneta, name: &str, region: u64) -> Result<libmoneta::File, String> {
+    let f = m
+        .open(
+            name,
+            libmoneta::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true),
+        )
+        .map_err(|e| format!("cannot create {name}: {e}"))?;
+    let chunk = vec![0xa5u8; 1 << 20];
+    let mut off = 0;
+    while off < region {
+        let n = chunk.len().min((region - off) as usize);
+        f.write_at(&chunk[..n], off)
+            .map_err(|e| format!("cannot fill {name}: {e}"))?;
+        off += n as u64;
+    }
+    Ok(f)
+}
+
+fn file_name(what: &str) -> String {
+    format!("/moneta-bench-{what}-{}", std::process::id())
+}
+
+fn raw_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
+    let raw = if d.fs {
+        // A file's extent, its records installed by the lookup: the array under a file,
+        // reached without the file system.
+        let m = libmoneta::Moneta::connect(&d.socket).map_err(|e| e.to_string())?;
+        let f = region_file(&m, &file_name("raw"), a.region)?;
+        let (_, exts) = m
+            .channel()
+            .control()
+            .fs_lookup(f.handle(), 0, a.region)
+            .map_err(|e| format!("cannot look up the bench file: {e}"))?;
+        let base = exts.first().map(|x| x.dev).unwrap_or(u64::MAX);
+        let contiguous = exts
+            .iter()
+            .all(|x| x.dev != moneta_abi::fsproto::HOLE && x.dev == base + x.file_off)
+            && exts.last().is_some_and(|x| x.file_off + x.len >= a.region);
+        if !contiguous {
+            return Err(
+                "the raw path's file is not one contiguous extent on this daemon's array".into(),
+            );
+        }
+        RawChannel {
+            ch: ChannelOwner::Files(m, f),
+            base,
+        }
+    } else {
+        let ch = Channel::open(&d.socket).map_err(|e| e.to_string())?;
+        ch.control()
+            .grant(Grant {
+                channel: ch.id(),
+                rights: RIGHT_READ | RIGHT_WRITE,
+                start: 0,
+                len: a.region,
+                file: 0,
+            })
+            .map_err(|e| format!("cannot grant the bench an extent: {e}"))?;
+        RawChannel {
+            ch: ChannelOwner::Bare(Box::new(ch)),
+            base: 0,
+        }
+    };
     Ok(Target::Moneta {
-        ch: Arc::new(ch),
+        ch: Arc::new(raw),
         daemon_pid: d.pid,
-        mode: a.completion.into(),
+        completion: a.completion,
     })
 }
 
-fn kernel_target(a: &BenchArgs) -> Result<(Target, PathBuf), String> {
+fn file_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
+    if !d.fs {
+        return Err(format!(
+            "the daemon at {} serves a raw device: the moneta path needs nvfs",
+            d.socket.display()
+        ));
+    }
+    let m = libmoneta::Moneta::connect(&d.socket).map_err(|e| e.to_string())?;
+    let f = region_file(&m, &file_name("files"), a.region)?;
+    Ok(Target::File {
+        file: Arc::new(f),
+        daemon_pid: d.pid,
+        completion: a.completion,
+    })
+}
+
+fn kernel_file(a: &BenchArgs) -> Result<(Arc<OwnedFd>, PathBuf), String> {
     let path = a
         .target
         .clone()
@@ -686,17 +846,15 @@ fn kernel_target(a: &BenchArgs) -> Result<(Target, PathBuf), String> {
         rustix::io::pwrite(&f, &chunk[..n], off).map_err(|e| e.to_string())?;
         off += n as u64;
     }
-    Ok((
-        Target::Kernel {
-            fd: Arc::new(f.into()),
-        },
-        path,
-    ))
+    Ok((Arc::new(f.into()), path))
 }
 
-fn validate(a: &BenchArgs, sizes: &[u64], slice: usize) -> Result<(), String> {
-    if a.threads == 0 || a.qd == 0 || a.runs == 0 || a.duration <= 0.0 {
-        return Err("threads, qd, runs and duration must be positive".into());
+fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, raw: bool) -> Result<(), String> {
+    if a.threads == 0 || a.qd == 0 || a.runs == 0 || a.duration <= 0.0 || a.ops == Some(0) {
+        return Err("threads, qd, runs, ops and duration must be positive".into());
+    }
+    if a.qd > 4096 {
+        return Err("qd is at most 4096".into());
     }
     for &s in sizes {
         if s == 0 || s > a.region {
@@ -706,7 +864,7 @@ fn validate(a: &BenchArgs, sizes: &[u64], slice: usize) -> Result<(), String> {
             ));
         }
         let span = (s as usize).div_ceil(slice);
-        if a.threads * a.qd * span > moneta_abi::TAGS_PER_CHANNEL {
+        if raw && a.threads * a.qd * span > moneta_abi::TAGS_PER_CHANNEL {
             return Err(format!(
                 "threads x qd x slices per request = {} exceeds the channel's 64 tags",
                 a.threads * a.qd * span
@@ -720,7 +878,7 @@ fn validate(a: &BenchArgs, sizes: &[u64], slice: usize) -> Result<(), String> {
 pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     let compare = a.paths.is_empty();
     if compare {
-        a.paths = vec![Path::KernelPsync, Path::MonetaRaw];
+        a.paths = vec![Path::KernelPsync, Path::Moneta, Path::MonetaRaw];
     }
     let sizes = if a.size.is_empty() {
         vec![512, 4096]
@@ -744,28 +902,53 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             return Ok(Vec::new());
         }
     }
-    if io_paths.contains(&Path::KernelPsync) && a.op == Op::Nop {
+    if a.op == Op::Nop && io_paths.iter().any(|p| *p != Path::MonetaRaw) {
         return Err("--op nop measures the channel alone: use it with --path moneta-raw".into());
     }
-    if io_paths.contains(&Path::KernelPsync) && a.qd != 1 && !io_paths.contains(&Path::MonetaRaw) {
+    if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| *p == Path::KernelPsync) {
         return Err("kernel-psync is synchronous: use --threads, not --qd".into());
     }
-    validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE)?;
+    validate(
+        &a,
+        &sizes,
+        moneta_abi::DEFAULT_SLICE_SIZE,
+        io_paths.contains(&Path::MonetaRaw),
+    )?;
     let mut out = Vec::new();
-    let daemon = if io_paths.contains(&Path::MonetaRaw) {
+    let daemon = if io_paths
+        .iter()
+        .any(|p| matches!(p, Path::Moneta | Path::MonetaRaw))
+    {
         Some(BenchDaemon::get(&a, a.region)?)
     } else {
         None
     };
-    let moneta = match &daemon {
-        Some(d) => Some(moneta_target(d, &a)?),
-        None => None,
-    };
-    let kernel = if io_paths.contains(&Path::KernelPsync) {
-        Some(kernel_target(&a)?)
+    let kernel = if io_paths.iter().any(|p| {
+        matches!(
+            p,
+            Path::KernelPsync | Path::KernelUring | Path::KernelUringSqpoll
+        )
+    }) {
+        Some(kernel_file(&a)?)
     } else {
         None
     };
+    let mut targets: Vec<(Path, Target)> = Vec::new();
+    for &p in &io_paths {
+        let t = match p {
+            Path::MonetaRaw => raw_target(daemon.as_ref().expect("daemon"), &a)?,
+            Path::Moneta => file_target(daemon.as_ref().expect("daemon"), &a)?,
+            Path::KernelPsync => Target::Kernel {
+                fd: kernel.as_ref().expect("kernel file").0.clone(),
+            },
+            Path::KernelUring | Path::KernelUringSqpoll => Target::Uring {
+                fd: kernel.as_ref().expect("kernel file").0.clone(),
+                sqpoll: p == Path::KernelUringSqpoll,
+            },
+            Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
+        };
+        targets.push((p, t));
+    }
     for &op in &ops {
         for &size in &sizes {
             let mut cfg = a.clone();
@@ -774,25 +957,28 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 io_paths.iter().map(|&p| (p, Vec::new())).collect();
             // Warm-up, discarded, then runs alternating between paths.
             for (p, _) in &results {
-                let t = target_for(*p, &moneta, &kernel);
+                let t = target_for(*p, &targets);
                 let mut w = cfg.clone();
                 if *p == Path::KernelPsync {
                     w.qd = 1;
                 }
-                run_threads(&w, size, t, cfg.warmup)?;
+                if cfg.warmup > 0.0 {
+                    run_threads(&w, size, t, cfg.warmup, None)?;
+                }
             }
             for _ in 0..cfg.runs {
                 for (p, rs) in results.iter_mut() {
-                    let t = target_for(*p, &moneta, &kernel);
+                    let t = target_for(*p, &targets);
                     let mut w = cfg.clone();
                     if *p == Path::KernelPsync {
                         w.qd = 1;
                     }
-                    rs.push(run_threads(&w, size, t, cfg.duration)?);
+                    rs.push(run_threads(&w, size, t, cfg.duration, cfg.ops)?);
                 }
             }
             for (p, rs) in results {
-                let completion = (p == Path::MonetaRaw).then_some(cfg.completion);
+                let completion =
+                    matches!(p, Path::MonetaRaw | Path::Moneta).then_some(cfg.completion);
                 let rec = summarize(&cfg, p, size, rs, completion);
                 if a.json {
                     println!("{}", serde_json::to_string(&rec).expect("serialize"));
@@ -813,9 +999,21 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     if !a.json {
         print_table(&out);
     }
+    let files_left = daemon
+        .as_ref()
+        .filter(|d| d.fs && d.private.is_none())
+        .map(|d| d.socket.clone());
+    drop(targets);
+    if let Some(socket) = files_left {
+        // On the user's daemon: remove the bench's files.
+        if let Ok(m) = libmoneta::Moneta::connect(&socket) {
+            for what in ["raw", "files"] {
+                let _ = m.unlink(file_name(what));
+            }
+        }
+    }
     if compare {
         if let Some(d) = &daemon {
-            drop(moneta);
             let idle = idle_cpu(d.pid, Duration::from_secs(2));
             if a.json {
                 println!(
@@ -835,12 +1033,12 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     Ok(out)
 }
 
-fn target_for<'a>(p: Path, m: &'a Option<Target>, k: &'a Option<(Target, PathBuf)>) -> &'a Target {
-    match p {
-        Path::MonetaRaw => m.as_ref().expect("moneta target"),
-        Path::KernelPsync => &k.as_ref().expect("kernel target").0,
-        Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
-    }
+fn target_for(p: Path, targets: &[(Path, Target)]) -> &Target {
+    &targets
+        .iter()
+        .find(|(q, _)| *q == p)
+        .expect("a target per path")
+        .1
 }
 
 /// The daemon's CPU use over `over`, in percent of one CPU, after letting it settle.
@@ -868,17 +1066,28 @@ fn print_table(recs: &[Record]) {
         "p50 spread",
         "kIOPS",
         "MiB/s",
-        "vs kernel p50",
+        "p50 vs psync",
+        "IOPS vs best kernel",
     ]);
     for r in recs {
-        let kernel = recs.iter().find(|k| {
-            k.path == "kernel-psync" && k.op == r.op && k.size == r.size && k.threads == r.threads
-        });
-        let ratio = match kernel {
-            Some(k) if r.path != "kernel-psync" && r.path != "perm-check" => {
-                format!("{:.2}x", r.lat_ns.p50 as f64 / k.lat_ns.p50 as f64)
-            }
+        let ours = !r.path.starts_with("kernel") && r.path != "perm-check";
+        let same = |k: &&Record| k.op == r.op && k.size == r.size && k.threads == r.threads;
+        let psync = recs.iter().filter(same).find(|k| k.path == "kernel-psync");
+        let ratio = match psync {
+            Some(k) if ours => format!("{:.2}x", r.lat_ns.p50 as f64 / k.lat_ns.p50 as f64),
             _ => String::new(),
+        };
+        // The fastest kernel path at the same queue depth (psync counts at depth 1 only).
+        let best = recs
+            .iter()
+            .filter(same)
+            .filter(|k| k.path.starts_with("kernel") && k.qd == r.qd)
+            .map(|k| k.iops)
+            .fold(0.0f64, f64::max);
+        let vs_best = if ours && best > 0.0 {
+            format!("{:.2}x", r.iops / best)
+        } else {
+            String::new()
         };
         let what = match r.records {
             Some(n) => format!("{} ({n} rec)", r.path),
@@ -896,6 +1105,7 @@ fn print_table(recs: &[Record]) {
             format!("{:.1}", r.iops / 1000.0),
             format!("{:.1}", r.mib_s),
             ratio,
+            vs_best,
         ]);
     }
     println!("{t}");
