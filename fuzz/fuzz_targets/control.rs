@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
         moneta_abi::fsproto::OP_FS_READDIR,
         moneta_abi::fsproto::OP_FS_READLINK,
         moneta_abi::fsproto::OP_FS_STATFS,
+        moneta_abi::fsproto::OP_FS_LOCK,
     ] {
         let _ = decode_reply(data, op);
     }

@@ -64,6 +64,10 @@ pub mod errno {
     pub const ENOSPC: i32 = 28;
     /// Address range outside the array.
     pub const ERANGE: i32 = 34;
+    /// Waiting for a file lock would deadlock.
+    pub const EDEADLK: i32 = 35;
+    /// Too many file locks.
+    pub const ENOLCK: i32 = 37;
     /// Operation not supported.
     pub const EOPNOTSUPP: i32 = 95;
     /// Protocol error (bad magic, length or payload).

@@ -1,4 +1,4 @@
-//! The file-system calls of the control protocol (ops 16 to 36): the permission manager's
+//! The file-system calls of the control protocol (ops 16 to 37): the permission manager's
 //! interface (Moneta-D §2.1). Payloads use the control protocol's little-endian encoding; a
 //! byte string is a u32 length followed by the bytes (no terminator, no padding).
 //!
@@ -76,6 +76,19 @@ pub const OP_FS_FORK: u16 = 35;
 /// Reply: [`FsReply::Inherited`]. A wrong bundle or secret, or a bundle already claimed by
 /// another connection: `EBADF`.
 pub const OP_FS_INHERIT: u16 = 36;
+/// Advisory file locks: `fcntl` record locks (`F_SETLK`, `F_SETLKW`, `F_GETLK`), their
+/// open-file-description forms (`F_OFD_*`) and `flock`. Payload: handle (u64), kind (u32,
+/// [`LockKind`]), cmd (u32, [`LockCmd`]), type (u32, [`LockType`]), wait (u32: 0 or 1; 1 when
+/// the caller retries a conflicting set until it succeeds and wants deadlock detection), start
+/// (u64, absolute byte offset), len (u64; 0 means from start to the end of the file and beyond,
+/// as `l_len` 0). The client resolves `SEEK_CUR`, `SEEK_END` and a negative `l_len` itself. A
+/// flock lock covers the whole file: start and len are ignored. Reply to a set: empty; to a
+/// test: [`FsReply::Lock`]. A set that conflicts fails with `EAGAIN`, or `EDEADLK` when waiting
+/// would close a cycle of waiters; `ENOLCK` beyond the daemon's lock limits; `EBADF` for a read
+/// lock on a handle not open for reading or a write lock on one not open for writing (record
+/// locks only); `EINVAL` for a range past [`LOCK_OFFSET_MAX`], a test with type unlock, or a
+/// test of a flock lock.
+pub const OP_FS_LOCK: u16 = 37;
 
 /// Longest path, in bytes.
 pub const PATH_MAX: usize = 4095;
@@ -97,10 +110,80 @@ pub const HOLE: u64 = u64::MAX;
 pub const MAX_EXTENTS: usize = 256;
 /// Most handle pairs in one [`FsReply::Inherited`] (one page of a bundle).
 pub const MAX_INHERITED: usize = 1000;
+/// Last byte offset a record lock may cover: `off_t`'s largest value, as in Linux. A lock
+/// whose `len` is 0 ends there.
+pub const LOCK_OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_INHERIT).contains(&op)
+    (OP_FS_OPEN..=OP_FS_LOCK).contains(&op)
+}
+
+/// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockKind {
+    /// 0: a POSIX record lock (`F_SETLK`), owned by the process (the connection).
+    Posix,
+    /// 1: an open-file-description record lock (`F_OFD_SETLK`), owned by the open file
+    /// description: the handle and every copy of it a fork made.
+    Ofd,
+    /// 2: a `flock` lock on the whole file, owned by the open file description.
+    Flock,
+}
+
+/// What a lock call does ([`OP_FS_LOCK`] cmd, u32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockCmd {
+    /// 0: place, convert or remove a lock (`F_SETLK`, `F_SETLKW`, `flock`).
+    Set,
+    /// 1: report a lock that would conflict (`F_GETLK`); record locks only.
+    Test,
+}
+
+/// A lock's type ([`OP_FS_LOCK`] type, u32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockType {
+    /// 0: shared (`F_RDLCK`, `LOCK_SH`).
+    Read,
+    /// 1: exclusive (`F_WRLCK`, `LOCK_EX`).
+    Write,
+    /// 2: remove (`F_UNLCK`, `LOCK_UN`); in a test reply, "nothing conflicts".
+    Unlock,
+}
+
+macro_rules! wire_enum {
+    ($t:ident { $($v:ident = $n:literal),* }) => {
+        impl $t {
+            /// The wire value.
+            pub fn to_wire(self) -> u32 {
+                match self { $($t::$v => $n),* }
+            }
+            /// The variant of a wire value, if it names one.
+            pub fn from_wire(v: u32) -> Option<$t> {
+                match v { $($n => Some($t::$v),)* _ => None }
+            }
+        }
+    };
+}
+
+wire_enum!(LockKind { Posix = 0, Ofd = 1, Flock = 2 });
+wire_enum!(LockCmd { Set = 0, Test = 1 });
+wire_enum!(LockType { Read = 0, Write = 1, Unlock = 2 });
+
+/// The answer to a lock test (24 bytes): type (u32: [`LockType`]), pid (i32), start (u64),
+/// len (u64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsLock {
+    /// The conflicting lock's type, or [`LockType::Unlock`] when the lock could be placed
+    /// (then pid is 0 and start and len are those asked about).
+    pub ty: LockType,
+    /// The owner's process id for a POSIX lock (as `SO_PEERCRED` gave it: 0 for a process in
+    /// another pid namespace); -1 for a lock of an open file description, as Linux reports.
+    pub pid: i32,
+    /// First byte.
+    pub start: u64,
+    /// Bytes; 0 when the lock runs to [`LOCK_OFFSET_MAX`] (the end of the file and beyond).
+    pub len: u64,
 }
 
 /// What a call acts on.
@@ -208,6 +291,15 @@ pub enum FsRequest {
         bundle: u64,
         secret: [u64; 2],
         from: u32,
+    },
+    Lock {
+        handle: u64,
+        kind: LockKind,
+        cmd: LockCmd,
+        ty: LockType,
+        wait: bool,
+        start: u64,
+        len: u64,
     },
 }
 
@@ -323,6 +415,8 @@ pub enum FsReply {
         /// requested index on.
         pairs: Vec<(u64, u64)>,
     },
+    /// The answer to a lock test.
+    Lock(FsLock),
 }
 
 fn path_ok(p: &[u8]) -> Result<(), Error> {
@@ -445,6 +539,7 @@ impl FsRequest {
             FsRequest::Statfs => OP_FS_STATFS,
             FsRequest::Fork => OP_FS_FORK,
             FsRequest::Inherit { .. } => OP_FS_INHERIT,
+            FsRequest::Lock { .. } => OP_FS_LOCK,
         }
     }
 
@@ -523,6 +618,23 @@ impl FsRequest {
                     .u64(secret[1])
                     .u32(*from)
                     .u32(0);
+            }
+            FsRequest::Lock {
+                handle,
+                kind,
+                cmd,
+                ty,
+                wait,
+                start,
+                len,
+            } => {
+                w.u64(*handle)
+                    .u32(kind.to_wire())
+                    .u32(cmd.to_wire())
+                    .u32(ty.to_wire())
+                    .u32(*wait as u32)
+                    .u64(*start)
+                    .u64(*len);
             }
         }
     }
@@ -647,6 +759,27 @@ impl FsRequest {
                     from,
                 }
             }
+            OP_FS_LOCK => {
+                let handle = r.u64()?;
+                let kind = LockKind::from_wire(r.u32()?).ok_or(Error::BadField("lock kind"))?;
+                let cmd = LockCmd::from_wire(r.u32()?).ok_or(Error::BadField("lock cmd"))?;
+                let ty = LockType::from_wire(r.u32()?).ok_or(Error::BadField("lock type"))?;
+                let wait = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::BadField("lock wait")),
+                };
+                // Ranges are checked by the manager, which answers EINVAL as fcntl does.
+                FsRequest::Lock {
+                    handle,
+                    kind,
+                    cmd,
+                    ty,
+                    wait,
+                    start: r.u64()?,
+                    len: r.u64()?,
+                }
+            }
             other => return Err(Error::UnknownOp(other)),
         })
     }
@@ -707,6 +840,9 @@ impl FsReply {
                 for (a, b) in pairs {
                     w.u64(*a).u64(*b);
                 }
+            }
+            FsReply::Lock(l) => {
+                w.u32(l.ty.to_wire()).i32(l.pid).u64(l.start).u64(l.len);
             }
         }
     }
@@ -800,6 +936,14 @@ impl FsReply {
                 }
                 FsReply::Inherited { total, pairs }
             }
+            // A set is answered with no payload, a test with the lock found.
+            OP_FS_LOCK if r.b.is_empty() => FsReply::Empty,
+            OP_FS_LOCK => FsReply::Lock(FsLock {
+                ty: LockType::from_wire(r.u32()?).ok_or(Error::BadField("lock type"))?,
+                pid: r.i32()?,
+                start: r.u64()?,
+                len: r.u64()?,
+            }),
             _ => FsReply::Empty,
         })
     }
@@ -897,6 +1041,33 @@ mod tests {
                 secret: [u64::MAX, 3],
                 from: 1000,
             },
+            FsRequest::Lock {
+                handle: 3,
+                kind: LockKind::Posix,
+                cmd: LockCmd::Set,
+                ty: LockType::Write,
+                wait: true,
+                start: 40,
+                len: 0,
+            },
+            FsRequest::Lock {
+                handle: 4,
+                kind: LockKind::Ofd,
+                cmd: LockCmd::Test,
+                ty: LockType::Read,
+                wait: false,
+                start: u64::MAX,
+                len: u64::MAX,
+            },
+            FsRequest::Lock {
+                handle: 5,
+                kind: LockKind::Flock,
+                cmd: LockCmd::Set,
+                ty: LockType::Unlock,
+                wait: false,
+                start: 0,
+                len: 0,
+            },
         ];
         for req in reqs {
             let b = encode_request(5, &Request::Fs(req.clone()));
@@ -922,6 +1093,64 @@ mod tests {
         };
         let b = encode_request(1, &Request::Fs(bad_time));
         assert_eq!(decode_request(&b), Err(Error::BadField("nanoseconds")));
+    }
+
+    #[test]
+    fn lock_requests_reject_unknown_values() {
+        let req = Request::Fs(FsRequest::Lock {
+            handle: 1,
+            kind: LockKind::Posix,
+            cmd: LockCmd::Set,
+            ty: LockType::Read,
+            wait: false,
+            start: 0,
+            len: 0,
+        });
+        let good = encode_request(1, &req);
+        assert_eq!(good.len(), 16 + 40);
+        // Payload: handle at 16, kind at 24, cmd at 28, type at 32, wait at 36.
+        for (at, value, field) in [
+            (24, 3, "lock kind"),
+            (28, 2, "lock cmd"),
+            (32, 3, "lock type"),
+            (36, 2, "lock wait"),
+        ] {
+            let mut b = good.clone();
+            b[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes());
+            assert_eq!(decode_request(&b), Err(Error::BadField(field)));
+        }
+        for cut in 16..good.len() {
+            let mut b = good[..cut].to_vec();
+            b[12..16].copy_from_slice(&((cut - 16) as u32).to_le_bytes());
+            assert_eq!(decode_request(&b), Err(Error::Truncated), "cut at {cut}");
+        }
+        // A reply with an unknown type, or of a length that is neither 0 nor 24 bytes.
+        let ok = encode_reply(
+            OP_FS_LOCK,
+            2,
+            &Ok(ReplyBody::Fs(FsReply::Lock(FsLock {
+                ty: LockType::Read,
+                pid: 1,
+                start: 2,
+                len: 3,
+            }))),
+        );
+        let mut b = ok.clone();
+        b[24] = 3;
+        assert!(decode_reply(&b, OP_FS_LOCK).is_err());
+        let mut b = ok.clone();
+        b.pop();
+        let n = (b.len() - 16) as u32;
+        b[12..16].copy_from_slice(&n.to_le_bytes());
+        assert!(decode_reply(&b, OP_FS_LOCK).is_err());
+        for (kind, n) in [
+            (LockKind::Posix, 0),
+            (LockKind::Ofd, 1),
+            (LockKind::Flock, 2),
+        ] {
+            assert_eq!(kind.to_wire(), n);
+            assert_eq!(LockKind::from_wire(n), Some(kind));
+        }
     }
 
     #[test]
@@ -989,6 +1218,25 @@ mod tests {
                     total: 1002,
                     pairs: vec![(1, 9), (2, 10)],
                 },
+            ),
+            (OP_FS_LOCK, FsReply::Empty),
+            (
+                OP_FS_LOCK,
+                FsReply::Lock(FsLock {
+                    ty: LockType::Write,
+                    pid: -1,
+                    start: 7,
+                    len: 0,
+                }),
+            ),
+            (
+                OP_FS_LOCK,
+                FsReply::Lock(FsLock {
+                    ty: LockType::Unlock,
+                    pid: 1234,
+                    start: u64::MAX,
+                    len: 1,
+                }),
             ),
         ];
         for (op, rep) in replies {

@@ -6,6 +6,7 @@
 //! array is flushed, and the socket is removed.
 
 pub mod config;
+pub mod locks;
 pub mod manager;
 pub mod server;
 pub mod testing;

@@ -21,10 +21,18 @@
 //!   files. A bundle holds its files open until it is claimed or until the pipe that comes with
 //!   it hangs up, which the kernel reports once no process holds its write end any more; a
 //!   reaper thread waits for those hang-ups.
+//! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
+//!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
+//!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
+//!   ends; OFD and `flock` locks belong to an open file description: every open makes one, a
+//!   fork bundle's copies of a handle share it (as a forked child shares its parent's open
+//!   files), and its locks go when the last handle carrying it is closed or released.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use rustix::event::epoll;
 
@@ -32,6 +40,8 @@ use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
 use moneta_device::{Device, TableOp};
 use moneta_fs::{file_id, Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
+
+use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
@@ -47,6 +57,29 @@ pub struct Manager {
     bundles: Mutex<Bundles>,
     /// Hang-ups of the bundles' pipes (read ends), keyed by bundle id.
     hangups: OwnedFd,
+    locks: Mutex<LockState>,
+}
+
+/// Advisory locks and what owns them.
+#[derive(Default)]
+struct LockState {
+    table: Locks,
+    /// Per open-file-description id: the handles carrying it, in sessions and in bundles.
+    ofds: HashMap<u64, usize>,
+    next_ofd: u64,
+}
+
+impl LockState {
+    /// One handle carrying `ofd` fewer; the last one takes its locks along.
+    fn close_ofd(&mut self, ofd: u64) {
+        match self.ofds.get_mut(&ofd) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.ofds.remove(&ofd);
+                self.table.release_owner(Owner::Ofd(ofd));
+            }
+        }
+    }
 }
 
 /// Handles copied by a `fork` for the child to claim.
@@ -84,15 +117,25 @@ struct Handle {
     file: u64,
     read: bool,
     write: bool,
+    /// The open file description: OFD and `flock` locks belong to it.
+    ofd: u64,
 }
 
 /// A claimed bundle: id, secret, pairs of (old handle, new handle).
 type Claimed = (u64, [u64; 2], Vec<(u64, u64)>);
 
+/// Session ids, unique in the daemon's life (POSIX locks belong to sessions).
+static SESSIONS: AtomicU64 = AtomicU64::new(1);
+
 /// A connection's view: its credentials and open handles.
 pub struct Session {
     /// Credentials from `SO_PEERCRED` and `SO_PEERGROUPS`.
     pub cred: Cred,
+    /// The peer's process id from `SO_PEERCRED` (0 for a process in another pid namespace),
+    /// reported as the owner of its POSIX locks.
+    pub pid: i32,
+    /// Owns the session's POSIX locks.
+    id: u64,
     handles: HashMap<u64, Handle>,
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
     per_file: HashMap<u64, (u32, u32)>,
@@ -106,11 +149,19 @@ impl Session {
     pub fn new(cred: Cred) -> Session {
         Session {
             cred,
+            pid: 0,
+            id: SESSIONS.fetch_add(1, Ordering::Relaxed),
             handles: HashMap::new(),
             per_file: HashMap::new(),
             next: 1,
             claimed: None,
         }
+    }
+
+    /// The session of process `pid`.
+    pub fn with_pid(mut self, pid: i32) -> Session {
+        self.pid = pid;
+        self
     }
 
     /// The rights this connection's handles of `ino` carry together.
@@ -154,6 +205,49 @@ fn fail(errno: i32, message: &str) -> Failure {
     Failure {
         errno,
         message: message.into(),
+    }
+}
+
+fn lock_failure(e: LockError) -> Failure {
+    Failure {
+        errno: e.errno(),
+        message: e.to_string(),
+    }
+}
+
+/// The bytes a record lock of `start` and `len` (0: to the end) covers, within `off_t`.
+fn lock_range(start: u64, len: u64) -> Result<Range, Failure> {
+    let end = match len {
+        0 => Some(LOCK_OFFSET_MAX),
+        n => start.checked_add(n - 1),
+    };
+    match end {
+        Some(end) if start <= LOCK_OFFSET_MAX && end <= LOCK_OFFSET_MAX => Ok(Range { start, end }),
+        _ => Err(fail(
+            errno::EINVAL,
+            "the lock range runs past the largest file offset (2^63 - 1)",
+        )),
+    }
+}
+
+/// A lock as a test reports it: pid -1 for a lock of an open file description, length 0 for
+/// one that runs to the end.
+fn wire_lock(h: &Held) -> FsLock {
+    FsLock {
+        ty: match h.mode {
+            Mode::Read => LockType::Read,
+            Mode::Write => LockType::Write,
+        },
+        pid: match h.owner {
+            Owner::Session(_) => h.pid,
+            Owner::Ofd(_) => -1,
+        },
+        start: h.range.start,
+        len: if h.range.end >= LOCK_OFFSET_MAX {
+            0
+        } else {
+            h.range.end - h.range.start + 1
+        },
     }
 }
 
@@ -223,7 +317,14 @@ impl Manager {
             device,
             bundles: Mutex::new(Bundles::default()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
+            locks: Mutex::new(LockState::default()),
         }
+    }
+
+    fn locks(&self) -> MutexGuard<'_, LockState> {
+        // The table is consistent between calls: no update panics half-way by design, and
+        // one that did would at worst leave a count off, not a dangling reference.
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Starts the thread that releases fork bundles whose pipes hung up.
@@ -263,6 +364,12 @@ impl Manager {
     /// Stops watching a bundle's pipe and closes the handles it still holds.
     fn release_bundle(&self, b: Bundle) {
         let _ = epoll::delete(&self.hangups, &b.pipe);
+        {
+            let mut locks = self.locks();
+            for (_, h) in &b.handles {
+                locks.close_ofd(h.ofd);
+            }
+        }
         let mut fs = self.fs();
         for (_, h) in b.handles {
             if let Err(e) = fs.close(h.ino) {
@@ -304,6 +411,13 @@ impl Manager {
                     }
                     return Err(failure(e));
                 }
+            }
+        }
+        {
+            // The copies share their open file descriptions with the originals.
+            let mut locks = self.locks();
+            for (_, h) in &handles {
+                *locks.ofds.entry(h.ofd).or_default() += 1;
             }
         }
         let count = handles.len() as u32;
@@ -407,6 +521,13 @@ impl Manager {
 
     /// Releases everything a closing connection held. Its channel is already gone.
     pub fn end_session(&self, s: &mut Session) {
+        {
+            let mut locks = self.locks();
+            locks.table.release_owner(Owner::Session(s.id));
+            for h in s.handles.values() {
+                locks.close_ofd(h.ofd);
+            }
+        }
         let mut fs = self.fs();
         s.per_file.clear();
         for (_, h) in s.handles.drain() {
@@ -463,6 +584,88 @@ impl Manager {
             .map_err(|e| fail(errno::EIO, &format!("cannot install records: {e}")))
     }
 
+    /// `OP_FS_LOCK` on handle `h` of session `s`.
+    #[allow(clippy::too_many_arguments)]
+    fn lock(
+        &self,
+        s: &Session,
+        h: &Handle,
+        kind: LockKind,
+        cmd: LockCmd,
+        ty: LockType,
+        wait: bool,
+        start: u64,
+        len: u64,
+    ) -> Result<FsReply, Failure> {
+        let mode = match ty {
+            LockType::Read => Some(Mode::Read),
+            LockType::Write => Some(Mode::Write),
+            LockType::Unlock => None,
+        };
+        let owner = match kind {
+            LockKind::Posix => Owner::Session(s.id),
+            LockKind::Ofd | LockKind::Flock => Owner::Ofd(h.ofd),
+        };
+        match (kind, cmd) {
+            (LockKind::Flock, LockCmd::Test) => Err(fail(
+                errno::EINVAL,
+                "flock locks cannot be tested; try a set without waiting instead",
+            )),
+            // flock does not care how the file was opened, and reports no deadlocks.
+            (LockKind::Flock, LockCmd::Set) => {
+                self.locks()
+                    .table
+                    .flock(h.ino, h.ofd, s.pid, mode)
+                    .map_err(lock_failure)?;
+                Ok(FsReply::Empty)
+            }
+            (_, LockCmd::Test) => {
+                let range = lock_range(start, len)?;
+                let Some(mode) = mode else {
+                    return Err(fail(
+                        errno::EINVAL,
+                        "a lock test needs a read or write type",
+                    ));
+                };
+                let found = self.locks().table.test(h.ino, owner, mode, range);
+                Ok(FsReply::Lock(match found {
+                    Some(held) => wire_lock(&held),
+                    None => FsLock {
+                        ty: LockType::Unlock,
+                        pid: 0,
+                        start,
+                        len,
+                    },
+                }))
+            }
+            (_, LockCmd::Set) => {
+                let range = lock_range(start, len)?;
+                // As fcntl: a read lock needs a handle open for reading, a write lock one open
+                // for writing.
+                match mode {
+                    Some(Mode::Read) if !h.read => {
+                        return Err(fail(
+                            errno::EBADF,
+                            "a read lock needs a handle open for reading",
+                        ))
+                    }
+                    Some(Mode::Write) if !h.write => {
+                        return Err(fail(
+                            errno::EBADF,
+                            "a write lock needs a handle open for writing",
+                        ))
+                    }
+                    _ => {}
+                }
+                self.locks()
+                    .table
+                    .set(h.ino, owner, s.pid, mode, range, wait, Instant::now())
+                    .map_err(lock_failure)?;
+                Ok(FsReply::Empty)
+            }
+        }
+    }
+
     /// Answers one file-system call of session `s`, whose channel (if it opened one) is
     /// `channel`.
     pub fn call(
@@ -484,6 +687,13 @@ impl Manager {
                     .fs()
                     .open(&cred, &path, flags as i32, mode)
                     .map_err(failure)?;
+                let ofd = {
+                    let mut locks = self.locks();
+                    locks.next_ofd += 1;
+                    let id = locks.next_ofd;
+                    locks.ofds.insert(id, 1);
+                    id
+                };
                 let handle = s.next;
                 s.next += 1;
                 s.add(
@@ -493,6 +703,7 @@ impl Manager {
                         file: file_id(o.ino, o.stat.generation),
                         read: o.read,
                         write: o.write,
+                        ofd,
                     },
                 );
                 let rights =
@@ -507,6 +718,12 @@ impl Manager {
                 let h = Self::handle(s, handle)?;
                 let before = s.rights(h.ino);
                 s.remove(handle);
+                {
+                    // POSIX: closing any descriptor of a file drops the process's locks on it.
+                    let mut locks = self.locks();
+                    locks.table.release(h.ino, Owner::Session(s.id));
+                    locks.close_ofd(h.ofd);
+                }
                 let after = s.rights(h.ino);
                 if let (Some(channel), true) = (channel, after != before) {
                     self.device
@@ -664,6 +881,18 @@ impl Manager {
                 secret,
                 from,
             } => self.inherit(s, bundle, secret, from),
+            FsRequest::Lock {
+                handle,
+                kind,
+                cmd,
+                ty,
+                wait,
+                start,
+                len,
+            } => {
+                let h = Self::handle(s, handle)?;
+                self.lock(s, &h, kind, cmd, ty, wait, start, len)
+            }
             FsRequest::Statfs => {
                 let t = self.fs().statfs();
                 Ok(FsReply::StatFs(FsStatFs {

@@ -181,7 +181,8 @@ impl Server {
                     uid: cred.uid,
                     gid: cred.gid,
                     groups: cred.groups,
-                }),
+                })
+                .with_pid(cred.pid),
             };
             let spawned = std::thread::Builder::new()
                 .name("moneta-conn".into())
