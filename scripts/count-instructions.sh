@@ -3,7 +3,9 @@
 # repeatable, unlike timings). The client runs `moneta bench --path moneta` under
 # valgrind; the daemon it starts runs natively (valgrind does not follow children). The count
 # is the inclusive cost of `File::read_at_with` divided by its calls, minus the copy from the
-# DMA slice into the caller's buffer (the memcpy called from inside it).
+# DMA slice into the caller's buffer (the memcpy called from inside it). The wait for the
+# device is a spin loop whose length depends on timing; the last line leaves it out too (all
+# of `Channel::wait`: the loop and the status read), which makes that figure repeatable.
 #
 # Usage: scripts/count-instructions.sh [SIZE] [OPS]     (default 4K, 20000)
 set -euo pipefail
@@ -19,7 +21,7 @@ valgrind --tool=callgrind --callgrind-out-file="$out" \
   --region 8M --completion spin >/dev/null 2>&1
 callgrind_annotate --tree=calling --inclusive=yes "$out" 2>/dev/null | python3 -c '
 import re, sys
-total = calls = copy = 0
+total = calls = copy = wait = 0
 cur = None
 for line in sys.stdin:
     m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(\*|>)\s+(.*)", line)
@@ -38,10 +40,14 @@ for line in sys.stdin:
             calls = k
         if "memcpy" in what and cur and ("File::one" in cur or "transfer" in cur) and k == calls:
             copy = max(copy, n)
+        if "Channel::wait" in what and cur and ("File::one" in cur or "transfer" in cur) and k >= calls:
+            wait = max(wait, n)
 if not calls:
     sys.exit("no read_at_with calls found in the profile")
 print(f"reads: {calls}")
 print(f"instructions per read, all:              {total / calls:.0f}")
 print(f"instructions per read, copy:             {copy / calls:.0f}")
 print(f"instructions per read, without the copy: {(total - copy) / calls:.0f}")
+print(f"  of which waiting for the device:       {wait / calls:.0f}")
+print(f"instructions per read, without copy and wait: {(total - copy - wait) / calls:.0f}")
 '

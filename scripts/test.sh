@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v c++ >/dev/null || need_apt+=(g++)        # libFuzzer is built from C++ sources
 command -v make >/dev/null || need_apt+=(make)
+# Real programs the LD_PRELOAD shim is tested with (coreutils, python3 and a C compiler are
+# on the machine already).
+command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
+command -v fio >/dev/null || need_apt+=(fio)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" = 0 ] || sudo_cmd="sudo"

@@ -10,6 +10,11 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+/// The `LD_PRELOAD` shim: the C library's file functions (not part of `moneta.h`).
+///
+/// cbindgen:ignore
+pub mod shim;
+
 use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;

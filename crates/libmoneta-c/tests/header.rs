@@ -70,10 +70,12 @@ fn header_compiles_as_c_and_cpp() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// `libmoneta.so` exports exactly the functions the header declares: rustc keeps every other
-/// symbol local (it links the library with its own version script), and this checks it.
+/// `libmoneta.so` exports exactly the functions the header declares and the shim's hooks:
+/// rustc links a `cdylib` with a version script that exports only `#[no_mangle]` items (the
+/// shim's C part adds its entry points with `csrc/exports.map`), and this checks both lists
+/// against the sources.
 #[test]
-fn exports_match_the_header() {
+fn exports_match_the_header_and_the_shim() {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let so = dir.join("libmoneta.so");
@@ -100,11 +102,9 @@ fn exports_match_the_header() {
         })
         .collect();
     exported.sort();
-    let header = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include/moneta.h"),
-    )
-    .unwrap();
-    let mut declared: Vec<String> = header
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(krate.join("../../include/moneta.h")).unwrap();
+    let mut expected: Vec<String> = header
         .lines()
         .filter(|l| !l.starts_with("//") && !l.starts_with('#') && l.contains('('))
         .filter_map(|l| {
@@ -112,10 +112,45 @@ fn exports_match_the_header() {
             name.starts_with("moneta_").then(|| name.to_string())
         })
         .collect();
-    declared.sort();
-    declared.dedup();
+    // The shim's Rust hooks: every `#[no_mangle]` function under src/shim.
+    for entry in std::fs::read_dir(krate.join("src/shim")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let mut lines = text.lines().peekable();
+        while let Some(l) = lines.next() {
+            if l.trim() == "#[no_mangle]" {
+                let sig = lines.next().unwrap_or_default();
+                if let Some(rest) = sig.split("fn ").nth(1) {
+                    expected.push(rest.split('(').next().unwrap().trim().to_string());
+                }
+            }
+        }
+        // Functions made by macros: `name(args) follow/answer ...;` lines in the macro calls.
+        for l in text.lines() {
+            let t = l.trim();
+            if (t.contains(") follow ") || t.contains(") answer ")) && !t.starts_with("//") {
+                expected.push(t.split('(').next().unwrap().to_string());
+            }
+        }
+    }
+    // The shim's C entry points.
+    let map = std::fs::read_to_string(krate.join("csrc/exports.map")).unwrap();
+    let body = map
+        .split("global:")
+        .nth(1)
+        .unwrap()
+        .split('}')
+        .next()
+        .unwrap();
+    expected.extend(
+        body.split(';')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty()),
+    );
+    expected.retain(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    expected.sort();
+    expected.dedup();
     assert_eq!(
-        exported, declared,
-        "exports of libmoneta.so differ from moneta.h"
+        exported, expected,
+        "exports of libmoneta.so differ from the sources"
     );
 }

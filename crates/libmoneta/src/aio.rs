@@ -43,8 +43,10 @@
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -131,6 +133,45 @@ pub(crate) fn pump(ch: &Channel) -> bool {
         st.busy.store(false, Ordering::Release);
     }
     freed
+}
+
+/// A request's allocation and vectors, kept by a thread for its next request: a submitted
+/// request then allocates nothing.
+struct Spare {
+    slot: Option<Box<MaybeUninit<State<'static>>>>,
+    prep: Prepared,
+    inflight: VecDeque<(Tag, usize)>,
+}
+
+/// Spares a thread keeps.
+const SPARES_KEPT: usize = 64;
+
+thread_local! {
+    static SPARES: RefCell<Vec<Spare>> = const { RefCell::new(Vec::new()) };
+}
+
+fn spare() -> Spare {
+    SPARES
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Spare {
+            slot: None,
+            prep: Prepared::default(),
+            inflight: VecDeque::new(),
+        })
+}
+
+fn keep(mut sp: Spare) {
+    sp.prep.segs.clear();
+    sp.prep.holes.clear();
+    sp.inflight.clear();
+    let _ = SPARES.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARES_KEPT {
+            s.push(sp);
+        }
+    });
 }
 
 fn take_pinned(ch: &Channel) -> Result<(), ClientError> {
@@ -342,14 +383,21 @@ impl File {
                 off
             }
         };
-        let prep = if len == 0 {
-            Prepared::default()
+        let mut sp = spare();
+        let r = if len == 0 {
+            sp.prep.len = 0;
+            Ok(())
         } else if write {
-            self.prepare_write(off, len, &mut fruitless)?
+            self.prepare_write_into(off, len, &mut fruitless, &mut sp.prep)
         } else {
-            self.prepare_read(off, len, &mut fruitless)?
+            self.prepare_read_into(off, len, &mut fruitless, &mut sp.prep)
         };
+        if let Err(e) = r {
+            keep(sp);
+            return Err(e);
+        }
         let ch = self.channel();
+        let slot = sp.slot.take();
         let mut st = State {
             file: self,
             ch,
@@ -358,9 +406,9 @@ impl File {
             off,
             buf,
             mode,
-            prep,
+            prep: std::mem::take(&mut sp.prep),
             next: 0,
-            inflight: VecDeque::new(),
+            inflight: std::mem::take(&mut sp.inflight),
             miss: None,
             err: None,
             result: None,
@@ -375,12 +423,9 @@ impl File {
             take_pinned(ch)?;
             st.pinned = true;
         }
-        let holes = std::mem::take(&mut st.prep.holes);
-        {
-            let data = st.bytes_mut();
-            for &(h, n) in &holes {
-                data[h..h + n].fill(0);
-            }
+        for i in 0..st.prep.holes.len() {
+            let (h, n) = st.prep.holes[i];
+            st.bytes_mut()[h..h + n].fill(0);
         }
         let batch = *bits != 0;
         let mut mine = 0u64;
@@ -389,14 +434,19 @@ impl File {
         if !batch && *bits != 0 {
             ch.ring(std::mem::take(bits));
         }
-        Ok(Pending::new(st))
+        Ok(Pending::new(st, slot))
     }
 }
 
 impl<'f> Pending<'f> {
-    fn new(st: State<'f>) -> Pending<'f> {
+    fn new(st: State<'f>, slot: Option<Box<MaybeUninit<State<'static>>>>) -> Pending<'f> {
         let ch = st.ch;
-        let st = NonNull::from(Box::leak(Box::new(st)));
+        let slot = slot.unwrap_or_else(|| Box::new(MaybeUninit::uninit()));
+        // A state's layout does not depend on its lifetime.
+        let raw = Box::into_raw(slot).cast::<State<'f>>();
+        // SAFETY: `raw` is a fresh, exclusive allocation of the right size and alignment.
+        unsafe { raw.write(st) };
+        let st = NonNull::new(raw).expect("boxes are non-null");
         Pending {
             st,
             slot: register(ch, st),
@@ -745,31 +795,43 @@ impl std::fmt::Debug for Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         // SAFETY: the state lives until freed below.
-        let (ch, orphaned) = unsafe { (self.st.as_ref().ch, self.st.as_ref().orphaned()) };
-        if orphaned {
-            // A forked child's copy of its parent's request: the parent's channel (inert here)
-            // and its registry are not this process's to touch.
-            // SAFETY: allocated in `Pending::new`; in this process nobody else reaches it.
-            drop(unsafe { Box::from_raw(self.st.as_ptr()) });
-            return;
+        let p = self.st.as_ptr();
+        // SAFETY: the state lives until freed below.
+        let (ch, orphaned) = unsafe { ((*p).ch, (*p).orphaned()) };
+        if !orphaned {
+            unregister(ch, self.slot);
+            // A pump that grabbed it before it left the registry lets go when done.
+            self.acquire();
+            // SAFETY: out of the registry and with its busy flag held, nobody else reaches it.
+            let st = unsafe { &mut *p };
+            // Stop issuing and let the device finish what it has.
+            st.next = st.prep.segs.len();
+            while let Some((tag, _)) = st.inflight.pop_front() {
+                let _ = ch.wait(tag, st.mode);
+                ch.release(tag);
+            }
+            if let Some(t) = st.held.take() {
+                ch.release(t);
+            }
+            if st.pinned {
+                give_pinned(ch);
+            }
         }
-        unregister(ch, self.slot);
-        // A pump that grabbed it before it left the registry lets go when done.
-        self.acquire();
-        // SAFETY: allocated in `Pending::new`, freed once, here: out of the registry and with
-        // its busy flag held, nobody else can reach it.
-        let mut st = unsafe { Box::from_raw(self.st.as_ptr()) };
-        // Stop issuing and let the device finish what it has.
-        st.next = st.prep.segs.len();
-        while let Some((tag, _)) = st.inflight.pop_front() {
-            let _ = ch.wait(tag, st.mode);
-            ch.release(tag);
-        }
-        if let Some(t) = st.held.take() {
-            ch.release(t);
-        }
-        if st.pinned {
-            give_pinned(ch);
+        // (A forked child's copy of its parent's request touches neither the parent's channel,
+        // inert here, nor its registry.)
+        // SAFETY: allocated in `Pending::new` and reached by nobody else now; its contents are
+        // dropped once, then the allocation is kept for the next request.
+        unsafe {
+            let sp = Spare {
+                slot: None,
+                prep: std::mem::take(&mut (*p).prep),
+                inflight: std::mem::take(&mut (*p).inflight),
+            };
+            std::ptr::drop_in_place(p);
+            keep(Spare {
+                slot: Some(Box::from_raw(p.cast::<MaybeUninit<State<'static>>>())),
+                ..sp
+            });
         }
     }
 }
@@ -826,28 +888,32 @@ impl<'f> WriteSlot<'f> {
         if prep.segs.len() == 1 {
             let seg = prep.segs[0];
             ch.submit(tag, &command(Opcode::Write, mode, seg.dev, seg.len as u64));
-            let mut inflight = VecDeque::new();
+            let mut sp = spare();
+            let mut inflight = std::mem::take(&mut sp.inflight);
             inflight.push_back((tag, 0));
-            return Ok(Pending::new(State {
-                file: f,
-                ch,
-                gen: self.gen,
-                write: true,
-                off,
-                buf: Buf::Owned(Vec::new()),
-                mode,
-                prep,
-                next: 1,
-                inflight,
-                miss: None,
-                err: None,
-                result: None,
-                held: None,
-                pinned: false,
-                moved: 0,
-                ended: false,
-                busy: AtomicBool::new(false),
-            }));
+            return Ok(Pending::new(
+                State {
+                    file: f,
+                    ch,
+                    gen: self.gen,
+                    write: true,
+                    off,
+                    buf: Buf::Owned(Vec::new()),
+                    mode,
+                    prep,
+                    next: 1,
+                    inflight,
+                    miss: None,
+                    err: None,
+                    result: None,
+                    held: None,
+                    pinned: false,
+                    moved: 0,
+                    ended: false,
+                    busy: AtomicBool::new(false),
+                },
+                sp.slot.take(),
+            ));
         }
         // Spans extents: the bytes leave the slice for an ordinary request.
         let data = ch.dma_slice(tag, len).to_vec();

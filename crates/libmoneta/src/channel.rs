@@ -571,23 +571,30 @@ impl Channel {
         // SAFETY: plain system calls on descriptors this object owns; `dup3` replaces each
         // atomically, so the numbers stay owned by it and are closed once, at drop.
         unsafe {
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            // Raw system calls: under the preload shim the C library's names are its hooks.
+            let null = libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                c"/dev/null".as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC,
+            ) as i32;
             if null >= 0 {
                 for fd in [
                     self.control.fd().as_raw_fd(),
                     self.memfd.as_raw_fd(),
                     self.kick.as_raw_fd(),
                 ] {
-                    libc::dup3(null, fd, libc::O_CLOEXEC);
+                    libc::syscall(libc::SYS_dup3, null, fd, libc::O_CLOEXEC);
                 }
-                libc::close(null);
+                libc::syscall(libc::SYS_close, null);
             }
         }
         // SAFETY: replaces exactly this channel's mapping, in place, with anonymous memory;
         // `Drop` unmaps it as before.
         unsafe {
-            libc::mmap(
-                self.base.as_ptr().cast(),
+            libc::syscall(
+                libc::SYS_mmap,
+                self.base.as_ptr(),
                 self.info.channel_size as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,

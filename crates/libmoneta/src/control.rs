@@ -72,6 +72,7 @@ impl Control {
             rustix::net::SocketFlags::CLOEXEC,
             None,
         )?;
+        let fd = crate::fdnum::hide(fd);
         let addr = SocketAddrUnix::new(socket).map_err(not_running)?;
         rustix::net::connect(&fd, &addr).map_err(not_running)?;
         rustix::net::sockopt::set_socket_timeout(
@@ -226,8 +227,8 @@ impl Control {
                 fds.len()
             )));
         }
-        let kick = fds.pop().expect("two fds");
-        let memfd = fds.pop().expect("two fds");
+        let kick = crate::fdnum::hide(fds.pop().expect("two fds"));
+        let memfd = crate::fdnum::hide(fds.pop().expect("two fds"));
         let _ = memfd.as_fd();
         Ok((info, memfd, kick))
     }

@@ -208,6 +208,25 @@ impl Inner {
         Ok(())
     }
 
+    /// The descriptors of the current channel and its connection.
+    pub(crate) fn descriptors(&self) -> Vec<i32> {
+        use std::os::fd::AsRawFd;
+        let ch = self.cur();
+        vec![
+            ch.control().fd().as_raw_fd(),
+            ch.memfd().as_raw_fd(),
+            ch.kick_fd().as_raw_fd(),
+        ]
+    }
+
+    /// In a forked child, right after the fork: makes the parent's channel inert (only
+    /// system calls: no lock, no allocation).
+    pub(crate) fn detach_current(&self) {
+        if !self.fresh() {
+            self.cur().detach();
+        }
+    }
+
     /// Before a fork: a bundle of this connection's handles for the child, if it has any.
     pub(crate) fn prepare_fork(&self) -> Option<Ticket> {
         if self.open.load(Ordering::Acquire) == 0 {
@@ -227,6 +246,41 @@ impl Inner {
     pub(crate) fn set_ticket(&self, t: Ticket) {
         *self.ticket.lock() = Some(t);
     }
+}
+
+/// What another program image needs to take over a connection's open files across `exec`
+/// (the preload shim's business; see `docs/abi.md` §2.10, `FS_FORK`).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Handover {
+    /// Bundle id.
+    pub bundle: u64,
+    /// Its secret.
+    pub secret: [u64; 2],
+    /// The bundle pipe's write end (close-on-exec; the caller clears that flag).
+    pub pipe: i32,
+}
+
+/// An open file as another program image rebuilds it after `exec`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct FileState {
+    /// The handle on the connection that handed it over.
+    pub handle: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Open for reading.
+    pub readable: bool,
+    /// Open for writing.
+    pub writable: bool,
+    /// `O_APPEND`.
+    pub append: bool,
+    /// A directory.
+    pub is_dir: bool,
+    /// The position's shared cell (segment memfd, index), when it can be handed on.
+    pub position_cell: Option<(i32, u32)>,
+    /// The position now.
+    pub position: u64,
 }
 
 impl Drop for Inner {
@@ -376,6 +430,37 @@ impl Moneta {
         Ok(Moneta { inner })
     }
 
+    /// Copies this connection's open handles into a bundle another program image can claim
+    /// (the preload shim does this before `exec`).
+    #[doc(hidden)]
+    pub fn handover(&self) -> Result<Handover, ClientError> {
+        let t = self.inner.live()?.control().fs_fork()?;
+        Ok(Handover {
+            bundle: t.bundle,
+            secret: t.secret,
+            pipe: t.pipe,
+        })
+    }
+
+    /// Connects and claims a bundle handed over by the previous program image: the new
+    /// connection and the pairs (old handle, new handle).
+    #[doc(hidden)]
+    pub fn adopt(
+        socket: &Path,
+        bundle: u64,
+        secret: [u64; 2],
+    ) -> Result<(Moneta, HashMap<u64, u64>), ClientError> {
+        let m = Moneta::connect(socket)?;
+        let pairs = m
+            .inner
+            .live()?
+            .control()
+            .fs_inherit(bundle, secret)?
+            .into_iter()
+            .collect();
+        Ok((m, pairs))
+    }
+
     /// The channel (in a forked child, its own: connecting on first use). If a forked child
     /// cannot reach the daemon, this is its parent's channel made inert, whose requests
     /// never complete: use the file calls, which report the error.
@@ -438,7 +523,7 @@ impl Moneta {
             ino: stat.ino,
             readable: rights & RIGHT_READ != 0,
             writable: rights & RIGHT_WRITE != 0,
-            append: flags & libc::O_APPEND != 0,
+            append: std::sync::atomic::AtomicBool::new(flags & libc::O_APPEND != 0),
             is_dir: stat.mode & libc::S_IFMT == libc::S_IFDIR,
             pos,
             map: RwLock::new(Map {
@@ -721,7 +806,7 @@ pub struct File {
     ino: u64,
     readable: bool,
     writable: bool,
-    append: bool,
+    append: std::sync::atomic::AtomicBool,
     is_dir: bool,
     pos: Position,
     map: RwLock<Map>,
@@ -755,6 +840,54 @@ fn decode_policy(v: u64) -> Option<Policy> {
 }
 
 impl File {
+    /// What another program image needs to rebuild this file (see [`Moneta::handover`]).
+    #[doc(hidden)]
+    pub fn state(&self) -> Result<FileState, ClientError> {
+        Ok(FileState {
+            handle: self.h()?,
+            ino: self.ino,
+            readable: self.readable,
+            writable: self.writable,
+            append: self.appends(),
+            is_dir: self.is_dir,
+            position_cell: self.pos.locate(),
+            position: self.pos.get(),
+        })
+    }
+
+    /// Rebuilds a file another program image handed over, with its handle `handle` on `m`.
+    #[doc(hidden)]
+    pub fn adopt(m: &Moneta, handle: u64, st: &FileState) -> Result<File, ClientError> {
+        let pos = match st.position_cell.map(|(fd, i)| Position::adopt(fd, i)) {
+            Some(Ok(p)) => p,
+            _ => {
+                let p = Position::new()?;
+                p.lock().set(st.position);
+                p
+            }
+        };
+        m.inner.open.fetch_add(1, Ordering::AcqRel);
+        Ok(File {
+            m: m.clone(),
+            handle: AtomicU64::new(handle),
+            epoch: AtomicU64::new(m.inner.epoch.load(Ordering::Acquire)),
+            ino: st.ino,
+            readable: st.readable,
+            writable: st.writable,
+            append: std::sync::atomic::AtomicBool::new(st.append),
+            is_dir: st.is_dir,
+            pos,
+            map: RwLock::new(Map {
+                size: 0,
+                gen: 0,
+                ext: Vec::new(),
+            }),
+            miss: Mutex::new(()),
+            policy: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
     /// The daemon's handle (on this process's connection).
     pub fn handle(&self) -> u64 {
         self.h().unwrap_or(0)
@@ -842,12 +975,17 @@ impl File {
 
     /// Whether writes go to the end (`O_APPEND`).
     pub fn appends(&self) -> bool {
-        self.append
+        self.append.load(Ordering::Relaxed)
+    }
+
+    /// Turns `O_APPEND` on or off (`fcntl(F_SETFL)`).
+    pub fn set_append(&self, on: bool) {
+        self.append.store(on, Ordering::Relaxed);
     }
 
     /// Where a write asked for at `off` goes: `None` means at the end.
     pub(crate) fn write_offset(&self, off: u64) -> Option<u64> {
-        (!self.append).then_some(off)
+        (!self.appends()).then_some(off)
     }
 
     /// Refuses a read on a directory or a handle without the right.
@@ -1297,6 +1435,18 @@ impl File {
         fruitless: &mut u32,
     ) -> Result<Prepared, ClientError> {
         let mut p = Prepared::default();
+        self.prepare_read_into(at, want, fruitless, &mut p)?;
+        Ok(p)
+    }
+
+    /// [`File::prepare_read`] into `p`, reusing its vectors.
+    pub(crate) fn prepare_read_into(
+        &self,
+        at: u64,
+        want: usize,
+        fruitless: &mut u32,
+        p: &mut Prepared,
+    ) -> Result<(), ClientError> {
         // Generation of this request's first lookup: holes looked up since then are trusted.
         let mut fresh: Option<u64> = None;
         let mut asked: Option<u64> = None;
@@ -1306,13 +1456,15 @@ impl File {
                 if at >= map.size {
                     if fresh.is_some() {
                         p.len = 0;
-                        return Ok(p);
+                        p.segs.clear();
+                        p.holes.clear();
+                        return Ok(());
                     }
                     0
                 } else {
                     p.len = (want as u64).min(map.size - at) as usize;
                     match self.plan(&map, at, p.len, fresh, &mut p.segs, &mut p.holes) {
-                        Plan::Ready => return Ok(p),
+                        Plan::Ready => return Ok(()),
                         Plan::Miss(i) => i,
                     }
                 }
@@ -1337,17 +1489,27 @@ impl File {
         len: usize,
         fruitless: &mut u32,
     ) -> Result<Prepared, ClientError> {
-        let mut p = Prepared {
-            len,
-            ..Prepared::default()
-        };
+        let mut p = Prepared::default();
+        self.prepare_write_into(off, len, fruitless, &mut p)?;
+        Ok(p)
+    }
+
+    /// [`File::prepare_write`] into `p`, reusing its vectors.
+    pub(crate) fn prepare_write_into(
+        &self,
+        off: u64,
+        len: usize,
+        fruitless: &mut u32,
+        p: &mut Prepared,
+    ) -> Result<(), ClientError> {
+        p.len = len;
         let end = off + len as u64;
         let mut asked: Option<u64> = None;
         loop {
             let miss = {
                 let map = self.map.read().unwrap_or_else(|e| e.into_inner());
                 match self.plan(&map, off, len, None, &mut p.segs, &mut p.holes) {
-                    Plan::Ready if end <= map.size => return Ok(p),
+                    Plan::Ready if end <= map.size => return Ok(()),
                     Plan::Ready => 0,
                     Plan::Miss(i) => i,
                 }
@@ -1389,7 +1551,7 @@ impl File {
         off: u64,
         mode: Completion,
     ) -> Result<usize, ClientError> {
-        let at = if self.append { None } else { Some(off) };
+        let at = if self.appends() { None } else { Some(off) };
         self.write_inner(data, at, mode).map(|_| data.len())
     }
 
@@ -1463,7 +1625,7 @@ impl File {
     pub fn write(&self, data: &[u8]) -> Result<usize, ClientError> {
         let mut pos = self.pos.lock();
         let mode = self.mode_for(data.len());
-        let at = self.write_inner(data, (!self.append).then_some(pos.get()), mode)?;
+        let at = self.write_inner(data, (!self.appends()).then_some(pos.get()), mode)?;
         pos.set(at + data.len() as u64);
         Ok(data.len())
     }
@@ -1545,7 +1707,7 @@ impl std::fmt::Debug for File {
             .field("ino", &self.ino)
             .field("read", &self.readable)
             .field("write", &self.writable)
-            .field("append", &self.append)
+            .field("append", &self.appends())
             .finish()
     }
 }

@@ -127,7 +127,7 @@ pub(crate) struct Ticket {
 impl Ticket {
     pub(crate) fn close_pipe(&self) {
         // SAFETY: the descriptor came from the daemon's reply and is closed once.
-        unsafe { libc::close(self.pipe) };
+        unsafe { libc::syscall(libc::SYS_close, self.pipe) };
     }
 }
 
@@ -173,8 +173,26 @@ extern "C" fn parent() {
     });
 }
 
+/// The descriptors the library holds now (connections and position segments), so that a
+/// program closing "every other descriptor" (`closefrom`, `close_range`) can leave them.
+pub fn own_descriptors() -> Vec<i32> {
+    let mut v = Vec::new();
+    for inner in REGISTRY.lock().iter().filter_map(|w| w.upgrade()) {
+        v.extend(inner.descriptors());
+    }
+    v.extend(crate::position::descriptors());
+    v
+}
+
 extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
+    // The parent's connections are no concern of the child's: make them inert now, so that
+    // the parent's session ends when the parent goes even while this child lives on. (The
+    // registry lock cannot be held by a thread of this process: a holder from the parent's
+    // generation is taken over.)
+    for inner in REGISTRY.lock().iter().filter_map(|w| w.upgrade()) {
+        inner.detach_current();
+    }
     FORKING.with(|f| {
         for (inner, t) in f.borrow_mut().drain(..) {
             inner.set_ticket(t);

@@ -4,8 +4,9 @@
 //! system call on the common path, and ask the daemon's permission manager only for metadata
 //! and misses. Layers, bottom up: the control connection ([`Control`]), the channel driver
 //! ([`Channel`]: tags, doorbell, completion), files with their translation maps ([`Moneta`],
-//! [`File`]), asynchronous requests ([`aio`]), and `fork` ([`fork`]). The C interface is
-//! `libmoneta.so` (crate `libmoneta-c`, header `include/moneta.h`).
+//! [`File`]), asynchronous requests ([`aio`]), `fork` ([`fork`]) and advisory locks
+//! ([`lock`]). The C interface is `libmoneta.so` (crate `libmoneta-c`, header
+//! `include/moneta.h`).
 //!
 //! The examples start a daemon inside the test process (`monetad::testing`); an application
 //! connects to the one `moneta start` runs.
@@ -27,8 +28,10 @@
 pub mod aio;
 pub mod channel;
 pub mod control;
+mod fdnum;
 pub mod file;
 pub mod fork;
+pub mod lock;
 pub mod paths;
 pub mod policy;
 mod position;
@@ -38,7 +41,8 @@ use std::path::PathBuf;
 pub use aio::{Pending, WriteSlot};
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
-pub use file::{DirEntry, File, Moneta, OpenOptions, Stats};
+pub use file::{DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};
+pub use lock::{LockCmd, LockInfo, LockKind, LockType};
 pub use moneta_abi;
 pub use policy::Policy;
 

@@ -4,9 +4,13 @@
 
 use moneta_abi::Completion;
 
-/// Requests of at most this many bytes spin by default; larger ones sleep (Moneta-D found the
-/// crossover at 8 KiB on its hardware).
-pub const DEFAULT_SPIN_MAX: usize = 8 * 1024;
+/// Requests of at most this many bytes spin by default; larger ones sleep. Moneta-D found the
+/// crossover at 8 KiB on its hardware, where a 8 KiB transfer took as long as a sleep and
+/// wake-up. Here a futex wake-up of a sleeping thread costs 10-40 µs (a virtual CPU has to be
+/// woken), while the device moves 256 KiB in about 35 µs: with one thread spinning wins at every
+/// size, and with four threads on two cores sleeping starts to win between 128 KiB and 512 KiB
+/// (`docs/performance.md`, "Completion: the crossover").
+pub const DEFAULT_SPIN_MAX: usize = 256 * 1024;
 
 /// Environment variable that overrides the default policy: `spin`, `forward`, `sleep`, or
 /// `auto` / `auto:BYTES` (spin up to BYTES, sleep above).
@@ -95,6 +99,7 @@ mod tests {
         let p = Policy::default();
         assert_eq!(p.mode(512), Completion::Dma);
         assert_eq!(p.mode(DEFAULT_SPIN_MAX), Completion::Dma);
+        assert_eq!(DEFAULT_SPIN_MAX, 256 * 1024);
         assert_eq!(p.mode(DEFAULT_SPIN_MAX + 1), Completion::Sleep);
         assert_eq!(
             Policy::Fixed(Completion::Forward).mode(1 << 20),

@@ -33,7 +33,9 @@ struct Cell {
 const _: () = assert!(std::mem::size_of::<Cell>() == 64);
 
 struct Segment {
-    _fd: Option<OwnedFd>,
+    /// The memfd (dropped in a forked child, which cannot hand it on).
+    fd: Option<OwnedFd>,
+    base: usize,
 }
 
 struct Arena {
@@ -53,7 +55,10 @@ static ARENA: GenLock<Arena> = GenLock::new(Arena {
 
 impl Arena {
     fn grow(&mut self) -> std::io::Result<()> {
-        let fd = rustix::fs::memfd_create("moneta-positions", rustix::fs::MemfdFlags::CLOEXEC)?;
+        let fd = crate::fdnum::hide(rustix::fs::memfd_create(
+            "moneta-positions",
+            rustix::fs::MemfdFlags::CLOEXEC,
+        )?);
         let size = CELLS_PER_SEGMENT * std::mem::size_of::<Cell>();
         rustix::fs::ftruncate(&fd, size as u64)?;
         // SAFETY: a fresh shared mapping of the whole memfd; it is never unmapped, since cells
@@ -74,10 +79,38 @@ impl Arena {
             self.free
                 .push(NonNull::new(unsafe { base.add(i) }).expect("mmap is non-null"));
         }
-        self.segments.push(Segment { _fd: Some(fd) });
+        self.segments.push(Segment {
+            fd: Some(fd),
+            base: base as usize,
+        });
         Ok(())
     }
 }
+
+/// The descriptors of this process's position segments (kept, for the library's own list).
+pub(crate) fn descriptors() -> Vec<i32> {
+    use std::os::fd::AsRawFd;
+    let mut v: Vec<i32> = ARENA
+        .lock()
+        .segments
+        .iter()
+        .filter_map(|s| s.fd.as_ref().map(|f| f.as_raw_fd()))
+        .collect();
+    v.extend(
+        ADOPTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|&(fd, _)| fd),
+    );
+    v
+}
+
+/// Segments mapped from memfds another program image handed over (`exec`), by descriptor.
+static ADOPTED: std::sync::Mutex<Vec<(i32, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// `gen` of a position whose cell is never given back (adopted from another image).
+const NEVER_FREED: u64 = u64::MAX;
 
 /// An open file's position.
 pub(crate) struct Position {
@@ -102,7 +135,7 @@ impl Position {
             // but their free list is the parent's to use.
             a.free.clear();
             for s in &mut a.segments {
-                s._fd = None;
+                s.fd = None;
             }
             a.gen = gen;
         }
@@ -115,6 +148,68 @@ impl Position {
         c.pos.store(0, Ordering::Relaxed);
         c.lock.store(0, Ordering::Release);
         Ok(Position { cell, gen, forks })
+    }
+
+    /// Where the cell lives, to hand it to the next program image across `exec`: the
+    /// segment's memfd and the cell's index in it.
+    pub(crate) fn locate(&self) -> Option<(i32, u32)> {
+        use std::os::fd::AsRawFd;
+        let addr = self.cell.as_ptr() as usize;
+        let size = CELLS_PER_SEGMENT * std::mem::size_of::<Cell>();
+        let within = |base: usize| addr >= base && addr < base + size;
+        let index = |base: usize| ((addr - base) / std::mem::size_of::<Cell>()) as u32;
+        {
+            let a = ARENA.lock();
+            for s in &a.segments {
+                if within(s.base) {
+                    return s.fd.as_ref().map(|fd| (fd.as_raw_fd(), index(s.base)));
+                }
+            }
+        }
+        let adopted = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+        adopted
+            .iter()
+            .find(|&&(_, base)| within(base))
+            .map(|&(fd, base)| (fd, index(base)))
+    }
+
+    /// The position in cell `index` of the segment memfd `fd` handed over by the previous
+    /// program image; it stays shared with every process that shares it, and is never reused.
+    pub(crate) fn adopt(fd: i32, index: u32) -> std::io::Result<Position> {
+        if index as usize >= CELLS_PER_SEGMENT {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut adopted = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+        let base = match adopted.iter().find(|&&(f, _)| f == fd) {
+            Some(&(_, base)) => base,
+            None => {
+                let size = CELLS_PER_SEGMENT * std::mem::size_of::<Cell>();
+                // SAFETY: the descriptor is valid for as long as we keep it (never closed);
+                // a shared mapping of exactly one segment, never unmapped.
+                let base = unsafe {
+                    let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
+                    if rustix::fs::fstat(borrowed)?.st_size < size as i64 {
+                        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+                    }
+                    rustix::mm::mmap(
+                        std::ptr::null_mut(),
+                        size,
+                        rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                        rustix::mm::MapFlags::SHARED,
+                        borrowed,
+                        0,
+                    )?
+                } as usize;
+                adopted.push((fd, base));
+                base
+            }
+        };
+        let cell = (base + index as usize * std::mem::size_of::<Cell>()) as *mut Cell;
+        Ok(Position {
+            cell: NonNull::new(cell).expect("mapped"),
+            gen: NEVER_FREED,
+            forks: 0,
+        })
     }
 
     fn cell(&self) -> &Cell {

@@ -4,6 +4,7 @@ mod bench;
 mod daemon;
 mod fsbench;
 mod image;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +64,9 @@ enum Cmd {
     /// Check a device's file system offline; exit 0 clean, 1 repaired, 4 errors left, 8
     /// could not check.
     Fsck(image::FsckArgs),
+    /// Run a program with the libmoneta shim preloaded: its files under the mount prefix
+    /// (default /moneta) are Moneta files. Starts the daemon if none is running.
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +118,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a).map(|_| ()),
         Cmd::Mkfs(a) => image::mkfs(a),
         Cmd::Fsck(a) => return image::fsck(a),
+        Cmd::Run(a) => run::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -89,7 +89,7 @@ pub enum CompletionArg {
     Forward,
     /// Issue-sleep: sleep on a futex.
     Sleep,
-    /// libmoneta's policy: spin up to 8 KiB, sleep above.
+    /// libmoneta's policy: spin up to 256 KiB, sleep above.
     Auto,
 }
 

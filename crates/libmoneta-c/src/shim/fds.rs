@@ -1,0 +1,145 @@
+//! The descriptor table: which of the process's file descriptors are Moneta files.
+//!
+//! A Moneta file holds a real kernel descriptor, so numbers never collide with the
+//! application's: an `O_PATH` descriptor of `/dev/null`, opened with the application's
+//! `O_CLOEXEC`. Reading or writing it through the kernel fails with `EBADF`, so a call the
+//! shim does not see fails loudly instead of quietly reading nothing. `dup` duplicates that
+//! descriptor and maps the new number to the same open file description ([`Desc`]), so
+//! aliases share the position and the status flags; the kernel keeps each number's
+//! close-on-exec flag, as for any descriptor.
+//!
+//! Lookups take no lock: the table is two levels of 1024 slots (descriptors up to 2^20), each
+//! chunk with a bitmap checked first, so a call on a descriptor that is not Moneta's costs two
+//! loads; a Moneta slot is an `ArcSwapOption`.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use libmoneta::File;
+
+const CHUNK: usize = 1024;
+const CHUNKS: usize = 1024;
+
+/// An open file description of a Moneta file (what `dup` shares).
+pub(crate) struct Desc {
+    pub file: File,
+    /// The nvfs path it was opened by (what `*at` calls and `fchdir` start from).
+    pub path: Vec<u8>,
+    /// Status flags as `F_GETFL` reports them (access mode, `O_APPEND`, `O_NONBLOCK`, ...).
+    pub flags: AtomicI32,
+    /// A directory.
+    pub is_dir: bool,
+    /// Position of a directory read through `getdents`-style calls (the readdir cookie).
+    pub dir_cookie: Mutex<u64>,
+}
+
+struct Chunk {
+    bits: [AtomicU64; CHUNK / 64],
+    slots: [ArcSwapOption<Desc>; CHUNK],
+}
+
+static TABLE: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+
+fn chunk(fd: c_int) -> Option<&'static Chunk> {
+    let i = usize::try_from(fd).ok()? / CHUNK;
+    let p = TABLE.get(i)?.load(Ordering::Acquire);
+    // SAFETY: chunks are allocated once and never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn chunk_or_new(fd: c_int) -> Option<&'static Chunk> {
+    let i = usize::try_from(fd).ok()? / CHUNK;
+    let cell = TABLE.get(i)?;
+    let p = cell.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as in `chunk`.
+        return Some(unsafe { &*p });
+    }
+    let fresh = Box::into_raw(Box::new(Chunk {
+        bits: [const { AtomicU64::new(0) }; CHUNK / 64],
+        slots: std::array::from_fn(|_| ArcSwapOption::empty()),
+    }));
+    match cell.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: just published; never freed.
+        Ok(_) => Some(unsafe { &*fresh }),
+        Err(other) => {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: as in `chunk`.
+            Some(unsafe { &*other })
+        }
+    }
+}
+
+/// Whether `fd` is a Moneta descriptor (two loads).
+#[inline]
+pub(crate) fn is_moneta(fd: c_int) -> bool {
+    let Some(c) = chunk(fd) else { return false };
+    let i = fd as usize % CHUNK;
+    c.bits[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+}
+
+/// The description behind `fd`, if it is Moneta's.
+#[inline]
+pub(crate) fn get(fd: c_int) -> Option<Arc<Desc>> {
+    if !is_moneta(fd) {
+        return None;
+    }
+    chunk(fd)?.slots[fd as usize % CHUNK].load_full()
+}
+
+/// Maps `fd` to `d` (replacing what it mapped).
+pub(crate) fn set(fd: c_int, d: Arc<Desc>) {
+    let Some(c) = chunk_or_new(fd) else {
+        // Beyond 2^20: the caller checked with `fits`.
+        return;
+    };
+    let i = fd as usize % CHUNK;
+    c.slots[i].store(Some(d));
+    c.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+}
+
+/// Forgets `fd`; returns the description it mapped.
+pub(crate) fn remove(fd: c_int) -> Option<Arc<Desc>> {
+    let c = chunk(fd)?;
+    let i = fd as usize % CHUNK;
+    c.bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+    c.slots[i].swap(None)
+}
+
+/// Whether the table can hold `fd`.
+pub(crate) fn fits(fd: c_int) -> bool {
+    fd >= 0 && (fd as usize) < CHUNK * CHUNKS
+}
+
+/// Every Moneta descriptor with its description.
+pub(crate) fn all() -> Vec<(c_int, Arc<Desc>)> {
+    let mut out = Vec::new();
+    for (ci, cell) in TABLE.iter().enumerate() {
+        let p = cell.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: as in `chunk`.
+        let c = unsafe { &*p };
+        for w in 0..CHUNK / 64 {
+            let mut bits = c.bits[w].load(Ordering::Acquire);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let i = w * 64 + b;
+                if let Some(d) = c.slots[i].load_full() {
+                    out.push(((ci * CHUNK + i) as c_int, d));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,513 @@
+//! Unmodified programs on Moneta files through the `LD_PRELOAD` shim, started with `moneta run`
+//! against a real daemon: coreutils, sqlite3, python3, fio and a shell script, each checked by
+//! content, plus a C program that checks the C library calls one by one (`shim/probe.c`).
+//!
+//! The programs come from the distribution (`scripts/test.sh` installs sqlite3 and fio); a
+//! missing one fails its test.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_moneta"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `libmoneta.so` beside the binaries (built here when a partial `cargo test` did not).
+fn library() -> PathBuf {
+    let dir = bin_dir();
+    let so = dir.join("libmoneta.so");
+    if !so.exists() {
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "-p", "libmoneta-c"]);
+        if dir.ends_with("release") {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "cargo build -p libmoneta-c");
+    }
+    assert!(so.exists(), "{} missing", so.display());
+    so
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!(
+            "moneta-shim-{tag}-{}-{:x}",
+            std::process::id(),
+            rand_u64()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    u64::from_le_bytes(b)
+}
+
+/// A daemon of the test's own on a volatile array, stopped at the end.
+struct Daemon {
+    dir: TempDir,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(size: &str) -> Daemon {
+        let dir = TempDir::new("d");
+        let socket = dir.0.join("monetad.sock");
+        let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+            .args(["start", "--volatile", "--size", size, "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "moneta start: {}", text(&o));
+        Daemon { dir, socket }
+    }
+
+    /// `moneta run -- args...` with this daemon; stdin from `input`.
+    fn run(&self, args: &[&str], input: Option<&[u8]>) -> Output {
+        self.run_env(args, input, &[])
+    }
+
+    fn run_env(&self, args: &[&str], input: Option<&[u8]>, env: &[(&str, &str)]) -> Output {
+        let _ = library();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_moneta"));
+        c.arg("run")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--no-start")
+            .arg("--")
+            .args(args)
+            .env_remove("MONETA_MOUNT")
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().unwrap();
+        if let Some(i) = input {
+            child.stdin.take().unwrap().write_all(i).unwrap();
+        }
+        wait_limit(child, Duration::from_secs(300))
+    }
+
+    /// `sh -c script` under the shim; fails the test unless it exits 0.
+    fn sh(&self, script: &str) -> String {
+        let o = self.run(&["sh", "-c", script], None);
+        assert!(o.status.success(), "sh -c {script:?}: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new(env!("CARGO_BIN_EXE_moneta"))
+            .arg("stop")
+            .arg("--socket")
+            .arg(&self.socket)
+            .output();
+        let _ = &self.dir;
+    }
+}
+
+fn wait_limit(mut child: std::process::Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("timed out after {limit:?}: {}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn need(tool: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "{tool} is not installed (scripts/test.sh installs it)");
+}
+
+fn cc(src: &Path, out: &Path, extra: &[&str]) {
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(extra)
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc {}: {}", src.display(), text(&o));
+}
+
+/// The C library calls one by one: errno rules, descriptors and dup, positions, flags,
+/// attributes, vectored I/O, truncation, mmap refused, fork, exec with a Moneta stdout,
+/// record locks and flock between processes, stdio, directories, rename across devices, the
+/// current directory, and an unlinked file still open.
+#[test]
+fn probe_of_the_c_library_calls() {
+    let d = Daemon::start("256M");
+    let t = TempDir::new("probe");
+    let exe = t.0.join("probe");
+    cc(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shim/probe.c"),
+        &exe,
+        &[],
+    );
+    let o = d.run(&[exe.to_str().unwrap(), "/moneta/probe"], None);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("probe: ok"),
+        "{}",
+        text(&o)
+    );
+    // What it left, seen by another program.
+    let out = d.sh("cat /moneta/probe/exec-out; ls /moneta/probe/sub");
+    assert_eq!(out, "abZZmoved\n");
+}
+
+/// coreutils: a 100 MiB random file copied in and out and compared; cat, dd with odd block
+/// sizes, ls -l, mv, rm -r, mkdir -p, sha256sum.
+#[test]
+fn coreutils() {
+    let d = Daemon::start("512M");
+    let t = TempDir::new("core");
+    let src = t.0.join("random.bin");
+    {
+        let mut f = std::fs::File::create(&src).unwrap();
+        let mut x = rand_u64() | 1;
+        let mut block = vec![0u8; 1 << 20];
+        for _ in 0..100 {
+            for c in block.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&block).unwrap();
+        }
+    }
+    let s = src.to_str().unwrap();
+    let back = t.0.join("back.bin");
+    let b = back.to_str().unwrap();
+    d.sh(&format!(
+        "set -e; mkdir -p /moneta/a/b/c; cp {s} /moneta/a/b/c/big; cp /moneta/a/b/c/big {b}; \
+         cmp {s} {b}; cmp {s} /moneta/a/b/c/big"
+    ));
+    assert_eq!(
+        std::fs::read(&src).unwrap(),
+        std::fs::read(&back).unwrap(),
+        "copied out and in"
+    );
+    let sums = d.sh(&format!("sha256sum {s} /moneta/a/b/c/big | cut -d' ' -f1"));
+    let lines: Vec<&str> = sums.lines().collect();
+    assert!(lines.len() == 2 && lines[0] == lines[1], "{sums}");
+    // dd with block sizes that divide nothing, in and out.
+    d.sh(&format!(
+        "set -e; dd if={s} of=/moneta/dd.bin bs=7777 status=none; \
+         dd if=/moneta/dd.bin of={b}.dd bs=12345 status=none; cmp {s} {b}.dd; \
+         dd if={s} of=/moneta/part bs=1000 count=3 skip=5 status=none"
+    ));
+    let whole = std::fs::read(&src).unwrap();
+    let part = d.run(&["cat", "/moneta/part"], None);
+    assert!(part.status.success());
+    assert_eq!(part.stdout, &whole[5000..8000]);
+    // ls -l, mv, rm -r.
+    let ls = d.sh("ls -l /moneta/a/b/c");
+    assert!(ls.contains("104857600") && ls.contains(" big"), "{ls}");
+    d.sh("mv /moneta/a/b/c/big /moneta/moved && test ! -e /moneta/a/b/c/big");
+    let ls = d.sh("ls /moneta");
+    assert_eq!(ls, "a\ndd.bin\nmoved\npart\n");
+    d.sh("rm -r /moneta/a && test ! -e /moneta/a");
+    assert_eq!(d.sh("ls /moneta"), "dd.bin\nmoved\npart\n");
+    // mv out of Moneta copies across "devices" and removes the source.
+    d.sh(&format!("mv /moneta/part {b}.part"));
+    assert_eq!(
+        std::fs::read(format!("{b}.part")).unwrap(),
+        &whole[5000..8000]
+    );
+    assert_eq!(d.sh("ls /moneta"), "dd.bin\nmoved\n");
+}
+
+/// A shell script with `>`, `>>`, `<` and a pipeline into Moneta files.
+#[test]
+fn shell_redirections() {
+    let d = Daemon::start("128M");
+    let out = d.sh(
+        "set -e; echo one > /moneta/f; echo two >> /moneta/f; printf 'three\\n' >> /moneta/f; \
+         cat < /moneta/f > /moneta/g; sort -r < /moneta/g | tr a-z A-Z > /moneta/h; \
+         while read l; do echo \"got $l\"; done < /moneta/h; wc -l < /moneta/f",
+    );
+    assert_eq!(out, "got TWO\ngot THREE\ngot ONE\n3\n");
+    // bash, which forks and execs differently from dash.
+    let o = d.run(
+        &[
+            "bash",
+            "-c",
+            "exec 3>/moneta/b3; echo via3 >&3; exec 3>&-; cat /moneta/b3; { echo a; echo b; } > /moneta/b4; cat /moneta/b4",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "via3\na\nb\n");
+}
+
+/// sqlite3: 100,000 rows in one transaction, reopened and checked; then two writer processes
+/// at once, which SQLite's locks keep from corrupting anything.
+#[test]
+fn sqlite3() {
+    need("sqlite3");
+    let d = Daemon::start("256M");
+    let script = "CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT);\n\
+                  BEGIN;\n\
+                  WITH RECURSIVE c(x) AS (VALUES(1) UNION ALL SELECT x+1 FROM c WHERE x<100000)\n\
+                  INSERT INTO t SELECT x, hex(randomblob(16)) FROM c;\n\
+                  COMMIT;\n";
+    let o = d.run(&["sqlite3", "/moneta/db.sqlite"], Some(script.as_bytes()));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = d.run(
+        &[
+            "sqlite3",
+            "/moneta/db.sqlite",
+            "PRAGMA integrity_check; SELECT count(*), sum(a) FROM t;",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ok\n100000|5000050000\n"
+    );
+
+    // Two writers at once: each inserts 300 rows, one transaction per row.
+    d.sh("sqlite3 /moneta/w.sqlite 'CREATE TABLE w(who TEXT, n INTEGER)'");
+    let writer = |who: &str| {
+        let mut sql = String::from(".timeout 20000\n");
+        for n in 0..300 {
+            sql.push_str(&format!(
+                "BEGIN IMMEDIATE; INSERT INTO w VALUES('{who}', {n}); COMMIT;\n"
+            ));
+        }
+        sql
+    };
+    let (a, b) = (writer("a"), writer("b"));
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(a.as_bytes())));
+        let hb = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(b.as_bytes())));
+        for o in [ha.join().unwrap(), hb.join().unwrap()] {
+            assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+        }
+    });
+    let o = d.run(
+        &[
+            "sqlite3",
+            "/moneta/w.sqlite",
+            "PRAGMA integrity_check; SELECT who, count(*), sum(n) FROM w GROUP BY who;",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ok\na|300|44850\nb|300|44850\n"
+    );
+}
+
+/// python3 with open, os and shutil.
+#[test]
+fn python3() {
+    need("python3");
+    let d = Daemon::start("128M");
+    let script = r#"
+import os, shutil
+os.makedirs('/moneta/py/sub', exist_ok=True)
+with open('/moneta/py/a.txt', 'w') as f:
+    f.write('hello\n' * 1000)
+with open('/moneta/py/a.txt') as f:
+    assert f.read() == 'hello\n' * 1000
+with open('/moneta/py/bin', 'wb') as f:
+    f.write(bytes(range(256)) * 4000)
+    f.seek(10)
+    f.write(b'XY')
+with open('/moneta/py/bin', 'rb') as f:
+    f.seek(9)
+    assert f.read(4) == bytes([9]) + b'XY' + bytes([12])
+    assert os.fstat(f.fileno()).st_size == 1024000
+shutil.copyfile('/etc/hostname', '/moneta/py/host')
+assert open('/moneta/py/host', 'rb').read() == open('/etc/hostname', 'rb').read()
+shutil.copytree('/moneta/py', '/moneta/py2')
+assert sorted(os.listdir('/moneta/py2')) == ['a.txt', 'bin', 'host', 'sub']
+assert open('/moneta/py2/bin', 'rb').read() == open('/moneta/py/bin', 'rb').read()
+os.rename('/moneta/py/a.txt', '/moneta/py/b.txt')
+with open('/moneta/py/b.txt', 'a') as f:
+    f.write('x')
+assert os.path.getsize('/moneta/py/b.txt') == 6001
+walk = [(r, sorted(d), sorted(f)) for r, d, f in os.walk('/moneta')]
+assert ('/moneta/py', ['sub'], ['b.txt', 'bin', 'host']) in walk, walk
+shutil.rmtree('/moneta/py2')
+assert not os.path.exists('/moneta/py2')
+os.chdir('/moneta/py')
+assert os.getcwd() == '/moneta/py'
+with open('rel.txt', 'w') as f:
+    f.write('relative')
+assert open('/moneta/py/rel.txt').read() == 'relative'
+fd = os.open('/moneta/py/rel.txt', os.O_RDWR)
+assert os.pread(fd, 3, 2) == b'lat'
+os.pwrite(fd, b'RE', 0)
+os.ftruncate(fd, 4)
+os.close(fd)
+assert open('rel.txt').read() == 'REla'
+print('python: ok')
+"#;
+    let o = d.run(&["python3", "-c", script], None);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("python: ok"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// fio with psync, random reads and writes, crc32c verification: no verify errors.
+#[test]
+fn fio_verifies() {
+    need("fio");
+    let d = Daemon::start("256M");
+    let o = d.run(
+        &[
+            "fio",
+            "--name=verify",
+            "--filename=/moneta/fio.dat",
+            "--size=32M",
+            "--ioengine=psync",
+            "--rw=randrw",
+            "--bs=4k",
+            "--bssplit=512/20:4k/50:64k/30",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("fio JSON");
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    assert!(job["write"]["io_bytes"].as_u64().unwrap() > 0);
+    assert!(job["read"]["io_bytes"].as_u64().unwrap() > 0);
+    let ls = d.sh("ls -l /moneta/fio.dat");
+    assert!(ls.contains("33554432"), "{ls}");
+}
+
+/// `MONETA_REPORT=1` prints what the shim did; files outside the prefix are the C library's.
+#[test]
+fn report_and_files_outside_the_prefix() {
+    let d = Daemon::start("64M");
+    let t = TempDir::new("rep");
+    let outside = t.0.join("plain.txt");
+    let script = format!(
+        "echo data > /moneta/r; cat /moneta/r; echo kernel > {o}; cat {o}",
+        o = outside.display()
+    );
+    let o = d.run_env(&["sh", "-c", &script], None, &[("MONETA_REPORT", "1")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "data\nkernel\n");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kernel\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("libmoneta report") && err.contains("direct I/Os"),
+        "{err}"
+    );
+}
+
+/// Without a daemon: `moneta run --no-start` refuses with a clear message; a preloaded
+/// program says once that the daemon is not running and leaves the prefix to the C library.
+#[test]
+fn no_daemon() {
+    let t = TempDir::new("nod");
+    let socket = t.0.join("none.sock");
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(["run", "--no-start", "--socket"])
+        .arg(&socket)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no monetad answers"), "{}", text(&o));
+    let o = Command::new("sh")
+        .args(["-c", "cat /moneta/x /moneta/y; echo done"])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done"));
+    assert_eq!(err.matches("is not running").count(), 1, "{err}");
+    assert!(err.contains("No such file or directory"), "{err}");
+}
+
+/// Programs the shim cannot reach are refused, not run without it: a statically linked one
+/// and a set-user-ID one.
+#[test]
+fn unreachable_programs_are_refused() {
+    let d = Daemon::start("64M");
+    let t = TempDir::new("ref");
+    let src = t.0.join("hello.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let stat = t.0.join("static-hello");
+    cc(&src, &stat, &["-static"]);
+    let o = d.run(&[stat.to_str().unwrap()], None);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("statically linked"), "{}", text(&o));
+    let suid = t.0.join("suid-hello");
+    cc(&src, &suid, &[]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let o = d.run(&[suid.to_str().unwrap()], None);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("set-user-ID"), "{}", text(&o));
+    // A script is judged by its interpreter, and runs.
+    let script = t.0.join("s.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi > /moneta/s; cat /moneta/s\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = d.run(&[script.to_str().unwrap()], None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+}
