@@ -224,3 +224,9 @@ void moneta_shim_std_after(int fd, int is_moneta) {
         fclose(c); /* flushed already; closes nothing */
     }
 }
+
+/* The stream the variable of descriptor fd (0, 1 or 2) points at now. */
+FILE *moneta_shim_std_stream(int fd) {
+    if (fd < 0 || fd > 2) return NULL;
+    return *std_slot(fd);
+}

@@ -275,6 +275,13 @@ fn shell_redirections() {
          while read l; do echo \"got $l\"; done < /moneta/h; wc -l < /moneta/f",
     );
     assert_eq!(out, "got TWO\ngot THREE\ngot ONE\n3\n");
+    // A group's output through the shell's own echo, a forked and executed shell and an
+    // external program, one after the other at the shared position.
+    let out = d.sh(
+        "{ echo one; sh -c 'echo two'; /bin/echo three; printf 'four\\n'; } > /moneta/seq; \
+         cat /moneta/seq",
+    );
+    assert_eq!(out, "one\ntwo\nthree\nfour\n");
     // bash, which forks and execs differently from dash.
     let o = d.run(
         &[

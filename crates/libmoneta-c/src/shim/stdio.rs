@@ -2,9 +2,10 @@
 //! the shim and wrap it with `fopencookie` (`csrc/shim.c`), since the C library's own streams
 //! read and write their descriptor from inside the library, where no hook can see it.
 //!
-//! `freopen` onto a Moneta path works on streams the shim made; the C library's streams
-//! (`stdin`, `stdout`, `stderr`, and streams of other files) cannot be turned into cookie
-//! streams in place, so that case fails with `EOPNOTSUPP` and a message.
+//! `freopen` onto a Moneta path works on streams the shim made, and on the standard streams:
+//! the new file takes the descriptor's number, the stream variable then points at the shim's
+//! stream over it (see `csrc/shim.c`), and that stream is returned. Other C library streams
+//! cannot be turned into cookie streams in place: `EOPNOTSUPP`, with a message.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -17,6 +18,7 @@ use super::{hooked, log, real, set_errno, WARN};
 
 extern "C" {
     fn moneta_shim_cookie_stream(fd: c_int, mode: *const c_char) -> *mut c_void;
+    fn moneta_shim_std_stream(fd: c_int) -> *mut c_void;
 }
 
 /// Streams made by the shim.
@@ -148,20 +150,24 @@ pub unsafe extern "C" fn freopen(
     if hooked() && !path.is_null() && !mode.is_null() {
         // SAFETY: per the caller.
         if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {
-            if !is_ours(stream) {
+            // SAFETY: a valid stream, per the caller.
+            let old = unsafe { libc::fileno(stream.cast()) };
+            // SAFETY: reading the standard stream variables.
+            let standard =
+                (0..=2).contains(&old) && unsafe { moneta_shim_std_stream(old) } == stream;
+            if !is_ours(stream) && !standard {
                 log(
                     WARN,
                     format_args!(
-                        "freopen onto a Moneta file works on streams the shim opened only"
+                        "freopen onto a Moneta file works on the standard streams and on \
+                         streams the shim opened only"
                     ),
                 );
                 set_errno(libc::EOPNOTSUPP);
                 return std::ptr::null_mut();
             }
-            // SAFETY: a stream of ours.
+            // SAFETY: a valid stream.
             unsafe { libc::fflush(stream.cast()) };
-            // SAFETY: a stream of ours: its descriptor is its cookie.
-            let old = unsafe { libc::fileno(stream.cast()) };
             // SAFETY: per the caller.
             let m = unsafe { CStr::from_ptr(mode) }.to_bytes();
             let flags = match mode_flags(m) {
@@ -183,6 +189,11 @@ pub unsafe extern "C" fn freopen(
             if r < 0 {
                 set_errno(e);
                 return std::ptr::null_mut();
+            }
+            if standard {
+                // The variable now points at the shim's stream over that descriptor.
+                // SAFETY: reading the standard stream variable.
+                return unsafe { moneta_shim_std_stream(old) };
             }
             // SAFETY: a stream of ours.
             unsafe { libc::clearerr(stream.cast()) };

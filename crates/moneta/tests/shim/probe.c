@@ -161,6 +161,20 @@ int main(int argc, char **argv) {
     CHECK(fstat(fileno(f), &st) == 0 && st.st_size == 8);
     CHECK(fclose(f) == 0);
 
+    /* freopen of stdout onto a Moneta file (in a child: this process keeps its stdout); the
+       final flush at exit goes through the shim. */
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        if (freopen(P(d, "freopened"), "w", stdout) == NULL) _exit(10);
+        printf("to the file %d\n", 7);
+        exit(0);
+    }
+    child_exit_status(pid, 0);
+    f = fopen(P(d, "freopened"), "r");
+    CHECK(f != NULL && fgets(buf, sizeof buf, f) != NULL && strcmp(buf, "to the file 7\n") == 0);
+    CHECK(fclose(f) == 0);
+
     /* Directories, names, the current directory. */
     CHECK(mkdir(P(d, "sub"), 0755) == 0);
     CHECK(rename(P(d, "stdio.txt"), P(d, "sub/moved")) == 0);
