@@ -400,6 +400,14 @@ os.pwrite(fd, b'RE', 0)
 os.ftruncate(fd, 4)
 os.close(fd)
 assert open('rel.txt').read() == 'REla'
+# Children started by subprocess (vfork and exec) with Moneta files as stdin and stdout; the
+# parent's own descriptors stay its own.
+import subprocess
+r = subprocess.run(['cat'], stdin=open('/moneta/py/rel.txt'), capture_output=True)
+assert r.stdout == b'REla', r
+with open('/moneta/py/out', 'w') as f:
+    subprocess.run(['sh', '-c', 'cat; echo more'], stdin=open('/moneta/py/rel.txt'), stdout=f)
+assert open('/moneta/py/out').read() == 'RElamore\n'
 print('python: ok')
 "#;
     let o = d.run(&["python3", "-c", script], None);

@@ -140,7 +140,7 @@ fn library_path() -> Option<Vec<u8>> {
 ///
 /// `envp` is NULL or a NULL-terminated array of NUL-terminated strings.
 unsafe fn prepare(envp: *const *const c_char) -> Option<Prepared> {
-    let moving: Vec<(c_int, Arc<Desc>)> = fds::all()
+    let moving: Vec<(c_int, Arc<Desc>)> = fds::effective()
         .into_iter()
         .filter(|(fd, _)| !cloexec(*fd))
         .collect();

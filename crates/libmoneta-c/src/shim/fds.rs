@@ -11,9 +11,14 @@
 //! Lookups take no lock: the table is two levels of 1024 slots (descriptors up to 2^20), each
 //! chunk with a bitmap checked first, so a call on a descriptor that is not Moneta's costs two
 //! loads; a Moneta slot is an `ArcSwapOption`.
+//!
+//! A `vfork` child shares its parent's memory until it executes a program, so it must not
+//! change the table (its parent would find its own descriptors remapped): its changes (a
+//! `dup2` onto standard input before `exec`, say) go to a small overlay that only the `exec`
+//! hand-over reads, and the parent ignores once it runs again.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
@@ -95,8 +100,86 @@ pub(crate) fn get(fd: c_int) -> Option<Arc<Desc>> {
     chunk(fd)?.slots[fd as usize % CHUNK].load_full()
 }
 
+/// The process that owns the table, and the fork generation it was read in.
+static OWNER: AtomicI32 = AtomicI32::new(0);
+static OWNER_GEN: AtomicU64 = AtomicU64::new(u64::MAX);
+
+fn getpid() -> i32 {
+    // SAFETY: a plain system call (not the C library's cached or hooked one).
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+}
+
+/// Whether this is a `vfork` child running on its parent's memory (checked only where the
+/// table would change: one system call).
+pub(crate) fn vforked() -> bool {
+    let g = libmoneta::fork::generation();
+    if OWNER_GEN.load(Ordering::Acquire) != g {
+        // First change in this process, or the first since a fork (whose child handlers ran).
+        OWNER.store(getpid(), Ordering::Release);
+        OWNER_GEN.store(g, Ordering::Release);
+        return false;
+    }
+    getpid() != OWNER.load(Ordering::Acquire)
+}
+
+/// Changes a `vfork` child made: (descriptor, description or null), for its `exec`.
+const OVERLAY: usize = 64;
+static OVERLAY_PID: AtomicI32 = AtomicI32::new(0);
+static OVERLAY_LEN: AtomicUsize = AtomicUsize::new(0);
+static OVERLAY_FD: [AtomicI32; OVERLAY] = [const { AtomicI32::new(-1) }; OVERLAY];
+static OVERLAY_DESC: [AtomicPtr<Desc>; OVERLAY] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; OVERLAY];
+
+fn overlay_put(fd: c_int, d: Option<Arc<Desc>>) {
+    let me = getpid();
+    if OVERLAY_PID.load(Ordering::Acquire) != me {
+        OVERLAY_LEN.store(0, Ordering::Release);
+        OVERLAY_PID.store(me, Ordering::Release);
+    }
+    // The reference is leaked on purpose: the parent's counts must not change, and the
+    // description lives as long as the parent holds it anyway.
+    let p = d.map_or(std::ptr::null_mut(), |d| Arc::into_raw(d) as *mut Desc);
+    let n = OVERLAY_LEN.load(Ordering::Acquire);
+    let i = (0..n)
+        .find(|&i| OVERLAY_FD[i].load(Ordering::Acquire) == fd)
+        .unwrap_or(n);
+    if i < OVERLAY {
+        OVERLAY_FD[i].store(fd, Ordering::Release);
+        OVERLAY_DESC[i].store(p, Ordering::Release);
+        if i == n {
+            OVERLAY_LEN.store(n + 1, Ordering::Release);
+        }
+    }
+}
+
+/// The table as this process sees it: in a `vfork` child, with its own changes over it.
+pub(crate) fn effective() -> Vec<(c_int, Arc<Desc>)> {
+    let mut v = all();
+    if OVERLAY_PID.load(Ordering::Acquire) == getpid() {
+        for i in 0..OVERLAY_LEN.load(Ordering::Acquire).min(OVERLAY) {
+            let fd = OVERLAY_FD[i].load(Ordering::Acquire);
+            let p = OVERLAY_DESC[i].load(Ordering::Acquire);
+            v.retain(|(f, _)| *f != fd);
+            if !p.is_null() {
+                // SAFETY: a leaked reference (see `overlay_put`): the count is raised for the
+                // copy made here.
+                let d = unsafe {
+                    Arc::increment_strong_count(p);
+                    Arc::from_raw(p)
+                };
+                v.push((fd, d));
+            }
+        }
+    }
+    v
+}
+
 /// Maps `fd` to `d` (replacing what it mapped).
 pub(crate) fn set(fd: c_int, d: Arc<Desc>) {
+    if vforked() {
+        overlay_put(fd, Some(d));
+        return;
+    }
     let Some(c) = chunk_or_new(fd) else {
         // Beyond 2^20: the caller checked with `fits`.
         return;
@@ -106,8 +189,13 @@ pub(crate) fn set(fd: c_int, d: Arc<Desc>) {
     c.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
 }
 
-/// Forgets `fd`; returns the description it mapped.
+/// Forgets `fd`; returns the description it mapped (`None` in a `vfork` child, which must not
+/// drop its parent's references).
 pub(crate) fn remove(fd: c_int) -> Option<Arc<Desc>> {
+    if is_moneta(fd) && vforked() {
+        overlay_put(fd, None);
+        return None;
+    }
     let c = chunk(fd)?;
     let i = fd as usize % CHUNK;
     c.bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);

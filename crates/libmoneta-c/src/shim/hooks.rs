@@ -26,7 +26,7 @@ extern "C" {
 
 /// Before descriptor `fd` changes: a standard stream's buffered bytes go where it points now.
 pub(crate) fn std_before(fd: c_int) {
-    if (0..=2).contains(&fd) {
+    if (0..=2).contains(&fd) && !fds::vforked() {
         // SAFETY: the C side flushes the standard stream of that descriptor.
         unsafe { moneta_shim_std_before(fd) };
     }
@@ -34,7 +34,8 @@ pub(crate) fn std_before(fd: c_int) {
 
 /// After descriptor `fd` changed: its standard stream follows (see `csrc/shim.c`).
 pub(crate) fn std_after(fd: c_int) {
-    if (0..=2).contains(&fd) {
+    // A vfork child shares its parent's stream variables: the next image sets up its own.
+    if (0..=2).contains(&fd) && !fds::vforked() {
         // SAFETY: the C side swaps the standard stream of that descriptor.
         unsafe { moneta_shim_std_after(fd, fds::is_moneta(fd) as c_int) };
     }
