@@ -235,6 +235,8 @@ struct Shared {
     table_updates: AtomicU64,
     poller_sleeps: AtomicU64,
     poller_wakeups: AtomicU64,
+    /// Batches of records posted with [`Device::post`] (counted before they are sent).
+    posted: AtomicU64,
     parks: AtomicU64,
     channels_open: AtomicU64,
     channels_reclaimed: AtomicU64,
@@ -267,6 +269,8 @@ pub struct OpenedChannel {
 /// The running device: its control interface. The poller thread holds the rest.
 pub struct Device {
     tx: Mutex<mpsc::Sender<Control>>,
+    /// Records to install without waiting ([`Device::post`]).
+    post_tx: Mutex<mpsc::Sender<Vec<TableOp>>>,
     waker: OwnedFd,
     shared: Arc<Shared>,
     config: DeviceConfig,
@@ -300,6 +304,7 @@ impl Device {
             epoll::EventFlags::IN,
         )?;
         let (tx, rx) = mpsc::channel();
+        let (post_tx, post_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let array_size = media.size();
         let persistent = media.persistent();
@@ -314,6 +319,8 @@ impl Device {
             media,
             clock,
             rx,
+            post_rx,
+            applied: 0,
             epoll: ep,
             waker: waker.try_clone()?,
             shared: shared.clone(),
@@ -331,6 +338,7 @@ impl Device {
             flush_jobs,
             flush_done,
             now: 0,
+            last_busy: 0,
             last_control: 0,
         };
         let thread = std::thread::Builder::new()
@@ -338,6 +346,7 @@ impl Device {
             .spawn(move || poller.run())?;
         Ok(Device {
             tx: Mutex::new(tx),
+            post_tx: Mutex::new(post_tx),
             waker,
             shared,
             free_ids: Mutex::new((0..config.max_channels as u32).collect()),
@@ -451,6 +460,43 @@ impl Device {
         self.call(|ack| Control::Table { ops, ack })
     }
 
+    /// Installs records without waiting for the poller: the soft miss's path, which the
+    /// client follows at once with a command on those records. The poller applies posted
+    /// records before any control request it takes afterwards (so a later removal always comes
+    /// after them), and before it refuses a command with `PERMISSION_MISS` while posts are
+    /// outstanding (so a command rung after the post's sender answered always finds them).
+    /// Only inserts; a record for a channel already closed is dropped.
+    pub fn post(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {
+        for op in &ops {
+            match *op {
+                TableOp::Insert { start, len, .. } => {
+                    if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                        return Err(DeviceError::OutOfRange {
+                            start,
+                            len,
+                            size: self.array_size,
+                        });
+                    }
+                }
+                _ => {
+                    return Err(DeviceError::Config(
+                        "only inserts can be posted without waiting".into(),
+                    ))
+                }
+            }
+        }
+        // Counted before it is sent: a poller that sees the count ahead looks for it.
+        self.shared.posted.fetch_add(1, Ordering::AcqRel);
+        self.post_tx
+            .lock()
+            .expect("post sender lock")
+            .send(ops)
+            .map_err(|_| DeviceError::Stopped)?;
+        // No wake-up: a sleeping poller is woken by the client's next command on a parked
+        // channel (its kick), and takes the posts in before that command.
+        Ok(())
+    }
+
     /// Clean shutdown: intake stops, requests in flight finish, the array is flushed, the
     /// poller exits.
     pub fn shutdown(&self) -> Result<(), DeviceError> {
@@ -544,6 +590,9 @@ struct Poller<M, C> {
     channels: Vec<Option<Chan>>,
     active: Vec<u32>,
     rx: mpsc::Receiver<Control>,
+    post_rx: mpsc::Receiver<Vec<TableOp>>,
+    /// Posted batches applied (compared with `shared.posted`).
+    applied: u64,
     epoll: OwnedFd,
     waker: OwnedFd,
     shared: Arc<Shared>,
@@ -565,6 +614,8 @@ struct Poller<M, C> {
     flush_done: FlushDone,
     /// The clock as last read.
     now: u64,
+    /// The clock at the last busy pass.
+    last_busy: u64,
 }
 
 /// Flush jobs: (token, address, length).
@@ -597,6 +648,9 @@ fn spawn_flusher<M: Media>(
 /// How many busy passes between publications of the counters.
 const PUBLISH_PASSES: u64 = 1024;
 
+/// Idle time after which the poller yields its core now and then.
+const YIELD_AFTER_NS: u64 = 2_000;
+
 /// Idle passes between looks at the clock (for parking and sleeping).
 const IDLE_CHECK_PASSES: u64 = 16;
 
@@ -622,6 +676,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.settle_fences();
             passes = passes.wrapping_add(1);
             if busy {
+                self.last_busy = self.now;
                 // Counters reach `status` every so many busy passes and whenever the poller
                 // goes idle.
                 self.busy_passes = self.busy_passes.wrapping_add(1);
@@ -680,7 +735,13 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 
     fn apply_controls(&mut self) -> bool {
-        let mut any = false;
+        // Posted records first: whatever a control request was sent after, was posted before.
+        let mut any = drain_posts(
+            &self.post_rx,
+            &mut self.table,
+            &self.channels,
+            &mut self.applied,
+        );
         while let Ok(c) = self.rx.try_recv() {
             any = true;
             let now = self.tick();
@@ -996,13 +1057,24 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 Opcode::Write => WRITE,
                 _ => 0,
             };
-            let checked = match cmd.opcode {
-                Opcode::Read | Opcode::Write => {
-                    self.table.check(p.channel, cmd.addr, cmd.len, need)
-                }
-                Opcode::Flush if cmd.len > 0 => self.table.check(p.channel, cmd.addr, cmd.len, 0),
+            let check = |t: &PermissionTable| match cmd.opcode {
+                Opcode::Read | Opcode::Write => t.check(p.channel, cmd.addr, cmd.len, need),
+                Opcode::Flush if cmd.len > 0 => t.check(p.channel, cmd.addr, cmd.len, 0),
                 _ => Ok(()),
             };
+            let mut checked = check(&self.table);
+            if checked == Err(Status::PermissionMiss)
+                && self.shared.posted.load(Ordering::Acquire) != self.applied
+            {
+                // Records posted for this command may still be on their way: take them in.
+                drain_posts(
+                    &self.post_rx,
+                    &mut self.table,
+                    &self.channels,
+                    &mut self.applied,
+                );
+                checked = check(&self.table);
+            }
             let status = match checked {
                 Ok(()) => {
                     let dma_off = u64::from(p.tag) * ch.mem.geometry().slice_size as u64;
@@ -1212,6 +1284,13 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         let now = self.tick();
+        if now.saturating_sub(self.last_busy) >= YIELD_AFTER_NS {
+            // Idle for a while (not between two commands of a busy client): let another thread
+            // have the core, since on a machine with few cores the threads this poller waits for
+            // (a client, the daemon's connection threads) may need it. With nothing else
+            // runnable this returns at once.
+            std::thread::yield_now();
+        }
         if self.idle_passes == IDLE_PUBLISH_PASSES {
             self.publish();
         }
@@ -1299,4 +1378,38 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
     }
+}
+
+/// Applies the posted batches waiting in `rx` ([`Device::post`]); whether there were any.
+fn drain_posts(
+    rx: &mpsc::Receiver<Vec<TableOp>>,
+    table: &mut PermissionTable,
+    channels: &[Option<Chan>],
+    applied: &mut u64,
+) -> bool {
+    let mut any = false;
+    while let Ok(ops) = rx.try_recv() {
+        any = true;
+        *applied = applied.wrapping_add(1);
+        for op in ops {
+            if let TableOp::Insert {
+                channel,
+                start,
+                len,
+                rights,
+                file,
+            } = op
+            {
+                let open = channels
+                    .get(channel as usize)
+                    .and_then(|c| c.as_ref())
+                    .is_some_and(|c| !c.closing);
+                if open {
+                    // A full table evicts; nothing else can fail for a valid insert.
+                    let _ = table.insert(channel, start, len, rights, file);
+                }
+            }
+        }
+    }
+    any
 }

@@ -4,7 +4,8 @@
 //!
 //! - A lookup (the soft miss) maps an offset of an open file to its extents and installs them
 //!   in the caller's channel with the rights of the caller's open handles of that file (their
-//!   union: the channel is the process's, so what one handle allows, the process may do).
+//!   union: the channel is the process's, so what one handle allows, the process may do). The
+//!   records are posted to the poller without waiting for it (`Device::post`).
 //! - An extend allocates (zeroed) chunks for writes past the end or into holes, grows the size
 //!   and installs the new extents.
 //! - A close removes the channel's records of the file once no other handle of the connection
@@ -579,8 +580,10 @@ impl Manager {
         if ops.is_empty() {
             return Ok(());
         }
+        // Posted, not waited for: the poller takes them in before any later control request
+        // and before refusing a command for want of them (see `Device::post`).
         self.device
-            .update(ops)
+            .post(ops)
             .map_err(|e| fail(errno::EIO, &format!("cannot install records: {e}")))
     }
 

@@ -266,7 +266,9 @@ fn malformed_commands_get_distinct_statuses_and_error_entries() {
 
 #[test]
 fn ringing_a_busy_tag_is_reported_in_the_error_queue() {
-    let d = Daemon::start(&["--read-latency-ns", "30000000"]);
+    // The read stays in flight for 500 ms: long enough that the second ring, 5 ms after the
+    // first, finds it busy even on a loaded machine.
+    let d = Daemon::start(&["--read-latency-ns", "500000000"]);
     let ch = d.channel();
     grant(&d.control(), ch.id(), 0, 1 << 20, true, 1);
     let cmd = Command {
@@ -278,7 +280,18 @@ fn ringing_a_busy_tag_is_reported_in_the_error_queue() {
         seq: 0,
     };
     ch.submit(Tag(0), &cmd);
-    std::thread::sleep(Duration::from_millis(5));
+    // Wait until the device has taken the command: a second flip of the doorbell before it
+    // looks would cancel the first (a flip register), on a loaded machine too.
+    let ctl = d.control();
+    let t = std::time::Instant::now();
+    // (The read holds its physical tag until it completes, 500 ms later.)
+    while ctl.status().unwrap().phys_tags_in_use == 0 {
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "the device did not take the command in time"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Rewrite the command and ring again while the first is in flight.
     let evil = Command {
         addr: 32 << 20,
@@ -636,7 +649,13 @@ fn a_hostile_client_gets_errors_and_nothing_else() {
     assert!(all == secret, "the victim's data changed");
     ctl.ping().unwrap();
     let s = ctl.status().unwrap();
-    assert!(s.command_errors > 1000);
+    // The hostile client rings 3000 commands without waiting (and storms of flips that cancel
+    // out): how many the poller sees depends on scheduling, but hundreds must have reached it.
+    assert!(
+        s.command_errors > 300,
+        "command errors: {}",
+        s.command_errors
+    );
     assert_eq!(s.channels_open, 1, "the hostile channel was reclaimed");
 }
 
