@@ -13,7 +13,7 @@
 //! CPU.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -237,6 +237,8 @@ struct Shared {
     poller_wakeups: AtomicU64,
     /// Batches of records posted with [`Device::post`] (counted before they are sent).
     posted: AtomicU64,
+    /// The poller sleeps (in `epoll_wait`) or is about to.
+    sleeping: AtomicBool,
     parks: AtomicU64,
     channels_open: AtomicU64,
     channels_reclaimed: AtomicU64,
@@ -486,14 +488,17 @@ impl Device {
             }
         }
         // Counted before it is sent: a poller that sees the count ahead looks for it.
-        self.shared.posted.fetch_add(1, Ordering::AcqRel);
+        self.shared.posted.fetch_add(1, Ordering::SeqCst);
         self.post_tx
             .lock()
             .expect("post sender lock")
             .send(ops)
             .map_err(|_| DeviceError::Stopped)?;
-        // No wake-up: a sleeping poller is woken by the client's next command on a parked
-        // channel (its kick), and takes the posts in before that command.
+        // A sleeping poller is woken now, while the answer travels to the client, whose
+        // next command on these records then finds it awake (and the channel polled again).
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        }
         Ok(())
     }
 
@@ -736,12 +741,22 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     fn apply_controls(&mut self) -> bool {
         // Posted records first: whatever a control request was sent after, was posted before.
+        let mut touched = Vec::new();
         let mut any = drain_posts(
             &self.post_rx,
             &mut self.table,
             &self.channels,
             &mut self.applied,
+            Some(&mut touched),
         );
+        if !touched.is_empty() {
+            // Records posted for a channel come before a command on them: poll it again now
+            // rather than wait for the client's kick.
+            let now = self.tick();
+            for id in touched {
+                self.unpark(id, now);
+            }
+        }
         while let Ok(c) = self.rx.try_recv() {
             any = true;
             let now = self.tick();
@@ -1072,6 +1087,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     &mut self.table,
                     &self.channels,
                     &mut self.applied,
+                    None,
                 );
                 checked = check(&self.table);
             }
@@ -1332,7 +1348,13 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 .map(|t| Duration::from_nanos(t.saturating_sub(now)));
             self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
             self.publish();
-            self.poll_kicks(timeout);
+            // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees
+            // the flag and writes the waker, or this sees its post.
+            self.shared.sleeping.store(true, Ordering::SeqCst);
+            if self.shared.posted.load(Ordering::SeqCst) == self.applied {
+                self.poll_kicks(timeout);
+            }
+            self.shared.sleeping.store(false, Ordering::SeqCst);
             self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
         } else if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
             self.poll_kicks(Some(Duration::ZERO));
@@ -1378,6 +1400,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
     }
+
+    /// Polls a parked channel again.
+    fn unpark(&mut self, id: u32, now: u64) {
+        let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        if ch.parked && !ch.closing {
+            ch.parked = false;
+            ch.last_active = now;
+            ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+            self.active.push(id);
+        }
+    }
 }
 
 /// Applies the posted batches waiting in `rx` ([`Device::post`]); whether there were any.
@@ -1386,6 +1421,7 @@ fn drain_posts(
     table: &mut PermissionTable,
     channels: &[Option<Chan>],
     applied: &mut u64,
+    mut touched: Option<&mut Vec<u32>>,
 ) -> bool {
     let mut any = false;
     while let Ok(ops) = rx.try_recv() {
@@ -1407,6 +1443,11 @@ fn drain_posts(
                 if open {
                     // A full table evicts; nothing else can fail for a valid insert.
                     let _ = table.insert(channel, start, len, rights, file);
+                    if let Some(t) = touched.as_deref_mut() {
+                        if !t.contains(&channel) {
+                            t.push(channel);
+                        }
+                    }
                 }
             }
         }
