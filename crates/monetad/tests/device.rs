@@ -578,10 +578,11 @@ fn a_killed_client_loses_its_channel_and_nothing_else_is_disturbed() {
     let t = Instant::now();
     loop {
         let s = ctl.status().unwrap();
-        if s.channels_reclaimed > before.channels_reclaimed {
+        // Its physical tags come back as its requests in flight end, which may be just after
+        // the channel is counted as reclaimed.
+        if s.channels_reclaimed > before.channels_reclaimed && s.phys_tags_in_use == 0 {
             assert_eq!(s.channels_open, before.channels_open);
             assert_eq!(s.table_used, before.table_used);
-            assert_eq!(s.phys_tags_in_use, 0);
             break;
         }
         assert!(
