@@ -1322,8 +1322,13 @@ impl File {
 
     /// One command on one tag: the path of a small request inside one extent, kept short
     /// (Moneta-D's point is the instructions between the application and the device).
+    ///
+    /// `t0` is the request's first stamp when stage timing is on ([`crate::trace`]), else 0.
     #[inline]
-    fn one(&self, io: &mut Io<'_>, dev: u64, mode: Completion) -> Result<(), Fail> {
+    fn one(&self, io: &mut Io<'_>, dev: u64, mode: Completion, t0: u64) -> Result<(), Fail> {
+        if t0 != 0 {
+            return self.one_traced(io, dev, mode, t0);
+        }
         let ch = self.ch();
         self.m
             .inner
@@ -1343,20 +1348,90 @@ impl File {
         };
         ch.submit(tag, &command(opcode, mode, dev, len as u64));
         let r = match ch.wait(tag, mode) {
-            Ok(c) => match c.status {
-                Status::Ok => {
-                    if let Io::Read(b) = io {
-                        ch.read_dma(tag, 0, b);
-                    }
-                    Ok(())
+            Ok(c) => Self::ended(c.status, || {
+                if let Io::Read(b) = io {
+                    ch.read_dma(tag, 0, b);
                 }
-                Status::PermissionMiss => Err(Fail::Miss(0)),
-                Status::PermissionDenied => Err(Fail::Err(errno(libc::EBADF))),
-                st => Err(Fail::Err(ClientError::Status(st))),
-            },
+            }),
             Err(e) => Err(Fail::Err(e)),
         };
         ch.release(tag);
+        r
+    }
+
+    /// What a completed command's status means for the request; `copy_out` runs on success.
+    #[inline]
+    fn ended(status: Status, copy_out: impl FnOnce()) -> Result<(), Fail> {
+        match status {
+            Status::Ok => {
+                copy_out();
+                Ok(())
+            }
+            Status::PermissionMiss => Err(Fail::Miss(0)),
+            Status::PermissionDenied => Err(Fail::Err(errno(libc::EBADF))),
+            st => Err(Fail::Err(ClientError::Status(st))),
+        }
+    }
+
+    /// [`File::one`] with a stamp between stages, recorded in the thread's sums.
+    #[inline(never)]
+    fn one_traced(&self, io: &mut Io<'_>, dev: u64, mode: Completion, t0: u64) -> Result<(), Fail> {
+        use crate::trace::{record, stamp, Breakdown};
+        let mapped = stamp();
+        let ch = self.ch();
+        self.m
+            .inner
+            .counters
+            .commands
+            .fetch_add(1, Ordering::Relaxed);
+        let tag = match ch.try_tag() {
+            Some(t) => t,
+            None => ch.tag(),
+        };
+        let mut copy = 0;
+        let (opcode, len) = match io {
+            Io::Read(b) => (Opcode::Read, b.len()),
+            Io::Write(b) => {
+                let c0 = stamp();
+                ch.write_dma(tag, 0, b);
+                copy = stamp() - c0;
+                (Opcode::Write, b.len())
+            }
+        };
+        ch.submit(tag, &command(opcode, mode, dev, len as u64));
+        let submitted = stamp();
+        let waited_for = ch.wait(tag, mode);
+        let waited = stamp();
+        let mut device_ns = 0;
+        let mut copied = waited;
+        let r = match waited_for {
+            Ok(c) => {
+                device_ns = c.device_ns;
+                Self::ended(c.status, || {
+                    if let Io::Read(b) = io {
+                        ch.read_dma(tag, 0, b);
+                        copied = stamp();
+                        copy = copied - waited;
+                    }
+                })
+            }
+            Err(e) => Err(Fail::Err(e)),
+        };
+        ch.release(tag);
+        let end = stamp();
+        if r.is_ok() {
+            record(&Breakdown {
+                ops: 1,
+                lookup_ns: mapped.saturating_sub(t0),
+                submit_ns: submitted
+                    .saturating_sub(mapped)
+                    .saturating_sub(if opcode == Opcode::Write { copy } else { 0 }),
+                copy_ns: copy,
+                wait_ns: waited.saturating_sub(submitted),
+                device_ns,
+                finish_ns: end.saturating_sub(copied),
+            });
+        }
         r
     }
 
@@ -1374,6 +1449,11 @@ impl File {
         off: u64,
         mode: Completion,
     ) -> Result<usize, ClientError> {
+        let t0 = if crate::trace::enabled() {
+            crate::trace::stamp()
+        } else {
+            0
+        };
         self.check_access(false)?;
         if buf.is_empty() {
             return Ok(0);
@@ -1389,7 +1469,7 @@ impl File {
                 if n <= slice {
                     if let Some(dev) = map.single(off, n as u64) {
                         drop(map);
-                        match self.one(&mut Io::Read(&mut buf[..n]), dev, mode) {
+                        match self.one(&mut Io::Read(&mut buf[..n]), dev, mode, t0) {
                             Ok(()) => return Ok(n),
                             Err(Fail::Err(e)) => return Err(e),
                             Err(Fail::Miss(_)) => {
@@ -1562,6 +1642,11 @@ impl File {
         off: Option<u64>,
         mode: Completion,
     ) -> Result<u64, ClientError> {
+        let t0 = if crate::trace::enabled() {
+            crate::trace::stamp()
+        } else {
+            0
+        };
         self.check_access(true)?;
         let len = data.len() as u64;
         let mut off = match off {
@@ -1583,7 +1668,7 @@ impl File {
             if off + len <= map.size {
                 if let Some(dev) = map.single(off, len) {
                     drop(map);
-                    match self.one(&mut Io::Write(data), dev, mode) {
+                    match self.one(&mut Io::Write(data), dev, mode, t0) {
                         Ok(()) => return Ok(start),
                         Err(Fail::Err(e)) => return Err(e),
                         Err(Fail::Miss(_)) => {

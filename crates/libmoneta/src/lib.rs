@@ -35,6 +35,7 @@ pub mod lock;
 pub mod paths;
 pub mod policy;
 mod position;
+pub mod trace;
 
 use std::path::PathBuf;
 

@@ -276,6 +276,18 @@ status_report! {
     table_updates,
     /// Channels reclaimed after their client closed or died.
     channels_reclaimed,
+    /// Reads and writes timed stage by stage (only with `monetad --trace`).
+    traced,
+    /// Nanoseconds those requests spent between the doorbell being seen and their permission
+    /// check (waiting for a physical tag or for the poller's pass).
+    trace_queue_ns,
+    /// Nanoseconds they spent in the permission check.
+    trace_check_ns,
+    /// Nanoseconds they spent moving data between the array and the DMA buffers.
+    trace_move_ns,
+    /// Nanoseconds from the data's movement to the completion's publication (the media
+    /// model's latency, when set, and the scheduler).
+    trace_media_ns,
 }
 
 /// A reply body, by op.

@@ -51,6 +51,9 @@ pub struct DeviceConfig {
     pub park_after: Duration,
     /// Media latencies added per access.
     pub timing: Timing,
+    /// Time each read and write's stages (queueing, permission check, data movement, media
+    /// latency) into the status counters: a few clock reads per command, off by default.
+    pub trace: bool,
 }
 
 impl Default for DeviceConfig {
@@ -66,6 +69,7 @@ impl Default for DeviceConfig {
             },
             park_after: Duration::from_micros(200),
             timing: Timing::default(),
+            trace: false,
         }
     }
 }
@@ -227,6 +231,11 @@ struct Shared {
     permission_misses: AtomicU64,
     permission_denials: AtomicU64,
     error_overflows: AtomicU64,
+    traced: AtomicU64,
+    trace_queue_ns: AtomicU64,
+    trace_check_ns: AtomicU64,
+    trace_move_ns: AtomicU64,
+    trace_media_ns: AtomicU64,
     retag_stalls: AtomicU64,
     phys_in_use: AtomicU64,
     table_used: AtomicU64,
@@ -254,6 +263,11 @@ struct Local {
     permission_misses: u64,
     permission_denials: u64,
     error_overflows: u64,
+    traced: u64,
+    trace_queue_ns: u64,
+    trace_check_ns: u64,
+    trace_move_ns: u64,
+    trace_media_ns: u64,
 }
 
 /// An opened channel, for the control server to hand to its client.
@@ -332,6 +346,7 @@ impl Device {
             local: Local::default(),
             park_after_ns: config.park_after.as_nanos() as u64,
             timing: config.timing,
+            trace: config.trace,
             idle_passes: 0,
             busy_passes: 0,
             done: Vec::new(),
@@ -546,6 +561,11 @@ impl Device {
             parks: g(&s.parks),
             table_updates: g(&s.table_updates),
             channels_reclaimed: g(&s.channels_reclaimed),
+            traced: g(&s.traced),
+            trace_queue_ns: g(&s.trace_queue_ns),
+            trace_check_ns: g(&s.trace_check_ns),
+            trace_move_ns: g(&s.trace_move_ns),
+            trace_media_ns: g(&s.trace_media_ns),
         }
     }
 }
@@ -584,6 +604,8 @@ struct Issued {
     cmd: Decoded,
     t0: u64,
     status: Status,
+    /// When the data had moved (traced reads and writes only; else 0).
+    moved: u64,
 }
 
 struct Poller<M, C> {
@@ -609,6 +631,7 @@ struct Poller<M, C> {
     local: Local,
     park_after_ns: u64,
     timing: Timing,
+    trace: bool,
     idle_passes: u64,
     busy_passes: u64,
     done: Vec<Issued>,
@@ -722,6 +745,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
             .store(l.permission_denials, Ordering::Relaxed);
         s.error_overflows
             .store(l.error_overflows, Ordering::Relaxed);
+        s.traced.store(l.traced, Ordering::Relaxed);
+        s.trace_queue_ns.store(l.trace_queue_ns, Ordering::Relaxed);
+        s.trace_check_ns.store(l.trace_check_ns, Ordering::Relaxed);
+        s.trace_move_ns.store(l.trace_move_ns, Ordering::Relaxed);
+        s.trace_media_ns.store(l.trace_media_ns, Ordering::Relaxed);
         s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
         s.phys_in_use
             .store(self.retag.in_use() as u64, Ordering::Relaxed);
@@ -1077,6 +1105,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 Opcode::Flush if cmd.len > 0 => t.check(p.channel, cmd.addr, cmd.len, 0),
                 _ => Ok(()),
             };
+            // Traced: stamps around the check and the data movement (`now` is when the pass
+            // began; the request waited for a physical tag since `t0`).
+            let traced = self.trace && matches!(cmd.opcode, Opcode::Read | Opcode::Write);
+            let t_check = if traced { self.clock.now_ns() } else { 0 };
             let mut checked = check(&self.table);
             if checked == Err(Status::PermissionMiss)
                 && self.shared.posted.load(Ordering::Acquire) != self.applied
@@ -1091,6 +1123,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 );
                 checked = check(&self.table);
             }
+            let t_checked = if traced { self.clock.now_ns() } else { 0 };
             let status = match checked {
                 Ok(()) => {
                     let dma_off = u64::from(p.tag) * ch.mem.geometry().slice_size as u64;
@@ -1115,6 +1148,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 }
                 Err(s) => s,
             };
+            let moved = if traced {
+                let t = self.clock.now_ns();
+                let l = &mut self.local;
+                l.traced += 1;
+                l.trace_queue_ns += t_check.saturating_sub(p.t0);
+                l.trace_check_ns += t_checked.saturating_sub(t_check);
+                l.trace_move_ns += t.saturating_sub(t_checked);
+                t
+            } else {
+                0
+            };
             let mut ready = now
                 + match (status, cmd.opcode) {
                     (Status::Ok, Opcode::Read) => self.timing.read_ns,
@@ -1137,6 +1181,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 cmd,
                 t0: p.t0,
                 status,
+                moved,
             };
             if ready <= now && !deferred {
                 // Due already (no modeled latency): complete in this pass.
@@ -1205,6 +1250,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     /// Releases a request's physical tag and publishes its completion.
     fn publish_end(&mut self, r: Issued, status: Status) {
+        if r.moved != 0 {
+            // Traced: the modeled media latency waited out after the data moved.
+            self.local.trace_media_ns += self.clock.now_ns().saturating_sub(r.moved);
+        }
         let bytes = match (status, r.cmd.opcode) {
             (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
             _ => 0,

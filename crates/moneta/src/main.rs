@@ -1,6 +1,7 @@
 //! `moneta`: the one command users type.
 
 mod bench;
+mod csvout;
 mod daemon;
 mod fsbench;
 mod image;

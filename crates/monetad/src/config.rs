@@ -93,6 +93,11 @@ pub struct Args {
     /// Serve the array as a raw device, without a file system (administrative grants only).
     #[arg(long)]
     pub raw: bool,
+    /// Time every read and write stage by stage (queueing, permission check, data movement,
+    /// media latency) into the status counters `traced` and `trace_*_ns`: a few clock reads per
+    /// command, for latency breakdowns.
+    #[arg(long)]
+    pub trace: bool,
     /// Allocation unit of the file system made on a new array (a power of two, at least 4K)
     /// [default: 1M].
     #[arg(long, value_parser = parse_size)]
@@ -118,6 +123,7 @@ struct FileConfig {
     slice_size: Option<toml::Value>,
     park_after_us: Option<u64>,
     read_latency_ns: Option<u64>,
+    trace: Option<bool>,
     write_latency_ns: Option<u64>,
     socket_mode: Option<String>,
     raw: Option<bool>,
@@ -216,6 +222,7 @@ impl Config {
                 read_ns: args.read_latency_ns.or(file.read_latency_ns).unwrap_or(0),
                 write_ns: args.write_latency_ns.or(file.write_latency_ns).unwrap_or(0),
             },
+            trace: args.trace || file.trace.unwrap_or(false),
         };
         device.validate()?;
         let mode = args

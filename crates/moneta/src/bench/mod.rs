@@ -8,6 +8,7 @@
 //! a discarded warm-up; the reported run is the median by p50 latency, with the spread of p50
 //! over all runs.
 
+pub mod breakdown;
 mod files;
 mod uring;
 
@@ -32,6 +33,9 @@ use serde::Serialize;
 pub enum Path {
     /// Files on nvfs through libmoneta (`--qd` above 1: asynchronous requests).
     Moneta,
+    /// Those files without copies: reads left in the DMA slice, writes filled in place
+    /// (requests of at most one DMA slice).
+    MonetaZeroCopy,
     /// Raw commands through a channel on one file's extent.
     MonetaRaw,
     /// pread/pwrite on a file (tmpfs by default).
@@ -51,6 +55,7 @@ impl Path {
     fn name(self) -> &'static str {
         match self {
             Path::Moneta => "moneta",
+            Path::MonetaZeroCopy => "moneta-zero-copy",
             Path::MonetaRaw => "moneta-raw",
             Path::KernelPsync => "kernel-psync",
             Path::KernelUring => "kernel-uring",
@@ -165,6 +170,30 @@ pub struct BenchArgs {
     /// Small files created by `--path nvfs`.
     #[arg(long, default_value_t = 10_000)]
     pub files: usize,
+    /// Time each stage of the requests (Moneta-D's Figure 3): on the moneta path from counters
+    /// in libmoneta and in the daemon (the private daemon runs with `--trace`; a daemon given
+    /// with --socket needs it too for the device's stages); on the kernel paths the system call
+    /// and the copy timed apart and the rest of the mean. Queue depth 1.
+    #[arg(long)]
+    pub breakdown: bool,
+    /// Files the requests spread over, each an equal part of the region (moneta and
+    /// kernel-psync paths): more files, more permission records.
+    #[arg(long, default_value_t = 1)]
+    pub open_files: usize,
+    /// Extents each moneta file is made of: its chunks are written in a shuffled order, so
+    /// they lie next to each other on the array but not in the file, on a private daemon whose
+    /// allocation unit is the file's size over this (a power of two, at least 4 KiB).
+    #[arg(long)]
+    pub extents: Option<u64>,
+    /// Private daemon: do not merge adjacent permission records (`monetad --no-merge`).
+    #[arg(long)]
+    pub no_merge: bool,
+    /// Private daemon: permission table entries [default: the daemon's, 16384].
+    #[arg(long)]
+    pub table_entries: Option<usize>,
+    /// Print CSV (a header, then one row per configuration) instead of tables.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -187,10 +216,12 @@ pub struct Latency {
 /// CPU seconds.
 #[derive(Serialize, Clone, Copy, Debug, Default)]
 pub struct Cpu {
-    /// User time.
+    /// User time (in clock ticks of 10 ms).
     pub user_s: f64,
-    /// System time.
+    /// System time (in clock ticks of 10 ms).
     pub sys_s: f64,
+    /// User and system time from the process's CPU clock (nanosecond precision).
+    pub total_s: f64,
 }
 
 /// One configuration's result (the median run).
@@ -231,6 +262,24 @@ pub struct Record {
     /// Records installed (perm-check).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub records: Option<u64>,
+    /// Files the requests spread over.
+    pub open_files: usize,
+    /// Extents of each file, as the file system reports them (moneta paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extents: Option<u64>,
+    /// Lookups libmoneta sent the manager in the reported run (moneta paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soft_misses: Option<u64>,
+    /// Commands refused for a missing permission record and retried, in that run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hard_misses: Option<u64>,
+    /// CPUs kept busy on average (this process and, on the Moneta paths, the daemon).
+    pub cpus: f64,
+    /// MiB/s per busy CPU (Figures 5b and 9b of the papers).
+    pub mib_s_per_cpu: f64,
+    /// Mean time per stage (`--breakdown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Vec<breakdown::Component>>,
 }
 
 struct RunResult {
@@ -239,6 +288,8 @@ struct RunResult {
     seconds: f64,
     cpu: Cpu,
     device_cpu: Option<Cpu>,
+    trace: Option<breakdown::Trace>,
+    misses: Option<(u64, u64)>,
 }
 
 fn rusage_self() -> Cpu {
@@ -250,48 +301,95 @@ fn proc_cpu(pid: u32) -> Option<Cpu> {
     let after = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = after.split(' ').collect();
     let tick = 100.0; // USER_HZ on Linux
+    let user_s = f.get(11)?.parse::<f64>().ok()? / tick;
+    let sys_s = f.get(12)?.parse::<f64>().ok()? / tick;
     Some(Cpu {
-        user_s: f.get(11)?.parse::<f64>().ok()? / tick,
-        sys_s: f.get(12)?.parse::<f64>().ok()? / tick,
+        user_s,
+        sys_s,
+        total_s: cpu_clock(pid).unwrap_or(user_s + sys_s),
     })
+}
+
+/// Seconds of CPU `pid` has used, from its CPU-time clock.
+fn cpu_clock(pid: u32) -> Option<f64> {
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: `id` is a valid place for the clock id.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut id) } != 0 {
+        return None;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to fill.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 fn sub(a: Cpu, b: Cpu) -> Cpu {
     Cpu {
         user_s: a.user_s - b.user_s,
         sys_s: a.sys_s - b.sys_s,
+        total_s: a.total_s - b.total_s,
     }
 }
 
 /// Picks request offsets.
+///
+/// With several files the region is split into equal parts, one per file, each holding whole
+/// requests; a sequential pattern goes through the files one after the other.
 struct Offsets {
     rng: rand::rngs::StdRng,
     size: u64,
     slots: u64,
+    per_file: u64,
     next: u64,
     sequential: bool,
 }
 
 impl Offsets {
-    fn new(seed: u64, size: u64, region: u64, sequential: bool, thread: usize) -> Self {
-        let slots = (region / size).max(1);
+    fn new(
+        seed: u64,
+        size: u64,
+        region: u64,
+        files: usize,
+        sequential: bool,
+        thread: usize,
+    ) -> Self {
+        let files = files.max(1) as u64;
+        let per_file = (region / files / size).max(1);
+        let slots = per_file * files;
         Offsets {
             rng: rand::rngs::StdRng::seed_from_u64(seed ^ (thread as u64).wrapping_mul(0x9e37)),
             size,
             slots,
+            per_file,
             next: (thread as u64 * slots / 8) % slots,
             sequential,
         }
     }
-    fn next(&mut self) -> u64 {
-        let slot = if self.sequential {
+    fn slot(&mut self) -> u64 {
+        if self.sequential {
             let s = self.next;
             self.next = (self.next + 1) % self.slots;
             s
         } else {
             self.rng.gen_range(0..self.slots)
-        };
-        slot * self.size
+        }
+    }
+    /// The next request's offset (one file).
+    fn next(&mut self) -> u64 {
+        self.slot() * self.size
+    }
+    /// The next request's file and offset in it.
+    fn next_in(&mut self) -> (usize, u64) {
+        let s = self.slot();
+        (
+            (s / self.per_file) as usize,
+            (s % self.per_file) * self.size,
+        )
     }
     fn is_write(&mut self, op: Op) -> bool {
         match op {
@@ -321,15 +419,18 @@ enum Target {
         completion: CompletionArg,
     },
     File {
-        file: Arc<libmoneta::File>,
+        files: Arc<Vec<Arc<libmoneta::File>>>,
+        zero_copy: bool,
         daemon_pid: u32,
         completion: CompletionArg,
+        /// The daemon's socket, for its trace counters.
+        socket: PathBuf,
     },
     Kernel {
-        fd: Arc<OwnedFd>,
+        fds: Arc<Vec<OwnedFd>>,
     },
     Uring {
-        fd: Arc<OwnedFd>,
+        fds: Arc<Vec<OwnedFd>>,
         sqpoll: bool,
     },
 }
@@ -369,6 +470,13 @@ impl Stop {
     pub(crate) fn done(&self, ops: u64) -> bool {
         self.flag.load(Ordering::Relaxed) || self.limit.is_some_and(|l| ops >= l)
     }
+
+    /// Whether a thread that has issued `issued` requests may issue another: with an
+    /// operation count, exactly that many complete.
+    #[inline]
+    pub(crate) fn may_issue(&self, issued: u64) -> bool {
+        !self.done(issued)
+    }
 }
 
 /// One bench thread's work: its latency histogram and operation count.
@@ -393,6 +501,20 @@ fn run_threads(
         }
         _ => None,
     };
+    let traced = match target {
+        Target::File { socket, .. } if a.breakdown => {
+            let c = Control::connect(socket).map_err(|e| e.to_string())?;
+            let before = c.status().map_err(|e| e.to_string())?;
+            breakdown::begin();
+            Some((c, before))
+        }
+        _ => None,
+    };
+    let stats = |t: &Target| match t {
+        Target::File { files, .. } => files.first().map(|f| f.moneta().stats()),
+        _ => None,
+    };
+    let stats0 = stats(target);
     let start = Instant::now();
     let mut handles = Vec::new();
     for t in 0..a.threads {
@@ -405,20 +527,24 @@ fn run_threads(
                 Box::new(move || moneta_thread(&a, size, &ch, mode, t, &stop))
             }
             Target::File {
-                file, completion, ..
+                files,
+                completion,
+                zero_copy,
+                ..
             } => {
-                let file = file.clone();
+                let files = files.clone();
                 let mode = completion.mode(size);
-                Box::new(move || files::file_thread(&a, size, &file, mode, t, &stop))
+                let zc = *zero_copy;
+                Box::new(move || files::file_thread(&a, size, &files, mode, zc, t, &stop))
             }
-            Target::Kernel { fd } => {
-                let fd = fd.clone();
-                Box::new(move || kernel_thread(&a, size, &fd, t, &stop))
+            Target::Kernel { fds } => {
+                let fds = fds.clone();
+                Box::new(move || kernel_thread(&a, size, &fds, t, &stop))
             }
-            Target::Uring { fd, sqpoll } => {
-                let fd = fd.clone();
+            Target::Uring { fds, sqpoll } => {
+                let fds = fds.clone();
                 let sqpoll = *sqpoll;
-                Box::new(move || uring::uring_thread(&a, size, &fd, sqpoll, t, &stop))
+                Box::new(move || uring::uring_thread(&a, size, &fds[0], sqpoll, t, &stop))
             }
         };
         handles.push(std::thread::spawn(job));
@@ -438,6 +564,17 @@ fn run_threads(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = sub(rusage_self(), cpu0);
+    let misses = match (stats0, stats(target)) {
+        (Some(a), Some(b)) => Some((b.soft_misses - a.soft_misses, b.hard_misses - a.hard_misses)),
+        _ => None,
+    };
+    let trace = match traced {
+        Some((c, before)) => {
+            let after = c.status().map_err(|e| e.to_string())?;
+            Some(breakdown::end(&before, &after))
+        }
+        None => None,
+    };
     let device_cpu = match (target, dev0) {
         (Target::Moneta { daemon_pid, .. } | Target::File { daemon_pid, .. }, Some(d0)) => {
             proc_cpu(*daemon_pid).map(|d| sub(d, d0))
@@ -450,6 +587,8 @@ fn run_threads(
         seconds: elapsed,
         cpu,
         device_cpu,
+        trace,
+        misses,
     })
 }
 
@@ -465,10 +604,19 @@ fn thread_state(
     &'static moneta_device::SystemClock,
 ) {
     let sequential = matches!(a.op, Op::Seqread | Op::Seqwrite);
-    let offs = Offsets::new(a.seed, size, a.region, sequential, thread);
+    let offs = Offsets::new(a.seed, size, a.region, a.open_files, sequential, thread);
     (offs, new_hist(), vec![0x5au8; size as usize], clock())
 }
 
+/// Slices of the DMA buffer each request slot of the raw path may use: the channel's 64
+/// shared evenly by every thread's slots.
+fn raw_slot_slices(a: &BenchArgs) -> usize {
+    (moneta_abi::TAGS_PER_CHANNEL / (a.threads * a.qd)).max(1)
+}
+
+/// The raw path: one command per request where it fits the slot's share of the DMA buffer,
+/// else consecutive commands of that share (as a driver splits a large request), the request
+/// ending with the last.
 fn moneta_thread(
     a: &BenchArgs,
     size: u64,
@@ -479,65 +627,116 @@ fn moneta_thread(
 ) -> Result<(Histogram<u64>, u64), String> {
     let ch = raw.ch();
     let base = raw.base;
-    let span = (size as usize).div_ceil(ch.slice_size());
     let qd = a.qd;
-    let first = thread * qd * span;
-    let tags: Vec<Tag> = (0..qd).map(|i| Tag((first + i * span) as u8)).collect();
+    let slot_slices = raw_slot_slices(a);
+    let piece = (slot_slices * ch.slice_size()) as u64;
+    let pieces = size.div_ceil(piece);
+    let first = thread * qd * slot_slices;
+    let tags: Vec<Tag> = (0..qd)
+        .map(|i| Tag((first + i * slot_slices) as u8))
+        .collect();
     let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
     let mut ops = 0u64;
+    let nop = a.op == Op::Nop;
+    // Per slot: started, write, request address, next piece.
     let mut started = vec![0u64; qd];
     let mut writes = vec![false; qd];
-    let submit =
-        |i: usize, offs: &mut Offsets, buf: &[u8], started: &mut [u64], writes: &mut [bool]| {
-            let w = offs.is_write(a.op);
-            let addr = offs.next();
-            started[i] = clk.now_ns();
-            writes[i] = w;
-            if w {
-                ch.write_dma(tags[i], 0, buf);
-            }
-            let nop = a.op == Op::Nop;
-            let opcode = match (nop, w) {
-                (true, _) => Opcode::Nop,
-                (false, true) => Opcode::Write,
-                (false, false) => Opcode::Read,
-            };
-            ch.submit(
-                tags[i],
-                &Command {
-                    opcode,
-                    completion: mode,
-                    addr: if nop { 0 } else { base + addr },
-                    len: if nop { 0 } else { size },
-                    cookie: 0,
-                    seq: 0,
-                },
-            );
+    let mut addrs = vec![0u64; qd];
+    let mut next = vec![0u64; qd];
+    let send = |i: usize, k: u64, w: bool, addr: u64, buf: &[u8]| {
+        let at = k * piece;
+        let len = piece.min(size - at);
+        if w && !nop {
+            ch.write_dma(tags[i], 0, &buf[at as usize..(at + len) as usize]);
+        }
+        let opcode = match (nop, w) {
+            (true, _) => Opcode::Nop,
+            (false, true) => Opcode::Write,
+            (false, false) => Opcode::Read,
         };
+        ch.submit(
+            tags[i],
+            &Command {
+                opcode,
+                completion: mode,
+                addr: if nop { 0 } else { base + addr + at },
+                len: if nop { 0 } else { len },
+                cookie: 0,
+                seq: 0,
+            },
+        );
+    };
+    let start = |i: usize,
+                 offs: &mut Offsets,
+                 buf: &[u8],
+                 started: &mut [u64],
+                 writes: &mut [bool],
+                 addrs: &mut [u64],
+                 next: &mut [u64]| {
+        let w = offs.is_write(a.op);
+        let addr = offs.next();
+        started[i] = clk.now_ns();
+        writes[i] = w;
+        addrs[i] = addr;
+        next[i] = 1;
+        send(i, 0, w, addr, buf);
+    };
+    let (mut issued, mut live) = (0u64, 0usize);
     for i in 0..qd {
-        submit(i, &mut offs, &buf, &mut started, &mut writes);
+        if stop.may_issue(issued) {
+            start(
+                i,
+                &mut offs,
+                &buf,
+                &mut started,
+                &mut writes,
+                &mut addrs,
+                &mut next,
+            );
+            issued += 1;
+            live += 1;
+        }
     }
     let mut i = 0;
-    loop {
+    while live > 0 {
+        if next[i] == 0 {
+            // This slot finished its last request.
+            i = (i + 1) % qd;
+            continue;
+        }
         let c = ch.wait(tags[i], mode).map_err(|e| e.to_string())?;
         if c.status != moneta_abi::Status::Ok {
             return Err(format!("device status {}", c.status.name()));
         }
-        if !writes[i] && a.op != Op::Nop {
-            ch.read_dma(tags[i], 0, &mut buf);
+        let k = next[i] - 1;
+        if !writes[i] && !nop {
+            let at = (k * piece) as usize;
+            let len = piece.min(size - k * piece) as usize;
+            ch.read_dma(tags[i], 0, &mut buf[at..at + len]);
+        }
+        if next[i] < pieces {
+            send(i, next[i], writes[i], addrs[i], &buf);
+            next[i] += 1;
+            continue;
         }
         let ns = clk.now_ns().saturating_sub(started[i]);
         hist.record(ns.max(1)).ok();
         ops += 1;
-        if stop.done(ops) {
-            // Drain the rest.
-            for k in 1..qd {
-                let j = (i + k) % qd;
-                ch.wait(tags[j], mode).map_err(|e| e.to_string())?;
-            }
-            break;
+        if stop.may_issue(issued) {
+            start(
+                i,
+                &mut offs,
+                &buf,
+                &mut started,
+                &mut writes,
+                &mut addrs,
+                &mut next,
+            );
+            issued += 1;
+        } else {
+            next[i] = 0;
+            live -= 1;
         }
-        submit(i, &mut offs, &buf, &mut started, &mut writes);
         i = (i + 1) % qd;
     }
     Ok((hist, ops))
@@ -546,7 +745,7 @@ fn moneta_thread(
 fn kernel_thread(
     a: &BenchArgs,
     size: u64,
-    fd: &OwnedFd,
+    fds: &[OwnedFd],
     thread: usize,
     stop: &Stop,
 ) -> Result<(Histogram<u64>, u64), String> {
@@ -554,7 +753,8 @@ fn kernel_thread(
     let mut ops = 0u64;
     while !stop.done(ops) {
         let w = offs.is_write(a.op);
-        let addr = offs.next();
+        let (i, addr) = offs.next_in();
+        let fd = &fds[i];
         let t = clk.now_ns();
         let r = if w {
             rustix::io::pwrite(fd, &buf, addr)
@@ -584,9 +784,28 @@ fn summarize(
     let mut p50s: Vec<u64> = runs.iter().map(|r| r.hist.value_at_quantile(0.5)).collect();
     p50s.sort_unstable();
     runs.sort_by_key(|r| r.hist.value_at_quantile(0.5));
+    let mut trace: Option<breakdown::Trace> = None;
+    for t in runs.iter().filter_map(|r| r.trace.as_ref()) {
+        trace.get_or_insert_with(Default::default).add(t);
+    }
     let r = runs.swap_remove(n / 2);
     let h = &r.hist;
     let iops = r.ops as f64 / r.seconds;
+    let mib_s = if a.op == Op::Nop {
+        0.0
+    } else {
+        iops * size as f64 / (1 << 20) as f64
+    };
+    let busy = |c: &Cpu| c.total_s;
+    let cpus = (busy(&r.cpu) + r.device_cpu.as_ref().map(busy).unwrap_or(0.0)) / r.seconds;
+    let breakdown = if !a.breakdown {
+        None
+    } else if let Some(t) = &trace {
+        Some(breakdown::moneta_components(t))
+    } else {
+        matches!(path, Path::KernelPsync)
+            .then(|| breakdown::kernel_components(h.mean(), size, false))
+    };
     Record {
         path: path.name(),
         op: a.op,
@@ -597,11 +816,7 @@ fn summarize(
         ops: r.ops,
         seconds: r.seconds,
         iops,
-        mib_s: if a.op == Op::Nop {
-            0.0
-        } else {
-            iops * size as f64 / (1 << 20) as f64
-        },
+        mib_s,
         lat_ns: Latency {
             p50: h.value_at_quantile(0.5),
             p90: h.value_at_quantile(0.9),
@@ -615,6 +830,13 @@ fn summarize(
         runs: n,
         p50_spread: [p50s[0], p50s[n - 1]],
         records: None,
+        open_files: a.open_files,
+        extents: None,
+        soft_misses: r.misses.map(|m| m.0),
+        hard_misses: r.misses.map(|m| m.1),
+        cpus,
+        mib_s_per_cpu: if cpus > 0.0 { mib_s / cpus } else { 0.0 },
+        breakdown,
     }
 }
 
@@ -682,6 +904,13 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
             (hist.max() as f64 / 1000.0).round() as u64,
         ],
         records: Some(records),
+        open_files: 0,
+        extents: None,
+        soft_misses: None,
+        hard_misses: None,
+        cpus: 1.0,
+        mib_s_per_cpu: 0.0,
+        breakdown: None,
     }
 }
 
@@ -712,11 +941,20 @@ impl BenchDaemon {
         let socket = dir.join("monetad.sock");
         // Room for the two region files and the file system's tables.
         let size = (2 * region + (64 << 20)).next_multiple_of(1 << 20);
-        let started = crate::daemon::start(
-            &socket,
-            &["--volatile".into(), "--size".into(), size.to_string()],
-            &dir.join("monetad.log"),
-        )?;
+        let mut args = vec!["--volatile".into(), "--size".into(), size.to_string()];
+        if a.breakdown {
+            args.push("--trace".into());
+        }
+        if a.no_merge {
+            args.push("--no-merge".into());
+        }
+        if let Some(n) = a.table_entries {
+            args.extend(["--table-entries".into(), n.to_string()]);
+        }
+        if let Some(c) = chunk_for_extents(a)? {
+            args.extend(["--chunk-size".into(), c.to_string()]);
+        }
+        let started = crate::daemon::start(&socket, &args, &dir.join("monetad.log"))?;
         Ok(BenchDaemon {
             socket,
             pid: started.pid,
@@ -735,8 +973,29 @@ impl Drop for BenchDaemon {
     }
 }
 
-/// A file of `region` bytes, written through so every chunk is allocated.
-fn region_file(m: &libmoneta::Moneta, name: &str, region: u64) -> Result<libmoneta::File, String> {
+/// The private daemon's allocation unit for `--extents`: each file's size over the extents.
+fn chunk_for_extents(a: &BenchArgs) -> Result<Option<u64>, String> {
+    let Some(n) = a.extents else { return Ok(None) };
+    let per_file = a.region / a.open_files.max(1) as u64;
+    let chunk = per_file / n.max(1);
+    if n == 0 || !chunk.is_power_of_two() || chunk < 4096 || chunk * n != per_file {
+        return Err(format!(
+            "--extents {n}: each file's {per_file} bytes must split into {n} extents of a power \
+             of two of at least 4 KiB (choose --region = open files x extents x 4K, 8K, ...)"
+        ));
+    }
+    Ok(Some(chunk))
+}
+
+/// A file of `len` bytes, written through so every chunk is allocated; with `extents`, written
+/// chunk by chunk in a shuffled order so each chunk is an extent of its own.
+fn region_file(
+    m: &libmoneta::Moneta,
+    name: &str,
+    len: u64,
+    extents: Option<u64>,
+    seed: u64,
+) -> Result<libmoneta::File, String> {
     let f = m
         .open(
             name,
@@ -747,15 +1006,45 @@ fn region_file(m: &libmoneta::Moneta, name: &str, region: u64) -> Result<libmone
                 .truncate(true),
         )
         .map_err(|e| format!("cannot create {name}: {e}"))?;
-    let chunk = vec![0xa5u8; 1 << 20];
-    let mut off = 0;
-    while off < region {
-        let n = chunk.len().min((region - off) as usize);
-        f.write_at(&chunk[..n], off)
-            .map_err(|e| format!("cannot fill {name}: {e}"))?;
-        off += n as u64;
+    let fill = |off: u64, n: u64| -> Result<(), String> {
+        let chunk = vec![0xa5u8; 1 << 20];
+        let mut at = off;
+        while at < off + n {
+            let k = chunk.len().min((off + n - at) as usize);
+            f.write_at(&chunk[..k], at)
+                .map_err(|e| format!("cannot fill {name}: {e}"))?;
+            at += k as u64;
+        }
+        Ok(())
+    };
+    match extents {
+        Some(n) if n > 1 => {
+            use rand::seq::SliceRandom;
+            let piece = len / n;
+            let mut order: Vec<u64> = (0..n).collect();
+            order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+            for k in order {
+                fill(k * piece, piece)?;
+            }
+        }
+        _ => fill(0, len)?,
     }
     Ok(f)
+}
+
+/// Extents of `f` as the file system reports them.
+fn count_extents(m: &libmoneta::Moneta, f: &libmoneta::File, len: u64) -> Result<u64, String> {
+    let ctl = m.channel().control();
+    let (mut at, mut n) = (0u64, 0u64);
+    while at < len {
+        let (_, exts) = ctl
+            .fs_lookup(f.handle(), at, len - at)
+            .map_err(|e| format!("cannot look up the bench file: {e}"))?;
+        let Some(last) = exts.last() else { break };
+        n += exts.len() as u64;
+        at = last.file_off + last.len;
+    }
+    Ok(n)
 }
 
 fn file_name(what: &str) -> String {
@@ -767,7 +1056,7 @@ fn raw_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
         // A file's extent, its records installed by the lookup: the array under a file,
         // reached without the file system.
         let m = libmoneta::Moneta::connect(&d.socket).map_err(|e| e.to_string())?;
-        let f = region_file(&m, &file_name("raw"), a.region)?;
+        let f = region_file(&m, &file_name("raw"), a.region, None, a.seed)?;
         let (_, exts) = m
             .channel()
             .control()
@@ -810,7 +1099,14 @@ fn raw_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
     })
 }
 
-fn file_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
+/// The moneta paths' files: `--open-files` files sharing the region, each of `--extents`
+/// extents when given; with the extents counted per file.
+struct BenchFiles {
+    files: Arc<Vec<Arc<libmoneta::File>>>,
+    extents: u64,
+}
+
+fn bench_files(d: &BenchDaemon, a: &BenchArgs) -> Result<BenchFiles, String> {
     if !d.fs {
         return Err(format!(
             "the daemon at {} serves a raw device: the moneta path needs nvfs",
@@ -818,56 +1114,112 @@ fn file_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, String> {
         ));
     }
     let m = libmoneta::Moneta::connect(&d.socket).map_err(|e| e.to_string())?;
-    let f = region_file(&m, &file_name("files"), a.region)?;
-    Ok(Target::File {
-        file: Arc::new(f),
-        daemon_pid: d.pid,
-        completion: a.completion,
+    let n = a.open_files.max(1);
+    let per_file = a.region / n as u64;
+    let mut files = Vec::with_capacity(n);
+    for i in 0..n {
+        let f = region_file(
+            &m,
+            &file_name(&format!("files{i}")),
+            per_file,
+            a.extents,
+            a.seed.wrapping_add(i as u64),
+        )?;
+        files.push(Arc::new(f));
+    }
+    let extents = count_extents(&m, &files[0], per_file)?;
+    Ok(BenchFiles {
+        files: Arc::new(files),
+        extents,
     })
 }
 
-fn kernel_file(a: &BenchArgs) -> Result<(Arc<OwnedFd>, PathBuf), String> {
-    let path = a
-        .target
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/moneta-bench-{}", std::process::id())));
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    // Fill the region so reads hit allocated pages, as the array's do.
-    let chunk = vec![0xa5u8; 1 << 20];
-    let mut off = 0;
-    while off < a.region {
-        let n = chunk.len().min((a.region - off) as usize);
-        rustix::io::pwrite(&f, &chunk[..n], off).map_err(|e| e.to_string())?;
-        off += n as u64;
+/// The kernel paths' files: `--target`, or files in /dev/shm (one per `--open-files`).
+fn kernel_files(a: &BenchArgs) -> Result<(Arc<Vec<OwnedFd>>, Vec<PathBuf>), String> {
+    let n = a.open_files.max(1);
+    if n > 1 && a.target.is_some() {
+        return Err("--open-files above 1 makes its own files: drop --target".into());
     }
-    Ok((Arc::new(f.into()), path))
+    let per_file = a.region / n as u64;
+    let mut fds = Vec::with_capacity(n);
+    let mut paths = Vec::with_capacity(n);
+    for i in 0..n {
+        let path = a.target.clone().unwrap_or_else(|| {
+            PathBuf::from(format!("/dev/shm/moneta-bench-{}-{i}", std::process::id()))
+        });
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // Fill the region so reads hit allocated pages, as the array's do.
+        let chunk = vec![0xa5u8; 1 << 20];
+        let mut off = 0;
+        while off < per_file {
+            let k = chunk.len().min((per_file - off) as usize);
+            rustix::io::pwrite(&f, &chunk[..k], off).map_err(|e| e.to_string())?;
+            off += k as u64;
+        }
+        fds.push(f.into());
+        paths.push(path);
+    }
+    Ok((Arc::new(fds), paths))
 }
 
-fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, raw: bool) -> Result<(), String> {
-    if a.threads == 0 || a.qd == 0 || a.runs == 0 || a.duration <= 0.0 || a.ops == Some(0) {
-        return Err("threads, qd, runs, ops and duration must be positive".into());
+fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, paths: &[Path]) -> Result<(), String> {
+    let raw = paths.contains(&Path::MonetaRaw);
+    if a.threads == 0
+        || a.qd == 0
+        || a.runs == 0
+        || a.duration <= 0.0
+        || a.ops == Some(0)
+        || a.open_files == 0
+    {
+        return Err("threads, qd, runs, ops, open files and duration must be positive".into());
     }
     if a.qd > 4096 {
         return Err("qd is at most 4096".into());
     }
-    for &s in sizes {
-        if s == 0 || s > a.region {
+    if a.breakdown && a.qd != 1 {
+        return Err("--breakdown times requests one at a time: use it with --qd 1".into());
+    }
+    if raw && a.threads * a.qd > moneta_abi::TAGS_PER_CHANNEL {
+        return Err(format!(
+            "threads x qd = {} exceeds the raw channel's {} tags",
+            a.threads * a.qd,
+            moneta_abi::TAGS_PER_CHANNEL
+        ));
+    }
+    if a.open_files > 4096 {
+        return Err("--open-files is at most 4096".into());
+    }
+    if a.open_files > 1
+        && paths.iter().any(|p| {
+            matches!(
+                p,
+                Path::MonetaRaw | Path::KernelUring | Path::KernelUringSqpoll
+            )
+        })
+    {
+        return Err(
+            "--open-files above 1 works with the moneta, moneta-zero-copy and kernel-psync paths"
+                .into(),
+        );
+    }
+    if paths.contains(&Path::MonetaZeroCopy) {
+        if let Some(s) = sizes.iter().find(|&&s| s as usize > slice) {
             return Err(format!(
-                "size {s} must be between 1 and the region ({})",
-                a.region
+                "moneta-zero-copy requests fit one DMA slice ({slice} bytes): size {s} does not"
             ));
         }
-        let span = (s as usize).div_ceil(slice);
-        if raw && a.threads * a.qd * span > moneta_abi::TAGS_PER_CHANNEL {
+    }
+    let part = a.region / a.open_files as u64;
+    for &s in sizes {
+        if s == 0 || s > part {
             return Err(format!(
-                "threads x qd x slices per request = {} exceeds the channel's 64 tags",
-                a.threads * a.qd * span
+                "size {s} must be between 1 and the region's part per file ({part})"
             ));
         }
     }
@@ -908,16 +1260,11 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| *p == Path::KernelPsync) {
         return Err("kernel-psync is synchronous: use --threads, not --qd".into());
     }
-    validate(
-        &a,
-        &sizes,
-        moneta_abi::DEFAULT_SLICE_SIZE,
-        io_paths.contains(&Path::MonetaRaw),
-    )?;
+    validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE, &io_paths)?;
     let mut out = Vec::new();
     let daemon = if io_paths
         .iter()
-        .any(|p| matches!(p, Path::Moneta | Path::MonetaRaw))
+        .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw))
     {
         Some(BenchDaemon::get(&a, a.region)?)
     } else {
@@ -929,7 +1276,15 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             Path::KernelPsync | Path::KernelUring | Path::KernelUringSqpoll
         )
     }) {
-        Some(kernel_file(&a)?)
+        Some(kernel_files(&a)?)
+    } else {
+        None
+    };
+    let moneta_files = if io_paths
+        .iter()
+        .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy))
+    {
+        Some(bench_files(daemon.as_ref().expect("daemon"), &a)?)
     } else {
         None
     };
@@ -937,12 +1292,21 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     for &p in &io_paths {
         let t = match p {
             Path::MonetaRaw => raw_target(daemon.as_ref().expect("daemon"), &a)?,
-            Path::Moneta => file_target(daemon.as_ref().expect("daemon"), &a)?,
+            Path::Moneta | Path::MonetaZeroCopy => {
+                let d = daemon.as_ref().expect("daemon");
+                Target::File {
+                    files: moneta_files.as_ref().expect("files").files.clone(),
+                    zero_copy: p == Path::MonetaZeroCopy,
+                    daemon_pid: d.pid,
+                    completion: a.completion,
+                    socket: d.socket.clone(),
+                }
+            }
             Path::KernelPsync => Target::Kernel {
-                fd: kernel.as_ref().expect("kernel file").0.clone(),
+                fds: kernel.as_ref().expect("kernel file").0.clone(),
             },
             Path::KernelUring | Path::KernelUringSqpoll => Target::Uring {
-                fd: kernel.as_ref().expect("kernel file").0.clone(),
+                fds: kernel.as_ref().expect("kernel file").0.clone(),
                 sqpoll: p == Path::KernelUringSqpoll,
             },
             Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
@@ -979,7 +1343,10 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             for (p, rs) in results {
                 let completion =
                     matches!(p, Path::MonetaRaw | Path::Moneta).then_some(cfg.completion);
-                let rec = summarize(&cfg, p, size, rs, completion);
+                let mut rec = summarize(&cfg, p, size, rs, completion);
+                if matches!(p, Path::Moneta | Path::MonetaZeroCopy) {
+                    rec.extents = moneta_files.as_ref().map(|f| f.extents);
+                }
                 if a.json {
                     println!("{}", serde_json::to_string(&rec).expect("serialize"));
                 }
@@ -996,19 +1363,26 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             out.push(rec);
         }
     }
-    if !a.json {
+    if a.csv {
+        print!("{}", crate::csvout::to_csv(&out)?);
+    } else if !a.json {
         print_table(&out);
+        if a.breakdown {
+            print_breakdown(&out);
+        }
     }
     let files_left = daemon
         .as_ref()
         .filter(|d| d.fs && d.private.is_none())
         .map(|d| d.socket.clone());
     drop(targets);
+    drop(moneta_files);
     if let Some(socket) = files_left {
         // On the user's daemon: remove the bench's files.
         if let Ok(m) = libmoneta::Moneta::connect(&socket) {
-            for what in ["raw", "files"] {
-                let _ = m.unlink(file_name(what));
+            let _ = m.unlink(file_name("raw"));
+            for i in 0..a.open_files {
+                let _ = m.unlink(file_name(&format!("files{i}")));
             }
         }
     }
@@ -1020,14 +1394,16 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                     "{}",
                     serde_json::json!({"path": "moneta-idle", "seconds": 2.0, "cpu_pct": idle})
                 );
-            } else if let Some(pct) = idle {
+            } else if let Some(pct) = idle.filter(|_| !a.csv) {
                 println!("idle daemon: {pct:.2}% of one CPU over 2 s");
             }
         }
     }
-    if let Some((_, path)) = kernel {
+    if let Some((_, paths)) = kernel {
         if a.target.is_none() {
-            let _ = std::fs::remove_file(path);
+            for p in paths {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
     Ok(out)
@@ -1048,7 +1424,7 @@ pub fn idle_cpu(pid: u32, over: Duration) -> Option<f64> {
     std::thread::sleep(over);
     let b = proc_cpu(pid)?;
     let d = sub(b, a);
-    Some((d.user_s + d.sys_s) / over.as_secs_f64() * 100.0)
+    Some(d.total_s / over.as_secs_f64() * 100.0)
 }
 
 fn print_table(recs: &[Record]) {
@@ -1109,4 +1485,32 @@ fn print_table(recs: &[Record]) {
         ]);
     }
     println!("{t}");
+}
+
+fn print_breakdown(recs: &[Record]) {
+    use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+    for r in recs {
+        let Some(parts) = &r.breakdown else { continue };
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header(["stage", "ns", "share", "how"]);
+        let total: f64 = parts.iter().map(|c| c.ns).sum();
+        for c in parts {
+            t.add_row([
+                c.name.to_string(),
+                format!("{:.0}", c.ns),
+                format!("{:.0}%", 100.0 * c.ns / total.max(1.0)),
+                c.how.to_string(),
+            ]);
+        }
+        println!(
+            "{} {} {} B: {:.0} ns per request (mean {} ns)",
+            r.path,
+            format!("{:?}", r.op).to_lowercase(),
+            r.size,
+            total,
+            r.lat_ns.mean
+        );
+        println!("{t}");
+    }
 }

@@ -78,11 +78,16 @@ pub(super) fn uring_thread(
         // its completion is reaped.
         unsafe { ring.submission().push(&sqe) }.map_err(|_| "submission queue full".to_string())
     };
+    let mut issued = 0u64;
     for i in 0..qd {
-        push(&mut ring, i, &mut offs, &mut started)?;
-        inflight += 1;
+        if stop.may_issue(issued) {
+            push(&mut ring, i, &mut offs, &mut started)?;
+            inflight += 1;
+            issued += 1;
+        }
     }
-    let mut stopping = false;
+    // Completions of one reap (kept across reaps: no allocation on the path).
+    let mut done: Vec<(usize, i32)> = Vec::with_capacity(2 * qd);
     while inflight > 0 {
         if sqpoll {
             // Wakes the polling thread only if it went to sleep.
@@ -99,12 +104,13 @@ pub(super) fn uring_thread(
             ring.submit_and_wait(1)
                 .map_err(|e| format!("io_uring_enter: {e}"))?;
         }
-        let done: Vec<(usize, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data() as usize, c.result()))
-            .collect();
+        done.clear();
+        done.extend(
+            ring.completion()
+                .map(|c| (c.user_data() as usize, c.result())),
+        );
         let now = clk.now_ns();
-        for (i, res) in done {
+        for &(i, res) in &done {
             inflight -= 1;
             if res < 0 {
                 return Err(format!(
@@ -117,10 +123,10 @@ pub(super) fn uring_thread(
             }
             hist.record(now.saturating_sub(started[i]).max(1)).ok();
             ops += 1;
-            stopping = stopping || stop.done(ops);
-            if !stopping {
+            if stop.may_issue(issued) {
                 push(&mut ring, i, &mut offs, &mut started)?;
                 inflight += 1;
+                issued += 1;
             }
         }
     }

@@ -1,0 +1,373 @@
+//! `moneta bench` in tiny configurations: its accounting against known workloads, the stage
+//! breakdown, table pressure, several files, zero-copy, split requests and CSV.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn moneta(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(args)
+        .output()
+        .expect("run moneta")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs the bench with `--json` (and a short, warm-up-free single run unless overridden);
+/// returns its records.
+fn bench(args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["bench", "--json", "--warmup", "0", "--runs", "1"];
+    all.extend_from_slice(args);
+    let o = moneta(&all);
+    assert!(o.status.success(), "{all:?}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn find<'a>(recs: &'a [Value], path: &str) -> &'a Value {
+    recs.iter()
+        .find(|r| r["path"] == path)
+        .unwrap_or_else(|| panic!("no {path} record in {recs:?}"))
+}
+
+/// A daemon of our own for the accounting checks, stopped at the end.
+struct Daemon {
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(tag: &str, extra: &[&str]) -> Daemon {
+        let dir =
+            std::env::temp_dir().join(format!("moneta-benchtest-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("s.sock");
+        let mut args = vec![
+            "start",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--volatile",
+            "--size",
+            "64M",
+            "--",
+        ];
+        args.extend_from_slice(extra);
+        let o = moneta(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        Daemon { socket, dir }
+    }
+
+    fn status(&self) -> Value {
+        let o = moneta(&[
+            "status",
+            "--json",
+            "--socket",
+            self.socket.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn socket(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = moneta(&["stop", "--socket", self.socket.to_str().unwrap()]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn delta(a: &Value, b: &Value, k: &str) -> u64 {
+    b[k].as_u64().unwrap() - a[k].as_u64().unwrap()
+}
+
+/// Every operation the bench counts is a command the device counted, with its bytes; a
+/// request larger than its share of the DMA buffer is split into commands the device counts
+/// one by one.
+#[test]
+fn operation_and_byte_counts_match_the_devices() {
+    let d = Daemon::start("count", &["--raw"]);
+    let s0 = d.status();
+    let r = bench(&[
+        "--socket",
+        d.socket(),
+        "--path",
+        "moneta-raw",
+        "--op",
+        "randrw",
+        "--size",
+        "4K",
+        "--qd",
+        "4",
+        "--ops",
+        "1000",
+        "--region",
+        "1M",
+    ]);
+    let s1 = d.status();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0]["ops"], 1000);
+    assert_eq!(delta(&s0, &s1, "commands"), 1000);
+    assert_eq!(delta(&s0, &s1, "command_errors"), 0);
+    let bytes = delta(&s0, &s1, "bytes_read") + delta(&s0, &s1, "bytes_written");
+    assert_eq!(bytes, 1000 * 4096);
+    // A 50/50 mix is about half writes.
+    let w = delta(&s0, &s1, "bytes_written") / 4096;
+    assert!((350..650).contains(&w), "{w} writes of 1000");
+
+    // 2 MiB requests from 2 threads at depth 2: each slot has 16 slices (256 KiB), so every
+    // request is 8 commands.
+    let r = bench(&[
+        "--socket",
+        d.socket(),
+        "--path",
+        "moneta-raw",
+        "--op",
+        "read",
+        "--size",
+        "2M",
+        "--qd",
+        "2",
+        "--threads",
+        "2",
+        "--ops",
+        "5",
+        "--region",
+        "8M",
+    ]);
+    let s2 = d.status();
+    assert_eq!(r[0]["ops"], 10);
+    assert_eq!(delta(&s1, &s2, "commands"), 80);
+    assert_eq!(delta(&s1, &s2, "bytes_read"), 10 * (2 << 20));
+}
+
+/// With the media model adding 200 us to every read, the percentiles sit just above it.
+#[test]
+fn latency_percentiles_follow_the_media_model() {
+    let d = Daemon::start("lat", &["--raw", "--read-latency-ns", "200000"]);
+    let r = bench(&[
+        "--socket",
+        d.socket(),
+        "--path",
+        "moneta-raw",
+        "--size",
+        "512",
+        "--ops",
+        "200",
+        "--completion",
+        "sleep",
+        "--region",
+        "1M",
+    ]);
+    let lat = &r[0]["lat_ns"];
+    let p = |k: &str| lat[k].as_u64().unwrap();
+    assert!(p("p50") >= 200_000 && p("p50") < 2_000_000, "{lat}");
+    assert!(p("p50") <= p("p90") && p("p90") <= p("p99") && p("p99") <= p("max"));
+    assert!(p("mean") >= 200_000, "{lat}");
+    // 200 requests one at a time take at least 200 x 200 us.
+    assert!(r[0]["seconds"].as_f64().unwrap() >= 0.04);
+}
+
+/// `--breakdown`: the moneta path's stages come from counters in libmoneta and the daemon and
+/// add up to no more than the latency the bench measured around each call; the kernel's add
+/// up to its mean.
+#[test]
+fn breakdown_components_add_up() {
+    let recs = bench(&[
+        "--path",
+        "moneta",
+        "--path",
+        "kernel-psync",
+        "--breakdown",
+        "--size",
+        "512,4K",
+        "--op",
+        "read",
+        "--ops",
+        "3000",
+        "--region",
+        "4M",
+    ]);
+    assert_eq!(recs.len(), 4);
+    for r in &recs {
+        let parts = r["breakdown"].as_array().unwrap_or_else(|| panic!("{r}"));
+        let sum: f64 = parts.iter().map(|c| c["ns"].as_f64().unwrap()).sum();
+        let mean = r["lat_ns"]["mean"].as_f64().unwrap();
+        assert!(parts.iter().all(|c| c["ns"].as_f64().unwrap() >= 0.0));
+        if r["path"] == "moneta" {
+            let names: Vec<&str> = parts.iter().map(|c| c["name"].as_str().unwrap()).collect();
+            for n in [
+                "extent lookup",
+                "submission",
+                "permission check",
+                "data movement (array)",
+                "doorbell and completion",
+                "copy (DMA buffer)",
+            ] {
+                assert!(names.contains(&n), "{n} missing: {names:?}");
+            }
+            // The daemon traced the requests: its stages are measured, not zero.
+            let get = |n: &str| {
+                parts.iter().find(|c| c["name"] == n).unwrap()["ns"]
+                    .as_f64()
+                    .unwrap()
+            };
+            assert!(get("permission check") > 0.0 && get("data movement (array)") > 0.0);
+            assert!(get("copy (DMA buffer)") > 0.0);
+            assert!(
+                sum <= mean * 1.1 && sum >= mean * 0.3,
+                "{sum} vs {mean}: {r}"
+            );
+        } else {
+            assert_eq!(parts[0]["name"], "system call");
+            assert!((sum - mean).abs() <= 1.0 + mean * 1e-6, "{sum} vs {mean}");
+        }
+    }
+    // Queue depth above 1 is refused.
+    let o = moneta(&["bench", "--path", "moneta", "--breakdown", "--qd", "2"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--qd 1"), "{}", text(&o));
+}
+
+/// A file of 2048 extents on a table of 1024 records: with merging its records fold into one
+/// and nothing misses; without, the table cannot hold them and requests meet hard misses,
+/// yet every one completes.
+#[test]
+fn extents_load_the_permission_table_unless_merged() {
+    let common = [
+        "--path",
+        "moneta",
+        "--size",
+        "512",
+        "--ops",
+        "3000",
+        "--region",
+        "8M",
+        "--extents",
+        "2048",
+        "--table-entries",
+        "1024",
+    ];
+    let merged = bench(&common);
+    let mut args = common.to_vec();
+    args.push("--no-merge");
+    let unmerged = bench(&args);
+    for r in [&merged[0], &unmerged[0]] {
+        let e = r["extents"].as_u64().unwrap();
+        // Shuffled chunks land next to each other in the file now and then.
+        assert!((2000..=2048).contains(&e), "{r}");
+        assert_eq!(r["ops"], 3000);
+    }
+    assert_eq!(merged[0]["hard_misses"], 0, "{}", merged[0]);
+    assert!(
+        unmerged[0]["hard_misses"].as_u64().unwrap() > 0,
+        "{}",
+        unmerged[0]
+    );
+    // Extents that do not divide the region into a power of two are refused.
+    let o = moneta(&[
+        "bench",
+        "--path",
+        "moneta",
+        "--region",
+        "8M",
+        "--extents",
+        "3000",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("power"), "{}", text(&o));
+}
+
+/// Requests spread over several files on both sides; zero-copy requests; CSV output.
+#[test]
+fn open_files_zero_copy_and_csv() {
+    let recs = bench(&[
+        "--path",
+        "moneta",
+        "--path",
+        "moneta-zero-copy",
+        "--path",
+        "kernel-psync",
+        "--op",
+        "randrw",
+        "--open-files",
+        "8",
+        "--size",
+        "4K",
+        "--ops",
+        "500",
+        "--region",
+        "8M",
+    ]);
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        assert_eq!(r["open_files"], 8, "{r}");
+        assert_eq!(r["ops"], 500, "{r}");
+        assert!(r["cpus"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(
+        find(&recs, "moneta-zero-copy")["mib_s_per_cpu"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    // Zero-copy requests fit one DMA slice.
+    let o = moneta(&["bench", "--path", "moneta-zero-copy", "--size", "64K"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("slice"), "{}", text(&o));
+
+    let o = moneta(&[
+        "bench",
+        "--csv",
+        "--path",
+        "kernel-psync",
+        "--size",
+        "512,4K",
+        "--ops",
+        "100",
+        "--warmup",
+        "0",
+        "--runs",
+        "1",
+        "--region",
+        "1M",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut lines = out.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    for c in [
+        "path",
+        "size",
+        "lat_ns_p50",
+        "cpu_user_s",
+        "cpus",
+        "mib_s_per_cpu",
+    ] {
+        assert!(head.contains(&c), "{c} not in {head:?}");
+    }
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2);
+    let size = head.iter().position(|c| *c == "size").unwrap();
+    assert_eq!(rows[0][size], "512");
+    assert_eq!(rows[1][size], "4096");
+    assert!(rows.iter().all(|r| r.len() == head.len()));
+}
+
+#[allow(dead_code)]
+fn exists(p: &Path) -> bool {
+    p.exists()
+}
