@@ -13,6 +13,10 @@ command -v make >/dev/null || need_apt+=(make)
 # on the machine already).
 command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v fio >/dev/null || need_apt+=(fio)
+# The applications benchmark (crates/moneta/src/apps.rs, tests/apps.rs): Berkeley DB's headers
+# for examples/apps/bdb_bench.c, and mkfs.xfs for the XFS loop-device target.
+[ -f /usr/include/db.h ] || need_apt+=(libdb-dev)
+command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || need_apt+=(xfsprogs)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" = 0 ] || sudo_cmd="sudo"

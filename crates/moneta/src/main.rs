@@ -1,10 +1,13 @@
 //! `moneta`: the one command users type.
 
+mod apps;
 mod bench;
 mod csvout;
 mod daemon;
 mod fsbench;
 mod image;
+mod loopfs;
+mod report;
 mod run;
 
 use std::path::PathBuf;
@@ -65,6 +68,9 @@ enum Cmd {
     /// Check a device's file system offline; exit 0 clean, 1 repaired, 4 errors left, 8
     /// could not check.
     Fsck(image::FsckArgs),
+    /// Measure Moneta against the kernel and write the papers' figures to an HTML page (see
+    /// docs/performance.md).
+    Report(report::ReportArgs),
     /// Run a program with the libmoneta shim preloaded: its files under the mount prefix
     /// (default /moneta) are Moneta files. Starts the daemon if none is running.
     Run(run::RunArgs),
@@ -120,6 +126,7 @@ fn main() -> ExitCode {
         Cmd::Mkfs(a) => image::mkfs(a),
         Cmd::Fsck(a) => return image::fsck(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Report(a) => report::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

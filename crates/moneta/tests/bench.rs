@@ -1,7 +1,7 @@
 //! `moneta bench` in tiny configurations: its accounting against known workloads, the stage
 //! breakdown, table pressure, several files, zero-copy, split requests and CSV.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -367,7 +367,57 @@ fn open_files_zero_copy_and_csv() {
     assert!(rows.iter().all(|r| r.len() == head.len()));
 }
 
-#[allow(dead_code)]
-fn exists(p: &Path) -> bool {
-    p.exists()
+/// The kernel's block path: ext4 and XFS on loop devices over tmpfs files, set up and torn
+/// down by the bench. Without root the bench refuses with the reason.
+#[test]
+fn kernel_odirect_paths_on_loop_devices() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let args = [
+        "--path",
+        "kernel-odirect-ext4",
+        "--path",
+        "kernel-odirect-xfs",
+        "--op",
+        "randrw",
+        "--size",
+        "512,16K",
+        "--ops",
+        "200",
+        "--region",
+        "8M",
+        "--breakdown",
+    ];
+    if !root {
+        let mut all = vec!["bench", "--json"];
+        all.extend_from_slice(&args);
+        let o = moneta(&all);
+        assert!(!o.status.success());
+        assert!(text(&o).contains("needs root"), "{}", text(&o));
+        return;
+    }
+    let loops_before = loop_backings();
+    let recs = bench(&args);
+    assert_eq!(recs.len(), 4);
+    for r in &recs {
+        assert_eq!(r["ops"], 200, "{r}");
+        assert_eq!(r["qd"], 1);
+        let parts = r["breakdown"].as_array().unwrap();
+        assert_eq!(parts[1]["name"], "file system and block layer");
+    }
+    // Everything the bench set up is gone: its loop devices and their backing files.
+    assert_eq!(loop_backings(), loops_before);
+}
+
+/// Backing files of the attached loop devices.
+fn loop_backings() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/block")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }

@@ -10,6 +10,7 @@
 
 pub mod breakdown;
 mod files;
+pub mod instructions;
 mod uring;
 
 use std::os::fd::OwnedFd;
@@ -45,6 +46,11 @@ pub enum Path {
     KernelUring,
     /// io_uring with a kernel thread polling the submission queue.
     KernelUringSqpoll,
+    /// pread/pwrite with `O_DIRECT` on ext4 on a loop device over a tmpfs file: the kernel's
+    /// block path, the papers' baseline (needs root; the bench sets it up and tears it down).
+    KernelOdirectExt4,
+    /// The same on XFS.
+    KernelOdirectXfs,
     /// The permission table's check alone.
     PermCheck,
     /// The file system's calls (soft miss, stat, small files) against the kernel on tmpfs.
@@ -52,7 +58,16 @@ pub enum Path {
 }
 
 impl Path {
-    fn name(self) -> &'static str {
+    /// A path of synchronous system calls (queue depth 1 whatever `--qd` says).
+    fn synchronous(self) -> bool {
+        matches!(
+            self,
+            Path::KernelPsync | Path::KernelOdirectExt4 | Path::KernelOdirectXfs
+        )
+    }
+
+    /// The path's name, as `--path` spells it.
+    pub fn name(self) -> &'static str {
         match self {
             Path::Moneta => "moneta",
             Path::MonetaZeroCopy => "moneta-zero-copy",
@@ -60,6 +75,8 @@ impl Path {
             Path::KernelPsync => "kernel-psync",
             Path::KernelUring => "kernel-uring",
             Path::KernelUringSqpoll => "kernel-uring-sqpoll",
+            Path::KernelOdirectExt4 => "kernel-odirect-ext4",
+            Path::KernelOdirectXfs => "kernel-odirect-xfs",
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
         }
@@ -191,9 +208,17 @@ pub struct BenchArgs {
     /// Private daemon: permission table entries [default: the daemon's, 16384].
     #[arg(long)]
     pub table_entries: Option<usize>,
+    /// Count the instructions the bench threads retire (user and kernel, from the processor's
+    /// counters through perf_event_open), per operation; where the machine cannot count them
+    /// the record says why.
+    #[arg(long)]
+    pub count_instructions: bool,
     /// Print CSV (a header, then one row per configuration) instead of tables.
     #[arg(long, conflicts_with = "json")]
     pub csv: bool,
+    /// Print nothing (the records are returned to the caller: `moneta report`).
+    #[arg(skip)]
+    pub quiet: bool,
 }
 
 /// Latency percentiles in nanoseconds.
@@ -277,6 +302,12 @@ pub struct Record {
     pub cpus: f64,
     /// MiB/s per busy CPU (Figures 5b and 9b of the papers).
     pub mib_s_per_cpu: f64,
+    /// Instructions the bench threads retired per operation (`--count-instructions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions_per_op: Option<f64>,
+    /// What those instructions cover (`user and kernel`, `user`), or why none were counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions_note: Option<String>,
     /// Mean time per stage (`--breakdown`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<Vec<breakdown::Component>>,
@@ -290,6 +321,7 @@ struct RunResult {
     device_cpu: Option<Cpu>,
     trace: Option<breakdown::Trace>,
     misses: Option<(u64, u64)>,
+    instructions: Option<Result<instructions::Count, String>>,
 }
 
 fn rusage_self() -> Cpu {
@@ -519,6 +551,7 @@ fn run_threads(
     let mut handles = Vec::new();
     for t in 0..a.threads {
         let stop = stop.clone();
+        let count = a.count_instructions;
         let a = a.clone();
         let job: Job = match target {
             Target::Moneta { ch, completion, .. } => {
@@ -547,7 +580,11 @@ fn run_threads(
                 Box::new(move || uring::uring_thread(&a, size, &fds[0], sqpoll, t, &stop))
             }
         };
-        handles.push(std::thread::spawn(job));
+        handles.push(std::thread::spawn(move || {
+            let counter = count.then(instructions::Counter::start);
+            let out = job();
+            (out, counter.map(|c| c.finish()))
+        }));
     }
     if limit.is_none() {
         std::thread::sleep(Duration::from_secs_f64(seconds));
@@ -555,12 +592,20 @@ fn run_threads(
     }
     let mut hist = new_hist();
     let mut ops = 0;
+    let mut counted: Option<Result<instructions::Count, String>> = None;
     for h in handles {
-        let (th, n) = h
+        let (out, count) = h
             .join()
-            .map_err(|_| "a bench thread panicked".to_string())??;
+            .map_err(|_| "a bench thread panicked".to_string())?;
+        let (th, n) = out?;
         hist.add(&th).map_err(|e| e.to_string())?;
         ops += n;
+        counted = match (counted, count) {
+            (None, c) => c,
+            (Some(Ok(a)), Some(Ok(b))) => Some(Ok(a.add(b))),
+            (Some(Err(e)), _) | (_, Some(Err(e))) => Some(Err(e)),
+            (c, None) => c,
+        };
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = sub(rusage_self(), cpu0);
@@ -589,6 +634,7 @@ fn run_threads(
         device_cpu,
         trace,
         misses,
+        instructions: counted,
     })
 }
 
@@ -749,7 +795,10 @@ fn kernel_thread(
     thread: usize,
     stop: &Stop,
 ) -> Result<(Histogram<u64>, u64), String> {
-    let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
+    let (mut offs, mut hist, _, clk) = thread_state(a, size, thread);
+    // Aligned for O_DIRECT (the kernel-odirect paths); the same for every kernel path.
+    let mut buf = crate::loopfs::aligned_buffer(size as usize);
+    buf.fill(0x5a);
     let mut ops = 0u64;
     while !stop.done(ops) {
         let w = offs.is_write(a.op);
@@ -759,7 +808,7 @@ fn kernel_thread(
         let r = if w {
             rustix::io::pwrite(fd, &buf, addr)
         } else {
-            rustix::io::pread(fd, &mut buf, addr)
+            rustix::io::pread(fd, &mut buf[..], addr)
         };
         let ns = clk.now_ns().saturating_sub(t);
         match r {
@@ -790,6 +839,14 @@ fn summarize(
     }
     let r = runs.swap_remove(n / 2);
     let h = &r.hist;
+    let (instructions_per_op, instructions_note) = match &r.instructions {
+        None => (None, None),
+        Some(Ok(c)) => (
+            Some(c.instructions as f64 / r.ops.max(1) as f64),
+            Some(c.scope.to_string()),
+        ),
+        Some(Err(e)) => (None, Some(e.clone())),
+    };
     let iops = r.ops as f64 / r.seconds;
     let mib_s = if a.op == Op::Nop {
         0.0
@@ -803,14 +860,14 @@ fn summarize(
     } else if let Some(t) = &trace {
         Some(breakdown::moneta_components(t))
     } else {
-        matches!(path, Path::KernelPsync)
-            .then(|| breakdown::kernel_components(h.mean(), size, false))
+        path.synchronous()
+            .then(|| breakdown::kernel_components(h.mean(), size, path != Path::KernelPsync))
     };
     Record {
         path: path.name(),
         op: a.op,
         size,
-        qd: if path == Path::KernelPsync { 1 } else { a.qd },
+        qd: if path.synchronous() { 1 } else { a.qd },
         threads: a.threads,
         completion,
         ops: r.ops,
@@ -836,6 +893,8 @@ fn summarize(
         hard_misses: r.misses.map(|m| m.1),
         cpus,
         mib_s_per_cpu: if cpus > 0.0 { mib_s / cpus } else { 0.0 },
+        instructions_per_op,
+        instructions_note,
         breakdown,
     }
 }
@@ -910,6 +969,8 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
         hard_misses: None,
         cpus: 1.0,
         mib_s_per_cpu: 0.0,
+        instructions_per_op: None,
+        instructions_note: None,
         breakdown: None,
     }
 }
@@ -1134,19 +1195,42 @@ fn bench_files(d: &BenchDaemon, a: &BenchArgs) -> Result<BenchFiles, String> {
     })
 }
 
-/// The kernel paths' files: `--target`, or files in /dev/shm (one per `--open-files`).
-fn kernel_files(a: &BenchArgs) -> Result<(Arc<Vec<OwnedFd>>, Vec<PathBuf>), String> {
+/// The kernel paths' files, and the loop-device file system they are on (kernel-odirect).
+struct KernelFiles {
+    fds: Arc<Vec<OwnedFd>>,
+    /// Files to remove at the end (tmpfs; a loop file system goes whole).
+    remove: Vec<PathBuf>,
+    _fs: Option<crate::loopfs::LoopFs>,
+}
+
+/// The kernel paths' files: `--target`, or files in /dev/shm (one per `--open-files`); with
+/// `fs`, files on a new ext4 or XFS on a loop device, opened with `O_DIRECT`.
+fn kernel_files(a: &BenchArgs, fs: Option<crate::loopfs::FsKind>) -> Result<KernelFiles, String> {
     let n = a.open_files.max(1);
     if n > 1 && a.target.is_some() {
         return Err("--open-files above 1 makes its own files: drop --target".into());
     }
     let per_file = a.region / n as u64;
+    let loopfs = match fs {
+        Some(kind) => {
+            // Room for the files and the file system's own metadata and journal.
+            let size = (a.region + a.region / 8 + (64 << 20)).max(kind.min_size());
+            Some(
+                crate::loopfs::LoopFs::create(kind, size)
+                    .map_err(|e| format!("kernel-odirect-{kind}: {e}"))?,
+            )
+        }
+        None => None,
+    };
     let mut fds = Vec::with_capacity(n);
-    let mut paths = Vec::with_capacity(n);
+    let mut remove = Vec::with_capacity(n);
     for i in 0..n {
-        let path = a.target.clone().unwrap_or_else(|| {
-            PathBuf::from(format!("/dev/shm/moneta-bench-{}-{i}", std::process::id()))
-        });
+        let path = match &loopfs {
+            Some(l) => l.mount.join(format!("bench-{i}")),
+            None => a.target.clone().unwrap_or_else(|| {
+                PathBuf::from(format!("/dev/shm/moneta-bench-{}-{i}", std::process::id()))
+            }),
+        };
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -1154,7 +1238,7 @@ fn kernel_files(a: &BenchArgs) -> Result<(Arc<Vec<OwnedFd>>, Vec<PathBuf>), Stri
             .truncate(false)
             .open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        // Fill the region so reads hit allocated pages, as the array's do.
+        // Fill the region so reads hit allocated pages (blocks), as the array's do.
         let chunk = vec![0xa5u8; 1 << 20];
         let mut off = 0;
         while off < per_file {
@@ -1162,10 +1246,24 @@ fn kernel_files(a: &BenchArgs) -> Result<(Arc<Vec<OwnedFd>>, Vec<PathBuf>), Stri
             rustix::io::pwrite(&f, &chunk[..k], off).map_err(|e| e.to_string())?;
             off += k as u64;
         }
-        fds.push(f.into());
-        paths.push(path);
+        if loopfs.is_some() {
+            f.sync_all().map_err(|e| e.to_string())?;
+            drop(f);
+            let d = crate::loopfs::open_direct(&path, true)
+                .map_err(|e| format!("cannot open {} with O_DIRECT: {e}", path.display()))?;
+            fds.push(d.into());
+        } else {
+            fds.push(f.into());
+            if a.target.is_none() {
+                remove.push(path);
+            }
+        }
     }
-    Ok((Arc::new(fds), paths))
+    Ok(KernelFiles {
+        fds: Arc::new(fds),
+        remove,
+        _fs: loopfs,
+    })
 }
 
 fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, paths: &[Path]) -> Result<(), String> {
@@ -1257,8 +1355,10 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     if a.op == Op::Nop && io_paths.iter().any(|p| *p != Path::MonetaRaw) {
         return Err("--op nop measures the channel alone: use it with --path moneta-raw".into());
     }
-    if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| *p == Path::KernelPsync) {
-        return Err("kernel-psync is synchronous: use --threads, not --qd".into());
+    if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| p.synchronous()) {
+        return Err(
+            "kernel-psync and kernel-odirect are synchronous: use --threads, not --qd".into(),
+        );
     }
     validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE, &io_paths)?;
     let mut out = Vec::new();
@@ -1276,10 +1376,19 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             Path::KernelPsync | Path::KernelUring | Path::KernelUringSqpoll
         )
     }) {
-        Some(kernel_files(&a)?)
+        Some(kernel_files(&a, None)?)
     } else {
         None
     };
+    let mut odirect = Vec::new();
+    for (p, kind) in [
+        (Path::KernelOdirectExt4, crate::loopfs::FsKind::Ext4),
+        (Path::KernelOdirectXfs, crate::loopfs::FsKind::Xfs),
+    ] {
+        if io_paths.contains(&p) {
+            odirect.push((p, kernel_files(&a, Some(kind))?));
+        }
+    }
     let moneta_files = if io_paths
         .iter()
         .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy))
@@ -1303,10 +1412,19 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 }
             }
             Path::KernelPsync => Target::Kernel {
-                fds: kernel.as_ref().expect("kernel file").0.clone(),
+                fds: kernel.as_ref().expect("kernel file").fds.clone(),
+            },
+            Path::KernelOdirectExt4 | Path::KernelOdirectXfs => Target::Kernel {
+                fds: odirect
+                    .iter()
+                    .find(|(q, _)| *q == p)
+                    .expect("loop file system")
+                    .1
+                    .fds
+                    .clone(),
             },
             Path::KernelUring | Path::KernelUringSqpoll => Target::Uring {
-                fds: kernel.as_ref().expect("kernel file").0.clone(),
+                fds: kernel.as_ref().expect("kernel file").fds.clone(),
                 sqpoll: p == Path::KernelUringSqpoll,
             },
             Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
@@ -1323,7 +1441,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             for (p, _) in &results {
                 let t = target_for(*p, &targets);
                 let mut w = cfg.clone();
-                if *p == Path::KernelPsync {
+                if p.synchronous() {
                     w.qd = 1;
                 }
                 if cfg.warmup > 0.0 {
@@ -1334,7 +1452,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 for (p, rs) in results.iter_mut() {
                     let t = target_for(*p, &targets);
                     let mut w = cfg.clone();
-                    if *p == Path::KernelPsync {
+                    if p.synchronous() {
                         w.qd = 1;
                     }
                     rs.push(run_threads(&w, size, t, cfg.duration, cfg.ops)?);
@@ -1347,7 +1465,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 if matches!(p, Path::Moneta | Path::MonetaZeroCopy) {
                     rec.extents = moneta_files.as_ref().map(|f| f.extents);
                 }
-                if a.json {
+                if a.json && !a.quiet {
                     println!("{}", serde_json::to_string(&rec).expect("serialize"));
                 }
                 out.push(rec);
@@ -1357,13 +1475,14 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     if a.paths.contains(&Path::PermCheck) || compare {
         for &n in &a.records {
             let rec = perm_check(n, a.seed);
-            if a.json {
+            if a.json && !a.quiet {
                 println!("{}", serde_json::to_string(&rec).expect("serialize"));
             }
             out.push(rec);
         }
     }
-    if a.csv {
+    if a.quiet {
+    } else if a.csv {
         print!("{}", crate::csvout::to_csv(&out)?);
     } else if !a.json {
         print_table(&out);
@@ -1386,7 +1505,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             }
         }
     }
-    if compare {
+    if compare && !a.quiet {
         if let Some(d) = &daemon {
             let idle = idle_cpu(d.pid, Duration::from_secs(2));
             if a.json {
@@ -1399,13 +1518,12 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             }
         }
     }
-    if let Some((_, paths)) = kernel {
-        if a.target.is_none() {
-            for p in paths {
-                let _ = std::fs::remove_file(p);
-            }
+    if let Some(k) = kernel {
+        for p in &k.remove {
+            let _ = std::fs::remove_file(p);
         }
     }
+    drop(odirect);
     Ok(out)
 }
 

@@ -1,0 +1,129 @@
+//! `moneta report` in its tiny set: every experiment runs, writes well-formed data and a
+//! figure, and the page links them all.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn moneta(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(args)
+        .output()
+        .expect("run moneta")
+}
+
+fn is_png(p: &Path) -> bool {
+    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    b.starts_with(b"\x89PNG\r\n\x1a\n") && b.len() > 4096
+}
+
+/// Paths each experiment's data must hold, at least.
+const EXPECTED: [(&str, &[&str]); 6] = [
+    ("breakdown", &["moneta", "kernel-psync"]),
+    ("bandwidth", &["moneta", "moneta-raw", "kernel-psync"]),
+    ("completion", &["moneta"]),
+    ("permissions", &["moneta"]),
+    ("async", &["moneta"]),
+    (
+        "iops",
+        &["moneta", "moneta-raw", "kernel-psync", "kernel-uring"],
+    ),
+];
+
+#[test]
+fn the_tiny_report_runs_every_experiment() {
+    let dir = std::env::temp_dir().join(format!("moneta-report-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = moneta(&["report", "--set", "tiny", "--out", dir.to_str().unwrap()]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    let index = dir.join("index.html");
+    assert!(text.contains(index.to_str().unwrap()), "{text}");
+    let html = std::fs::read_to_string(&index).unwrap();
+    // Every image and data file the page links exists and is what it says.
+    let mut images = 0;
+    for part in html.split("src=\"").skip(1) {
+        let name = part.split('"').next().unwrap();
+        assert!(is_png(&dir.join(name)), "{name}");
+        images += 1;
+    }
+    assert!(images >= 10, "{images} figures");
+    for (id, paths) in EXPECTED {
+        assert!(html.contains(&format!("id=\"{id}\"")), "section {id}");
+        assert!(
+            html.contains(&format!("href=\"{id}.json\"")),
+            "{id}.json linked"
+        );
+        let v: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{id}.json"))).unwrap())
+                .unwrap();
+        assert!(!v.is_empty(), "{id}");
+        for r in &v {
+            assert!(r["step"].is_string(), "{id}: {r}");
+            assert_eq!(
+                r["ops"].as_u64(),
+                Some(300 * r["threads"].as_u64().unwrap()),
+                "{id}: {r}"
+            );
+            assert!(r["iops"].as_f64().unwrap() > 0.0, "{id}: {r}");
+        }
+        for p in paths {
+            assert!(v.iter().any(|r| r["path"] == *p), "{id}: no {p}");
+        }
+        let csv = std::fs::read_to_string(dir.join(format!("{id}.csv"))).unwrap();
+        let mut lines = csv.lines();
+        let cols = lines.next().unwrap().split(',').count();
+        assert_eq!(lines.count(), v.len(), "{id}.csv rows");
+        assert!(cols > 10, "{id}.csv columns");
+    }
+    // Experiment-specific content.
+    let get = |id: &str| -> Vec<Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{id}.json"))).unwrap())
+            .unwrap()
+    };
+    assert!(get("breakdown").iter().all(|r| r["breakdown"].is_array()));
+    let perm = get("permissions");
+    assert!(perm
+        .iter()
+        .any(|r| r["step"].as_str().unwrap().ends_with("no merging")
+            && r["hard_misses"].as_u64().unwrap() > 0));
+    for c in ["spin", "forward", "sleep"] {
+        assert!(
+            get("completion").iter().any(|r| r["completion"] == c),
+            "{c}"
+        );
+    }
+    assert!(html.contains("id=\"apps\""));
+    let apps = dir.join("apps.json");
+    if apps.exists() {
+        let v: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(apps).unwrap()).unwrap();
+        assert!(v
+            .iter()
+            .any(|r| r["target"] == "moneta" && r["ops_per_s"].as_f64() > Some(0.0)));
+    } else {
+        assert!(
+            html.contains("could not run"),
+            "apps neither ran nor said why"
+        );
+    }
+    // The paper's figure is quoted, and the commands are there.
+    assert!(html.contains("Moneta-D Figure 3"));
+    assert!(html.contains("moneta bench --path moneta"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unknown_experiment_is_refused() {
+    let o = moneta(&["report", "--only", "nosuch", "--out", "/nonexistent/x"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no experiment `nosuch`") && err.contains("breakdown"),
+        "{err}"
+    );
+}
