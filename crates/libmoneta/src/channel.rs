@@ -345,8 +345,7 @@ impl Channel {
                 let mut spins = 0u32;
                 let mut since = None;
                 while st.state.load(Ordering::Acquire) != want {
-                    std::hint::spin_loop();
-                    spins = spins.wrapping_add(1);
+                    spins = spin_once(spins);
                     if spins.is_multiple_of(4096) {
                         self.check_alive(&mut since)?;
                     }
@@ -366,8 +365,7 @@ impl Channel {
                     if st.state.load(Ordering::Acquire) == want {
                         break;
                     }
-                    std::hint::spin_loop();
-                    spins = spins.wrapping_add(1);
+                    spins = spin_once(spins);
                     if spins.is_multiple_of(4096) {
                         self.check_alive(&mut since)?;
                     }
@@ -625,4 +623,25 @@ impl Drop for Channel {
             rustix::mm::munmap(self.base.as_ptr().cast(), self.info.channel_size as usize)
         };
     }
+}
+
+/// Spins before a completion wait starts offering the core (about 6 µs of `pause`).
+const SPINS_BEFORE_YIELD: u32 = 256;
+
+/// Spins between offers of the core once a wait has gone on that long.
+const SPINS_PER_YIELD: u32 = 64;
+
+/// One step of a spinning completion wait; returns the new count. A wait longer than a few
+/// microseconds yields now and then: the device's poller may have been woken onto this core
+/// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
+/// for this thread's time slice to end, milliseconds later. With nothing else runnable the
+/// yield returns at once.
+fn spin_once(spins: u32) -> u32 {
+    let spins = spins.wrapping_add(1);
+    if spins >= SPINS_BEFORE_YIELD && spins.is_multiple_of(SPINS_PER_YIELD) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+    spins
 }

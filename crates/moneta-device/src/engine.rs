@@ -54,6 +54,10 @@ pub struct DeviceConfig {
     /// Time each read and write's stages (queueing, permission check, data movement, media
     /// latency) into the status counters: a few clock reads per command, off by default.
     pub trace: bool,
+    /// The CPU the poller runs on, or `None` to leave it to the scheduler. A poller with a
+    /// core of its own never makes the threads it serves (a client between two commands, the
+    /// daemon's connection threads answering a soft miss) wait for that core.
+    pub poller_cpu: Option<usize>,
 }
 
 impl Default for DeviceConfig {
@@ -70,6 +74,7 @@ impl Default for DeviceConfig {
             park_after: Duration::from_micros(200),
             timing: Timing::default(),
             trace: false,
+            poller_cpu: None,
         }
     }
 }
@@ -95,12 +100,61 @@ impl DeviceConfig {
                 self.table_entries
             ));
         }
+        if let Some(cpu) = self.poller_cpu {
+            let allowed = allowed_cpus();
+            if !allowed.contains(&cpu) {
+                return Err(format!(
+                    "poller CPU {cpu} is not one this process may run on ({})",
+                    cpu_list(&allowed)
+                ));
+            }
+        }
         if self.timing.read_ns > MAX_LATENCY_NS || self.timing.write_ns > MAX_LATENCY_NS {
             return Err(format!(
                 "media latencies must be at most {MAX_LATENCY_NS} ns"
             ));
         }
         self.geometry.validate()
+    }
+}
+
+/// The CPUs this thread may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The poller's CPU when none is named: the last CPU this process may run on, when it may
+/// run on at least two (so one is left for everything else); none on a single CPU.
+pub fn default_poller_cpu() -> Option<usize> {
+    let allowed = allowed_cpus();
+    (allowed.len() >= 2).then(|| allowed[allowed.len() - 1])
+}
+
+/// `0-3,6` style list of CPUs.
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "none".into()
+    } else {
+        format!("allowed: {}", out.join(","))
     }
 }
 
@@ -311,6 +365,7 @@ impl Device {
         clock: C,
     ) -> Result<Device, DeviceError> {
         config.validate().map_err(DeviceError::Config)?;
+        let poller_cpu = config.poller_cpu;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let waker = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         epoll::add(
@@ -360,7 +415,18 @@ impl Device {
         };
         let thread = std::thread::Builder::new()
             .name("moneta-poller".into())
-            .spawn(move || poller.run())?;
+            .spawn(move || {
+                if let Some(cpu) = poller_cpu {
+                    let mut set = rustix::thread::CpuSet::new();
+                    set.set(cpu);
+                    // Validated against the allowed set; should the set have changed since,
+                    // the poller runs where the scheduler puts it.
+                    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                        tracing::warn!("cannot pin the poller to CPU {cpu}: {e}");
+                    }
+                }
+                poller.run()
+            })?;
         Ok(Device {
             tx: Mutex::new(tx),
             post_tx: Mutex::new(post_tx),

@@ -17,7 +17,9 @@ pub mod scheduler;
 
 pub use channel::{ChannelMem, DmaGeometry};
 pub use clock::{Clock, MonotonicClock, SystemClock};
-pub use engine::{Device, DeviceConfig, DeviceError, OpenedChannel, TableOp};
+pub use engine::{
+    allowed_cpus, default_poller_cpu, Device, DeviceConfig, DeviceError, OpenedChannel, TableOp,
+};
 pub use media::{MappedArray, Media, MediaError};
 pub use permission::{PermissionTable, READ, WRITE};
 pub use scheduler::Timing;

@@ -36,6 +36,40 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size `{s}` is too large"))
 }
 
+/// Where the poller runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollerCpu {
+    /// The last allowed CPU when there are two or more.
+    Auto,
+    /// Left to the scheduler.
+    Unpinned,
+    /// This CPU.
+    Cpu(usize),
+}
+
+impl PollerCpu {
+    /// The CPU to pin to, if any.
+    pub fn resolve(self) -> Option<usize> {
+        match self {
+            PollerCpu::Auto => moneta_device::default_poller_cpu(),
+            PollerCpu::Unpinned => None,
+            PollerCpu::Cpu(c) => Some(c),
+        }
+    }
+}
+
+/// Parses `auto`, `none` or a CPU number.
+pub fn parse_poller_cpu(s: &str) -> Result<PollerCpu, String> {
+    match s.trim() {
+        "auto" => Ok(PollerCpu::Auto),
+        "none" => Ok(PollerCpu::Unpinned),
+        n => n
+            .parse()
+            .map(PollerCpu::Cpu)
+            .map_err(|_| format!("poller CPU `{s}` is not a CPU number, `auto` or `none`")),
+    }
+}
+
 /// `monetad`: the Moneta device daemon.
 ///
 /// Serves an emulated NVM array to client processes through per-process channels in shared
@@ -102,6 +136,12 @@ pub struct Args {
     /// [default: 1M].
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
+    /// The CPU the device's poller runs on: a number, `auto` (the last CPU the daemon may run
+    /// on, when it may run on two or more) or `none` (wherever the scheduler puts it). On a
+    /// machine with cores to spare, give the poller one no other busy thread uses
+    /// [default: none].
+    #[arg(long, value_parser = parse_poller_cpu)]
+    pub poller_cpu: Option<PollerCpu>,
     /// Mode bits of the control socket, octal [default: 666; access is also limited by the
     /// socket's directory].
     #[arg(long)]
@@ -128,6 +168,7 @@ struct FileConfig {
     socket_mode: Option<String>,
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
+    poller_cpu: Option<toml::Value>,
 }
 
 fn toml_size(v: &Option<toml::Value>, name: &str) -> Result<Option<u64>, String> {
@@ -223,6 +264,20 @@ impl Config {
                 write_ns: args.write_latency_ns.or(file.write_latency_ns).unwrap_or(0),
             },
             trace: args.trace || file.trace.unwrap_or(false),
+            poller_cpu: match args.poller_cpu {
+                Some(p) => p,
+                None => match &file.poller_cpu {
+                    None => PollerCpu::Unpinned,
+                    Some(toml::Value::Integer(i)) if *i >= 0 => PollerCpu::Cpu(*i as usize),
+                    Some(toml::Value::String(s)) => parse_poller_cpu(s)?,
+                    Some(other) => {
+                        return Err(format!(
+                            "`poller_cpu` must be a CPU number, \"auto\" or \"none\", not {other}"
+                        ))
+                    }
+                },
+            }
+            .resolve(),
         };
         device.validate()?;
         let mode = args

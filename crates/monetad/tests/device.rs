@@ -976,3 +976,89 @@ fn a_socket_directory_others_can_write_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The CPUs thread `name` of process `pid` may run on, from `/proc`.
+fn thread_cpus(pid: u32, name: &str) -> Option<String> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() == name {
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+            return status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string());
+        }
+    }
+    None
+}
+
+/// The poller's CPUs, once the daemon answers (its socket exists a little before its device
+/// runs).
+fn poller_cpus(d: &Daemon) -> String {
+    d.control().status().expect("the daemon answers");
+    thread_cpus(d.pid(), "moneta-poller").expect("the poller thread")
+}
+
+#[test]
+fn the_poller_runs_on_the_cpu_it_is_given() {
+    let allowed = moneta_device::allowed_cpus();
+    let all = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string())
+        })
+        .expect("this process's CPUs");
+    // By default the scheduler places it; `auto` takes the last CPU when there are two or
+    // more, and none on a single CPU.
+    let d = Daemon::start(&[]);
+    assert_eq!(poller_cpus(&d), all);
+    drop(d);
+    let d = Daemon::start(&["--poller-cpu", "auto"]);
+    let cpus = poller_cpus(&d);
+    match allowed.as_slice() {
+        [_, .., last] => assert_eq!(cpus, last.to_string()),
+        _ => assert_eq!(cpus, all),
+    }
+    // The daemon's other threads are not pinned.
+    assert_eq!(
+        thread_cpus(d.pid(), "monetad").as_deref(),
+        Some(all.as_str())
+    );
+    drop(d);
+    // Named explicitly, and left to the scheduler with `none`, also in the configuration file.
+    let first = allowed[0];
+    let d = Daemon::start(&["--poller-cpu", &first.to_string()]);
+    assert_eq!(poller_cpus(&d), first.to_string());
+    drop(d);
+    let d = Daemon::start(&["--poller-cpu", "none"]);
+    assert_eq!(poller_cpus(&d), all);
+    drop(d);
+    let dir = TempDir::new("cpu");
+    let toml = dir.0.join("c.toml");
+    std::fs::write(&toml, format!("poller_cpu = {first}\n")).unwrap();
+    let d = Daemon::start(&["--config", toml.to_str().unwrap()]);
+    assert_eq!(poller_cpus(&d), first.to_string());
+    drop(d);
+    // A CPU the daemon may not use is refused with the ones it may.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
+        .args(["--volatile", "--raw", "--poller-cpu", "100000", "--socket"])
+        .arg(dir.0.join("d.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("poller CPU 100000 is not one this process may run on (allowed: "),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
+        .args(["--volatile", "--raw", "--poller-cpu", "fast", "--socket"])
+        .arg(dir.0.join("d.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a CPU number, `auto` or `none`"));
+}

@@ -11,6 +11,7 @@
 pub mod breakdown;
 mod files;
 pub mod instructions;
+mod machine;
 mod uring;
 
 use std::os::fd::OwnedFd;
@@ -1515,6 +1516,27 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 );
             } else if let Some(pct) = idle.filter(|_| !a.csv) {
                 println!("idle daemon: {pct:.2}% of one CPU over 2 s");
+            }
+        }
+        // The floor under a request served by another core, for reading the figures above.
+        let cores = machine::core_to_core();
+        if a.json {
+            if let Some(c) = &cores {
+                let v = serde_json::json!({
+                    "path": "machine-cores",
+                    "cpus": c.cpus,
+                    "line_round_trip_ns": c.line_round_trip_ns,
+                    "handoff_4k_ns": c.handoff_4k_ns,
+                });
+                println!("{v}");
+            }
+        } else if !a.csv {
+            match cores {
+                Some(c) => println!(
+                    "cores {} and {}: a cache line there and back {} ns, 4 KiB handed across {} ns",
+                    c.cpus[0], c.cpus[1], c.line_round_trip_ns, c.handoff_4k_ns
+                ),
+                None => println!("cores: fewer than two usable CPUs, nothing handed across"),
             }
         }
     }
