@@ -31,7 +31,11 @@ fuzz_target!(|data: &[u8]| {
                 assert!(cmd.len > 0);
                 assert!((tag * geometry.slice_size) as u64 + cmd.len <= geometry.dma_size as u64);
             }
-            assert_eq!(words[4..], [0; 4]);
+            assert_eq!(words[5..], [0; 3]);
+            assert_eq!(cmd.file, words[4]);
+            if cmd.opcode == Opcode::Nop {
+                assert_eq!(cmd.file, 0);
+            }
         }
         Err(r) => assert_ne!(r.status, Status::Ok),
     }

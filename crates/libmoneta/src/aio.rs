@@ -624,7 +624,10 @@ impl<'f> State<'f> {
             if self.write {
                 ch.write_dma(tag, 0, &self.bytes()[seg.at..seg.at + seg.len]);
             }
-            ch.prepare(tag, &command(opcode, self.mode, seg.dev, seg.len as u64));
+            ch.prepare(
+                tag,
+                &command(opcode, self.mode, seg.dev, seg.len as u64, seg.file),
+            );
             *bits |= 1u64 << tag.0;
             self.inflight.push_back((tag, self.next));
             self.next += 1;
@@ -887,7 +890,10 @@ impl<'f> WriteSlot<'f> {
         };
         if prep.segs.len() == 1 {
             let seg = prep.segs[0];
-            ch.submit(tag, &command(Opcode::Write, mode, seg.dev, seg.len as u64));
+            ch.submit(
+                tag,
+                &command(Opcode::Write, mode, seg.dev, seg.len as u64, seg.file),
+            );
             let mut sp = spare();
             let mut inflight = std::mem::take(&mut sp.inflight);
             inflight.push_back((tag, 0));

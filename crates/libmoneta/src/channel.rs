@@ -479,7 +479,7 @@ impl Channel {
         for (i, chunk) in buf.chunks_mut(slice).enumerate() {
             // Wrapping: an address past the end is the device's to refuse (OutOfRange).
             let at = addr.wrapping_add((i * slice) as u64);
-            let cmd = command(Opcode::Read, mode, at, chunk.len() as u64);
+            let cmd = command(Opcode::Read, mode, at, chunk.len() as u64, 0);
             Self::checked(self.run(tag, &cmd)?)?;
             self.read_dma(tag, 0, chunk);
         }
@@ -506,7 +506,7 @@ impl Channel {
         for (i, chunk) in data.chunks(slice).enumerate() {
             self.write_dma(tag, 0, chunk);
             let at = addr.wrapping_add((i * slice) as u64);
-            let cmd = command(Opcode::Write, mode, at, chunk.len() as u64);
+            let cmd = command(Opcode::Write, mode, at, chunk.len() as u64, 0);
             Self::checked(self.run(tag, &cmd)?)?;
         }
         Ok(())
@@ -515,7 +515,7 @@ impl Channel {
     /// Barrier, and with `len > 0` persistence of `[addr, addr+len)`.
     pub fn flush(&self, addr: u64, len: u64, mode: Completion) -> Result<(), ClientError> {
         let tag = self.tag();
-        let cmd = command(Opcode::Flush, mode, addr, len);
+        let cmd = command(Opcode::Flush, mode, addr, len, 0);
         let r = self.run(tag, &cmd).and_then(Self::checked);
         self.release(tag);
         r.map(|_| ())
@@ -524,7 +524,7 @@ impl Channel {
     /// A command that does nothing: the channel's round trip.
     pub fn nop(&self, mode: Completion) -> Result<Completed, ClientError> {
         let tag = self.tag();
-        let cmd = command(Opcode::Nop, mode, 0, 0);
+        let cmd = command(Opcode::Nop, mode, 0, 0, 0);
         let r = self.run(tag, &cmd);
         self.release(tag);
         r
@@ -603,8 +603,15 @@ impl Channel {
     }
 }
 
-/// A command with no cookie; its sequence number is set at submission.
-pub(crate) fn command(opcode: Opcode, completion: Completion, addr: u64, len: u64) -> Command {
+/// A command with no cookie; its sequence number is set at submission. `file` is the layout
+/// tag its records must carry (0: any).
+pub(crate) fn command(
+    opcode: Opcode,
+    completion: Completion,
+    addr: u64,
+    len: u64,
+    file: u64,
+) -> Command {
     Command {
         opcode,
         completion,
@@ -612,6 +619,7 @@ pub(crate) fn command(opcode: Opcode, completion: Completion, addr: u64, len: u6
         len,
         cookie: 0,
         seq: 0,
+        file,
     }
 }
 

@@ -335,14 +335,28 @@ impl Control {
     }
 
     /// The soft miss: the extents of `[offset, offset + len)` of an open file, installed in
-    /// this connection's channel. Returns the file size and the runs.
+    /// this connection's channel. Returns the file size and the runs; commands on them without
+    /// a file tag work until the records go (see [`Control::fs_lookup_mapped`]).
     pub fn fs_lookup(
         &self,
         handle: u64,
         offset: u64,
         len: u64,
     ) -> Result<(u64, Vec<FsExtent>), ClientError> {
-        extents(self.fs(FsRequest::Lookup {
+        self.fs_lookup_mapped(handle, offset, len)
+            .map(|m| (m.size, m.extents))
+    }
+
+    /// [`Control::fs_lookup`] with the file's layout tag, which commands on the runs put in
+    /// word 4 so that they fail with `PERMISSION_MISS` rather than reach space that has left
+    /// the file since.
+    pub fn fs_lookup_mapped(
+        &self,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Mapped, ClientError> {
+        mapped(self.fs(FsRequest::Lookup {
             handle,
             offset,
             len,
@@ -357,7 +371,18 @@ impl Control {
         offset: u64,
         len: u64,
     ) -> Result<(u64, Vec<FsExtent>), ClientError> {
-        extents(self.fs(FsRequest::Extend {
+        self.fs_extend_mapped(handle, offset, len)
+            .map(|m| (m.size, m.extents))
+    }
+
+    /// [`Control::fs_extend`] with the file's layout tag.
+    pub fn fs_extend_mapped(
+        &self,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Mapped, ClientError> {
+        mapped(self.fs(FsRequest::Extend {
             handle,
             offset,
             len,
@@ -365,9 +390,28 @@ impl Control {
     }
 }
 
-fn extents(r: FsReply) -> Result<(u64, Vec<FsExtent>), ClientError> {
+/// The answer to a lookup or an extend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    /// The file size.
+    pub size: u64,
+    /// The layout tag the runs' records carry.
+    pub file: u64,
+    /// Runs from the requested offset on, whole extents, holes included.
+    pub extents: Vec<FsExtent>,
+}
+
+fn mapped(r: FsReply) -> Result<Mapped, ClientError> {
     match r {
-        FsReply::Extents { size, extents } => Ok((size, extents)),
+        FsReply::Extents {
+            size,
+            file,
+            extents,
+        } => Ok(Mapped {
+            size,
+            file,
+            extents,
+        }),
         _ => Err(ClientError::Protocol(control::Error::BadField(
             "extents reply",
         ))),

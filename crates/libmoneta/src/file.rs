@@ -14,6 +14,12 @@
 //! - a write past the end or into a hole goes through the manager's extend call, which
 //!   allocates whole chunks, zeroed, and grows the file.
 //!
+//! Commands carry the file's layout tag from the last lookup, and the device lets them use only
+//! records with that tag; a lookup answering with a new tag (space has left the file since)
+//! empties the map. So a translation made before another process truncated the file never
+//! reaches the freed space once it belongs to another file, even when this process's channel
+//! holds records over it for that file.
+//!
 //! The cached size is a hint that can only be too small while the map holds records: a truncate
 //! in any process revokes every channel's records from the chunk of the new end on, so a stale
 //! larger size always meets a hard miss first.
@@ -529,6 +535,7 @@ impl Moneta {
             map: RwLock::new(Map {
                 size: stat.size,
                 gen: 0,
+                file: 0,
                 ext: Vec::new(),
             }),
             miss: Mutex::new(()),
@@ -716,6 +723,9 @@ struct Ext {
 struct Map {
     size: u64,
     gen: u64,
+    /// The layout tag of the last lookup: every entry was mapped under it (the map is emptied
+    /// when a lookup answers with another), and every command on an entry asks for it.
+    file: u64,
     ext: Vec<(u64, Ext)>,
 }
 
@@ -728,11 +738,12 @@ impl Map {
         (off < k + e.len).then_some((k, e))
     }
 
-    /// The array address of `[off, off + len)` when one mapped (non-hole) entry covers it.
+    /// The array address of `[off, off + len)` when one mapped (non-hole) entry covers it,
+    /// with the layout tag.
     #[inline]
-    fn single(&self, off: u64, len: u64) -> Option<u64> {
+    fn single(&self, off: u64, len: u64) -> Option<(u64, u64)> {
         let (k, e) = self.at(off)?;
-        (e.dev != HOLE && off + len <= k + e.len).then(|| e.dev + (off - k))
+        (e.dev != HOLE && off + len <= k + e.len).then(|| (e.dev + (off - k), self.file))
     }
 
     fn insert(&mut self, x: &FsExtent, gen: u64) {
@@ -762,6 +773,8 @@ pub(crate) struct Seg {
     pub(crate) dev: u64,
     pub(crate) len: usize,
     pub(crate) at: usize,
+    /// The layout tag the command asks for.
+    pub(crate) file: u64,
 }
 
 /// A request mapped onto the array.
@@ -880,6 +893,7 @@ impl File {
             map: RwLock::new(Map {
                 size: 0,
                 gen: 0,
+                file: 0,
                 ext: Vec::new(),
             }),
             miss: Mutex::new(()),
@@ -1140,14 +1154,22 @@ impl File {
         let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         let c = &self.m.inner.counters;
         let ctl = self.ch().control();
-        let (size, exts) = if extend {
+        let m = if extend {
             c.extends.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_extend(handle, off, len)?
+            ctl.fs_extend_mapped(handle, off, len)?
         } else {
             c.soft_misses.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_lookup(handle, off, len.max(LOOKUP_AHEAD))?
+            ctl.fs_lookup_mapped(handle, off, len.max(LOOKUP_AHEAD))?
         };
+        let (size, exts) = (m.size, m.extents);
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if m.file != map.file {
+            // Space left the file since the map was made: what it translates may now be
+            // another file's (commands with the old tag could not reach it, but they would
+            // miss again and again).
+            map.ext.clear();
+            map.file = m.file;
+        }
         map.gen += 1;
         let gen = map.gen;
         map.size = size;
@@ -1218,6 +1240,7 @@ impl File {
                         dev: e.dev + (p - k),
                         len: n as usize,
                         at: (p - off) as usize,
+                        file: map.file,
                     });
                     p += n;
                 }
@@ -1299,7 +1322,10 @@ impl File {
                     Opcode::Write
                 }
             };
-            ch.submit(tag, &command(opcode, mode, seg.dev, seg.len as u64));
+            ch.submit(
+                tag,
+                &command(opcode, mode, seg.dev, seg.len as u64, seg.file),
+            );
             ring[(head + inflight) % MAX_INFLIGHT] = (tag, i);
             inflight += 1;
         }
@@ -1325,9 +1351,15 @@ impl File {
     ///
     /// `t0` is the request's first stamp when stage timing is on ([`crate::trace`]), else 0.
     #[inline]
-    fn one(&self, io: &mut Io<'_>, dev: u64, mode: Completion, t0: u64) -> Result<(), Fail> {
+    fn one(
+        &self,
+        io: &mut Io<'_>,
+        (dev, file): (u64, u64),
+        mode: Completion,
+        t0: u64,
+    ) -> Result<(), Fail> {
         if t0 != 0 {
-            return self.one_traced(io, dev, mode, t0);
+            return self.one_traced(io, (dev, file), mode, t0);
         }
         let ch = self.ch();
         self.m
@@ -1346,7 +1378,7 @@ impl File {
                 (Opcode::Write, b.len())
             }
         };
-        ch.submit(tag, &command(opcode, mode, dev, len as u64));
+        ch.submit(tag, &command(opcode, mode, dev, len as u64, file));
         let r = match ch.wait(tag, mode) {
             Ok(c) => Self::ended(c.status, || {
                 if let Io::Read(b) = io {
@@ -1375,7 +1407,13 @@ impl File {
 
     /// [`File::one`] with a stamp between stages, recorded in the thread's sums.
     #[inline(never)]
-    fn one_traced(&self, io: &mut Io<'_>, dev: u64, mode: Completion, t0: u64) -> Result<(), Fail> {
+    fn one_traced(
+        &self,
+        io: &mut Io<'_>,
+        (dev, file): (u64, u64),
+        mode: Completion,
+        t0: u64,
+    ) -> Result<(), Fail> {
         use crate::trace::{record, stamp, Breakdown};
         let mapped = stamp();
         let ch = self.ch();
@@ -1398,7 +1436,7 @@ impl File {
                 (Opcode::Write, b.len())
             }
         };
-        ch.submit(tag, &command(opcode, mode, dev, len as u64));
+        ch.submit(tag, &command(opcode, mode, dev, len as u64, file));
         let submitted = stamp();
         let waited_for = ch.wait(tag, mode);
         let waited = stamp();

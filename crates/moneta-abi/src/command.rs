@@ -2,7 +2,13 @@
 //!
 //! Word 0: opcode (bits 0-15), flags (bits 16-31), sequence number (bits 32-63).
 //! Word 1: array address in bytes. Word 2: length in bytes. Word 3: cookie (echoed back).
-//! Words 4-7: reserved, zero.
+//! Word 4: file tag (0: any). Words 5-7: reserved, zero.
+//!
+//! A non-zero file tag makes the command succeed only on records installed with that tag: the
+//! permission manager installs a file's records with a tag that changes whenever space leaves
+//! the file, so a client's stale translation of a file offset can never reach space that has
+//! since been given to another file (or to another offset of the same one) and whose records
+//! the client holds for that reason.
 //!
 //! The sequence number is the client's: the device writes it into the tag's `state` word when
 //! the command completes, which is how the client recognises *this* command's completion
@@ -113,6 +119,8 @@ pub struct Command {
     pub cookie: u64,
     /// Written into the tag's `state` word on completion.
     pub seq: u32,
+    /// The tag every record the command uses must carry; 0 for any.
+    pub file: u64,
 }
 
 impl Command {
@@ -121,7 +129,7 @@ impl Command {
         let w0 = u64::from(self.opcode.to_u16())
             | (u64::from(self.completion as u16) << 16)
             | (u64::from(self.seq) << 32);
-        [w0, self.addr, self.len, self.cookie, 0, 0, 0, 0]
+        [w0, self.addr, self.len, self.cookie, self.file, 0, 0, 0]
     }
 }
 
@@ -141,6 +149,8 @@ pub struct Decoded {
     pub cookie: u64,
     /// Sequence number to publish on completion.
     pub seq: u32,
+    /// File tag the records must carry, 0 for any.
+    pub file: u64,
 }
 
 /// Why a command failed decoding, with the status the device reports for it.
@@ -174,7 +184,7 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
     let Some(completion) = completion else {
         return Err(fail(Status::Malformed));
     };
-    if flags & !FLAG_KNOWN != 0 || w[4..].iter().any(|&x| x != 0) {
+    if flags & !FLAG_KNOWN != 0 || w[5..].iter().any(|&x| x != 0) {
         return Err(fail(Status::Malformed));
     }
     let opcode = Opcode::from_u16(opcode_raw);
@@ -182,7 +192,7 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
     match opcode {
         Opcode::Unsupported(_) => return Err(fail(Status::Malformed)),
         Opcode::Read | Opcode::Write if len == 0 => return Err(fail(Status::Malformed)),
-        Opcode::Nop if addr != 0 || len != 0 => return Err(fail(Status::Malformed)),
+        Opcode::Nop if addr != 0 || len != 0 || w[4] != 0 => return Err(fail(Status::Malformed)),
         _ => {}
     }
     Ok(Decoded {
@@ -192,6 +202,7 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
         len,
         cookie,
         seq,
+        file: w[4],
     })
 }
 
@@ -207,6 +218,7 @@ mod tests {
             len,
             cookie: 77,
             seq: 0xdead_beef,
+            file: 0,
         }
     }
 
@@ -218,9 +230,11 @@ mod tests {
             assert_eq!(d.opcode, op);
             assert_eq!(d.completion, Completion::Sleep);
             assert_eq!(
-                (d.addr, d.len, d.cookie, d.seq),
-                (4096, 512, 77, 0xdead_beef)
+                (d.addr, d.len, d.cookie, d.seq, d.file),
+                (4096, 512, 77, 0xdead_beef, 0)
             );
+            let tagged = Command { file: 9, ..c };
+            assert_eq!(decode(&tagged.to_words()).unwrap().file, 9);
         }
     }
 
@@ -254,5 +268,10 @@ mod tests {
         );
         nop.addr = 0;
         assert!(decode(&nop.to_words()).is_ok());
+        nop.file = 1;
+        assert_eq!(
+            decode(&nop.to_words()).unwrap_err().status,
+            Status::Malformed
+        );
     }
 }

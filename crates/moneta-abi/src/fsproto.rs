@@ -379,10 +379,12 @@ pub enum FsReply {
     },
     /// Attributes.
     Stat(FsStat),
-    /// size (u64), count (u32), reserved (u32), `count` extents.
+    /// size (u64), count (u32), reserved (u32), file tag (u64), `count` extents.
     Extents {
         /// File size.
         size: u64,
+        /// The tag the extents' records carry: commands on them put it in word 4.
+        file: u64,
         /// Runs from the requested offset on, whole extents, holes included.
         extents: Vec<FsExtent>,
     },
@@ -798,8 +800,12 @@ impl FsReply {
                 w.stat(stat);
             }
             FsReply::Stat(s) => w.stat(s),
-            FsReply::Extents { size, extents } => {
-                w.u64(*size).u32(extents.len() as u32).u32(0);
+            FsReply::Extents {
+                size,
+                file,
+                extents,
+            } => {
+                w.u64(*size).u32(extents.len() as u32).u32(0).u64(*file);
                 for x in extents {
                     w.u64(x.file_off).u64(x.len).u64(x.dev);
                 }
@@ -872,6 +878,7 @@ impl FsReply {
                 if n > MAX_EXTENTS {
                     return Err(Error::BadField("extent count"));
                 }
+                let file = r.u64()?;
                 let mut extents = Vec::with_capacity(n);
                 for _ in 0..n {
                     extents.push(FsExtent {
@@ -880,7 +887,11 @@ impl FsReply {
                         dev: r.u64()?,
                     });
                 }
-                FsReply::Extents { size, extents }
+                FsReply::Extents {
+                    size,
+                    file,
+                    extents,
+                }
             }
             OP_FS_READDIR => {
                 let n = r.u32()? as usize;
@@ -1176,6 +1187,7 @@ mod tests {
                 OP_FS_LOOKUP,
                 FsReply::Extents {
                     size: 10,
+                    file: 0x1234_5678_9abc,
                     extents: vec![FsExtent {
                         file_off: 0,
                         len: 1 << 20,

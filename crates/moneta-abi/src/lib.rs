@@ -22,7 +22,7 @@ pub use status::*;
 
 /// Version of the channel layout and command encoding. A client must see this value in the
 /// channel header before using the channel.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Version of the control protocol carried in every control message header.
-pub const CONTROL_VERSION: u16 = 2;
+pub const CONTROL_VERSION: u16 = 3;

@@ -38,6 +38,7 @@ pub fn validate(
             len: words[2],
             cookie: e.cookie,
             seq: e.seq,
+            file: words[4],
         },
     })?;
     let in_array = |addr: u64, len: u64| addr.checked_add(len).is_some_and(|e| e <= array_size);
@@ -86,6 +87,7 @@ mod tests {
             len,
             cookie: 3,
             seq: 11,
+            file: 0,
         }
         .to_words()
     }

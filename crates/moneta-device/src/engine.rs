@@ -1167,8 +1167,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 _ => 0,
             };
             let check = |t: &PermissionTable| match cmd.opcode {
-                Opcode::Read | Opcode::Write => t.check(p.channel, cmd.addr, cmd.len, need),
-                Opcode::Flush if cmd.len > 0 => t.check(p.channel, cmd.addr, cmd.len, 0),
+                Opcode::Read | Opcode::Write => {
+                    t.check_file(p.channel, cmd.addr, cmd.len, need, cmd.file)
+                }
+                Opcode::Flush if cmd.len > 0 => {
+                    t.check_file(p.channel, cmd.addr, cmd.len, 0, cmd.file)
+                }
                 _ => Ok(()),
             };
             // Traced: stamps around the check and the data movement (`now` is when the pass

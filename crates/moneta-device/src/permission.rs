@@ -190,6 +190,20 @@ impl PermissionTable {
     /// `need == 0` asks only for coverage. The hot path: no allocation, no lock.
     #[inline]
     pub fn check(&self, channel: u32, addr: u64, len: u64, need: u8) -> Result<(), Status> {
+        self.check_file(channel, addr, len, need, 0)
+    }
+
+    /// [`PermissionTable::check`] that also asks, when `file` is not 0, that every record
+    /// covering the range carries that file tag; one that does not counts as missing.
+    #[inline]
+    pub fn check_file(
+        &self,
+        channel: u32,
+        addr: u64,
+        len: u64,
+        need: u8,
+        file: u64,
+    ) -> Result<(), Status> {
         let Some(&root) = self.roots.get(channel as usize) else {
             return Err(Status::PermissionMiss);
         };
@@ -204,7 +218,7 @@ impl PermissionTable {
                 return Err(Status::PermissionMiss);
             }
             let rec = &self.recs[r as usize];
-            if rec.end <= at {
+            if rec.end <= at || (file != 0 && rec.file != file) {
                 return Err(Status::PermissionMiss);
             }
             denied |= rec.rights & need != need;
@@ -720,6 +734,18 @@ mod tests {
         assert_eq!(t.check(2, 150, 1, READ), Err(Status::PermissionMiss));
         assert_eq!(t.check(99, 150, 1, READ), Err(Status::PermissionMiss));
         assert_eq!(t.check(1, u64::MAX, 2, READ), Err(Status::OutOfRange));
+        // With a file tag, only records of that file count.
+        assert_eq!(t.check_file(1, 150, 100, READ, 7), Ok(()));
+        assert_eq!(
+            t.check_file(1, 150, 100, READ, 8),
+            Err(Status::PermissionMiss)
+        );
+        t.insert(1, 300, 10, READ, 8).unwrap();
+        assert_eq!(
+            t.check_file(1, 250, 60, READ, 7),
+            Err(Status::PermissionMiss)
+        );
+        assert_eq!(t.check_file(1, 250, 60, READ, 0), Ok(()));
         t.validate();
     }
 

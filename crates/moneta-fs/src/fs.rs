@@ -255,6 +255,10 @@ pub struct Fs {
     dirty: BTreeSet<u64>,
     revoker: Option<Revoker>,
     failed: Option<String>,
+    /// Layout tags of files whose mapping has been handed out (see [`Fs::layout_tag`]).
+    layouts: HashMap<u64, u64>,
+    /// The next layout tag; tags are never reused while the file system is mounted.
+    next_layout: u64,
 }
 
 /// Why an image cannot be mounted.
@@ -365,6 +369,8 @@ impl Fs {
             dirty: BTreeSet::new(),
             revoker: None,
             failed: None,
+            layouts: HashMap::new(),
+            next_layout: 1,
             inodes: t.inodes,
         };
         for (i, n) in fs.inodes.iter().enumerate() {
@@ -752,6 +758,20 @@ impl Fs {
         }
     }
 
+    /// The tag of `ino`'s current layout: records installed for its extents carry it, and
+    /// commands on them ask for it, so that a translation handed out before space left the
+    /// file never matches records installed after. A file gets a new tag once any of its
+    /// space is freed (its old records over that space were revoked first), and tags are not
+    /// reused while mounted. Never 0 (which asks for no tag).
+    pub fn layout_tag(&mut self, ino: u64) -> u64 {
+        let next = &mut self.next_layout;
+        *self.layouts.entry(ino).or_insert_with(|| {
+            let t = *next;
+            *next += 1;
+            t
+        })
+    }
+
     /// Frees the chunks of `ino` from file chunk `from` on; the caller revoked them.
     fn free_from(&mut self, ino: u64, from: u64) {
         let Some(m) = self.extents.get_mut(&ino) else {
@@ -787,6 +807,10 @@ impl Fs {
         }
         if m.is_empty() {
             self.extents.remove(&ino);
+        }
+        if !frees.is_empty() {
+            // Space left the file: translations handed out so far must not match again.
+            self.layouts.remove(&ino);
         }
         for (s, l) in frees {
             self.chunks.free_run(s, l);
@@ -974,6 +998,9 @@ impl Fs {
         *count -= 1;
         if *count == 0 {
             self.open.remove(&ino);
+            // No handle is left, so no channel holds the file's records: the next open starts
+            // a new tag, and the table holds tags of open files only.
+            self.layouts.remove(&ino);
             if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
                 self.check_alive()?;
                 if let Err(err) = self.release(ino) {

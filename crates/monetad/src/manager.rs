@@ -40,7 +40,7 @@ use rustix::event::epoll;
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
 use moneta_device::{Device, TableOp};
-use moneta_fs::{file_id, Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
+use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
@@ -115,7 +115,6 @@ impl Bundles {
 #[derive(Clone, Copy, Debug)]
 struct Handle {
     ino: u64,
-    file: u64,
     read: bool,
     write: bool,
     /// The open file description: OFD and `flock` locks belong to it.
@@ -140,6 +139,9 @@ pub struct Session {
     handles: HashMap<u64, Handle>,
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
     per_file: HashMap<u64, (u32, u32)>,
+    /// Per inode: the layout tags of the records installed in the channel, for removing them
+    /// all when the rights they were installed with go.
+    tags: HashMap<u64, Vec<u64>>,
     next: u64,
     /// The last bundle claimed, with its pairs, for reading them in pages.
     claimed: Option<Claimed>,
@@ -154,6 +156,7 @@ impl Session {
             id: SESSIONS.fetch_add(1, Ordering::Relaxed),
             handles: HashMap::new(),
             per_file: HashMap::new(),
+            tags: HashMap::new(),
             next: 1,
             claimed: None,
         }
@@ -285,9 +288,10 @@ fn set_time(t: WireTime) -> SetTime {
     }
 }
 
-fn extents(size: u64, maps: &[Mapping]) -> FsReply {
+fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
     FsReply::Extents {
         size,
+        file,
         extents: maps
             .iter()
             .map(|m| FsExtent {
@@ -531,6 +535,7 @@ impl Manager {
         }
         let mut fs = self.fs();
         s.per_file.clear();
+        s.tags.clear();
         for (_, h) in s.handles.drain() {
             if let Err(e) = fs.close(h.ino) {
                 tracing::warn!(ino = h.ino, "closing a handle of a finished session: {e}");
@@ -556,10 +561,11 @@ impl Manager {
     /// file. Called with the file-system lock held, so the extents cannot be freed meanwhile.
     fn install(
         &self,
-        s: &Session,
+        s: &mut Session,
         channel: Option<u32>,
         h: &Handle,
         maps: &[Mapping],
+        file: u64,
     ) -> Result<(), Failure> {
         let Some(channel) = channel else {
             return Ok(());
@@ -573,12 +579,16 @@ impl Manager {
                     start,
                     len: m.len,
                     rights: rights as u8,
-                    file: h.file,
+                    file,
                 })
             })
             .collect();
         if ops.is_empty() {
             return Ok(());
+        }
+        let tags = s.tags.entry(h.ino).or_default();
+        if !tags.contains(&file) {
+            tags.push(file);
         }
         // Posted, not waited for: the poller takes them in before any later control request
         // and before refusing a command for want of them (see `Device::post`).
@@ -703,7 +713,6 @@ impl Manager {
                     handle,
                     Handle {
                         ino: o.ino,
-                        file: file_id(o.ino, o.stat.generation),
                         read: o.read,
                         write: o.write,
                         ofd,
@@ -728,13 +737,17 @@ impl Manager {
                     locks.close_ofd(h.ofd);
                 }
                 let after = s.rights(h.ino);
-                if let (Some(channel), true) = (channel, after != before) {
-                    self.device
-                        .update(vec![TableOp::RemoveFile {
-                            channel,
-                            file: h.file,
-                        }])
-                        .map_err(|e| fail(errno::EIO, &format!("cannot revoke records: {e}")))?;
+                if after != before {
+                    let tags = s.tags.remove(&h.ino).unwrap_or_default();
+                    if let (Some(channel), false) = (channel, tags.is_empty()) {
+                        let ops = tags
+                            .into_iter()
+                            .map(|file| TableOp::RemoveFile { channel, file })
+                            .collect();
+                        self.device.update(ops).map_err(|e| {
+                            fail(errno::EIO, &format!("cannot revoke records: {e}"))
+                        })?;
+                    }
                 }
                 self.fs().close(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
@@ -745,10 +758,11 @@ impl Manager {
                 len,
             } => {
                 let h = Self::handle(s, handle)?;
-                let fs = self.fs();
+                let mut fs = self.fs();
                 let (size, maps) = fs.map(h.ino, offset, len, MAX_EXTENTS).map_err(failure)?;
-                self.install(s, channel, &h, &maps)?;
-                Ok(extents(size, &maps))
+                let file = fs.layout_tag(h.ino);
+                self.install(s, channel, &h, &maps, file)?;
+                Ok(extents(size, file, &maps))
             }
             FsRequest::Extend {
                 handle,
@@ -763,8 +777,9 @@ impl Manager {
                 let (size, maps) = fs
                     .extend(h.ino, offset, len, MAX_EXTENTS)
                     .map_err(failure)?;
-                self.install(s, channel, &h, &maps)?;
-                Ok(extents(size, &maps))
+                let file = fs.layout_tag(h.ino);
+                self.install(s, channel, &h, &maps, file)?;
+                Ok(extents(size, file, &maps))
             }
             FsRequest::Fsync { handle } => {
                 let h = Self::handle(s, handle)?;

@@ -77,6 +77,7 @@ fn a_command_may_span_consecutive_slices() {
         len: data.len() as u64,
         cookie: 5,
         seq: 0,
+        file: 0,
     };
     assert_eq!(ch.run(tag, &cmd).unwrap().status, Status::Ok);
     let mut back = vec![0u8; data.len()];
@@ -171,6 +172,7 @@ fn malformed_commands_get_distinct_statuses_and_error_entries() {
         len: 512,
         cookie: 0xc0ffee,
         seq: 0,
+        file: 0,
     }
     .to_words();
     let cases: Vec<([u64; 8], Status)> = vec![
@@ -278,6 +280,7 @@ fn ringing_a_busy_tag_is_reported_in_the_error_queue() {
         len: 64,
         cookie: 1,
         seq: 0,
+        file: 0,
     };
     ch.submit(Tag(0), &cmd);
     // Wait until the device has taken the command: a second flip of the doorbell before it
@@ -325,6 +328,7 @@ fn the_retag_unit_makes_requests_wait_for_physical_tags() {
             len: 512,
             cookie: u64::from(t),
             seq: 0,
+            file: 0,
         };
         ch.prepare(Tag(t), &cmd);
     }
@@ -397,6 +401,7 @@ fn revocation_waits_for_requests_in_flight() {
         len: 4096,
         cookie: 0,
         seq: 0,
+        file: 0,
     };
     let start = Instant::now();
     ch.submit(Tag(5), &cmd);
@@ -609,6 +614,7 @@ fn dies_mid_request(args: &[String]) -> i32 {
                 len: 4096,
                 cookie: 0,
                 seq: 0,
+                file: 0,
             };
             ch.submit(Tag(t), &cmd);
         }
@@ -828,6 +834,7 @@ fn hostile_client(args: &[String]) -> i32 {
                 len: 16 << 10,
                 cookie: 0,
                 seq: 0,
+                file: 0,
             },
         );
     }

@@ -718,3 +718,58 @@ fn c_example_program() {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+/// A connection keeps a file's extents in its map; another connection truncates the file and
+/// the freed space goes to another file, which the first connection then opens and reads (so
+/// its channel holds records for that space again). Reading and writing the first file must
+/// not reach the second file's bytes.
+#[test]
+fn a_stale_map_never_reaches_space_given_to_another_file() {
+    let d = Daemon::start_fs("8M", &["--chunk-size", "64K"]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let fa = a.open("/f", &rw()).unwrap();
+    fa.write_at(&[b'F'; 4096], 0).unwrap();
+    let mut buf = [0u8; 4096];
+    assert_eq!(fa.read_at(&mut buf, 0).unwrap(), 4096);
+    // The other connection frees the file's only chunk and gives space to new files until
+    // the device is full, so the freed chunk is certainly among them.
+    b.open("/f", &rw()).unwrap().set_len(0).unwrap();
+    let mut others = Vec::new();
+    for i in 0.. {
+        let g = b.open(format!("/g{i}"), &rw()).unwrap();
+        if g.write_at(&[b'G'; 4096], 0).is_err() {
+            break;
+        }
+        others.push(format!("/g{i}"));
+    }
+    // The first connection reads every new file and keeps it open: its channel now holds
+    // their records.
+    let mut held = Vec::new();
+    for name in &others {
+        let g = a.open(name, OpenOptions::new().read(true)).unwrap();
+        assert_eq!(g.read_at(&mut buf, 0).unwrap(), 4096);
+        assert_eq!(buf, [b'G'; 4096]);
+        held.push(g);
+    }
+    // The truncated file is empty: nothing to read, and a write lands in the file itself.
+    assert_eq!(
+        fa.read_at(&mut buf, 0).unwrap(),
+        0,
+        "read the other file's bytes"
+    );
+    // Room for the write: one of the new files goes (closed here first, so its space is freed).
+    held.pop();
+    b.unlink(others.pop().unwrap()).unwrap();
+    fa.write_at(&[b'f'; 16], 0).unwrap();
+    for name in &others {
+        let g = a.open(name, OpenOptions::new().read(true)).unwrap();
+        g.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            buf, [b'G'; 4096],
+            "{name} was written through the other file's map"
+        );
+    }
+    assert_eq!(fa.read_at(&mut buf[..16], 0).unwrap(), 16);
+    assert_eq!(&buf[..16], &[b'f'; 16]);
+}

@@ -559,3 +559,81 @@ fn a_connection_keeps_the_rights_its_remaining_handles_carry() {
         Err(ClientError::Status(Status::PermissionMiss))
     ));
 }
+
+/// Reads 512 bytes at `dev` asking for layout tag `file`: the command's status.
+fn read_tagged(ch: &Channel, dev: u64, file: u64) -> Status {
+    let cmd = moneta_abi::Command {
+        opcode: moneta_abi::Opcode::Read,
+        completion: Completion::Dma,
+        addr: dev,
+        len: 512,
+        cookie: 0,
+        seq: 0,
+        file,
+    };
+    ch.run(libmoneta::Tag(0), &cmd).unwrap().status
+}
+
+#[test]
+fn layout_tags_change_when_space_leaves_a_file() {
+    let d = Daemon::start_fs("16M", &["--chunk-size", "64K"]);
+    let ch = d.channel();
+    let c = ch.control();
+    let (h, _, _) = c.fs_open(b"/f", CREAT, 0o644).unwrap();
+    let grown = c.fs_extend_mapped(h, 0, 256 << 10).unwrap();
+    assert_ne!(grown.file, 0, "a tag is never 0");
+    let first = c.fs_lookup_mapped(h, 0, u64::MAX).unwrap();
+    assert_eq!(first.file, grown.file, "growing keeps the tag");
+    let x = first.extents[0];
+    // Commands asking for the file's tag, or for none, pass; another tag misses.
+    assert_eq!(read_tagged(&ch, x.dev, first.file), Status::Ok);
+    assert_eq!(read_tagged(&ch, x.dev, 0), Status::Ok);
+    assert_eq!(
+        read_tagged(&ch, x.dev, first.file + 1),
+        Status::PermissionMiss
+    );
+    // Another file has its own tag.
+    let (g, _, _) = c.fs_open(b"/g", CREAT, 0o644).unwrap();
+    let gm = c.fs_extend_mapped(g, 0, 64 << 10).unwrap();
+    assert_ne!(gm.file, first.file);
+    assert_eq!(
+        read_tagged(&ch, gm.extents[0].dev, first.file),
+        Status::PermissionMiss
+    );
+    // Shrinking within the last chunk frees nothing: same tag.
+    c.fs(FsRequest::Truncate {
+        target: Target::Handle(h),
+        size: (256 << 10) - 100,
+    })
+    .unwrap();
+    assert_eq!(c.fs_lookup_mapped(h, 0, 1).unwrap().file, first.file);
+    // Freeing space gives a new tag; the file grown again over the same space answers to the
+    // new tag only.
+    c.fs(FsRequest::Truncate {
+        target: Target::Handle(h),
+        size: 0,
+    })
+    .unwrap();
+    let again = c.fs_extend_mapped(h, 0, 256 << 10).unwrap();
+    assert_ne!(again.file, first.file);
+    let y = again.extents[0];
+    assert_eq!(read_tagged(&ch, y.dev, again.file), Status::Ok);
+    assert_eq!(read_tagged(&ch, y.dev, first.file), Status::PermissionMiss);
+    // Closing the last handle drops the records of every tag the channel was given.
+    c.fs_close(g).unwrap();
+    assert_eq!(
+        read_tagged(&ch, gm.extents[0].dev, 0),
+        Status::PermissionMiss
+    );
+    c.fs_close(h).unwrap();
+    assert_eq!(read_tagged(&ch, x.dev, 0), Status::PermissionMiss);
+    assert_eq!(read_tagged(&ch, y.dev, 0), Status::PermissionMiss);
+    // Reopened, the file starts a new tag.
+    let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    let reopened = c.fs_lookup_mapped(h, 0, 1).unwrap();
+    assert!(reopened.file > again.file, "tags are not reused");
+    assert_eq!(
+        read_tagged(&ch, reopened.extents[0].dev, reopened.file),
+        Status::Ok
+    );
+}

@@ -710,6 +710,8 @@ fn moneta_thread(
                 len: if nop { 0 } else { len },
                 cookie: 0,
                 seq: 0,
+                // Raw commands: the records' file is not asked for.
+                file: 0,
             },
         );
     };
