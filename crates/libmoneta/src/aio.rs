@@ -760,8 +760,8 @@ impl<'f> State<'f> {
             self.buf = Buf::Owned(vec![0u8; n]);
             return self.finish_after_miss(0);
         }
-        self.file.forget_map();
         let (off, mode, len) = (self.off + m as u64, self.mode, self.prep.len);
+        self.file.forget_at(off);
         if self.write {
             let data = self.bytes()[m..len].to_vec();
             self.file.write_exact_at_with(&data, off, mode)?;

@@ -9,8 +9,8 @@
 //! - an offset the map does not cover is a **soft miss**: the library asks the manager for the
 //!   extents there (`FS_LOOKUP`), which also installs their permission records in the channel;
 //! - a command that completes with `PERMISSION_MISS` (the record was evicted, or revoked by a
-//!   truncate) is a **hard miss**: the library drops its map, asks again and retries from the
-//!   first byte that did not complete;
+//!   truncate) is a **hard miss**: the library forgets that offset's translation, asks again
+//!   and retries from the first byte that did not complete;
 //! - a write past the end or into a hole goes through the manager's extend call, which
 //!   allocates whole chunks, zeroed, and grows the file.
 //!
@@ -1038,10 +1038,10 @@ impl File {
             .ok_or_else(|| bad_reply("append size"))
     }
 
-    /// Drops the translation map (after a hard miss seen elsewhere).
-    pub(crate) fn forget_map(&self) {
+    /// Drops the translation of `at` (after a hard miss there seen by an asynchronous request).
+    pub(crate) fn forget_at(&self, at: u64) {
         let mut f = 0;
-        let _ = self.hard_miss(&mut f);
+        let _ = self.hard_miss_at(at, &mut f);
     }
 
     /// Writes all of `data` at exactly `off` (no append redirection).
@@ -1159,7 +1159,15 @@ impl File {
             ctl.fs_extend_mapped(handle, off, len)?
         } else {
             c.soft_misses.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_lookup_mapped(handle, off, len.max(LOOKUP_AHEAD))?
+            // Ahead of the request, only up to what the map already translates: after a hard
+            // miss (an evicted record) that is the one extent whose record went, so a table
+            // under pressure is not flooded with the records of extents still installed.
+            let ahead = {
+                let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+                let i = map.ext.partition_point(|&(k, _)| k <= off);
+                map.ext.get(i).map_or(LOOKUP_AHEAD, |&(k, _)| k - off)
+            };
+            ctl.fs_lookup_mapped(handle, off, len.max(ahead.min(LOOKUP_AHEAD)))?
         };
         let (size, exts) = (m.size, m.extents);
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
@@ -1181,8 +1189,25 @@ impl File {
         Ok((gen, size))
     }
 
-    /// A hard miss: forget the map (its records may be gone) and the size.
-    fn hard_miss(&self, fruitless: &mut u32) -> Result<(), ClientError> {
+    /// A hard miss at file offset `at`: forget the translation of that offset, whose records
+    /// are gone, so the retry looks it up again. The rest of the map stays: a record evicted
+    /// from a full table says nothing about the others, and should space have left the file
+    /// (a truncate elsewhere), the other translations cannot reach it (their commands carry
+    /// the old layout tag) and the lookup, answering with the new tag, empties the map.
+    fn hard_miss_at(&self, at: u64, fruitless: &mut u32) -> Result<(), ClientError> {
+        self.count_hard_miss(fruitless)?;
+        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, _)) = map.at(at) {
+            let i = map.ext.partition_point(|&(s, _)| s < k);
+            map.ext.remove(i);
+        }
+        map.gen += 1;
+        Ok(())
+    }
+
+    /// Counts a hard miss; fails with `EIO` after too many without progress.
+    fn count_hard_miss(&self, fruitless: &mut u32) -> Result<(), ClientError> {
         self.m
             .inner
             .counters
@@ -1198,11 +1223,6 @@ impl File {
         if *fruitless > 8 {
             std::thread::yield_now();
         }
-        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        map.ext.clear();
-        map.size = 0;
-        map.gen += 1;
         Ok(())
     }
 
@@ -1512,7 +1532,7 @@ impl File {
                             Err(Fail::Err(e)) => return Err(e),
                             Err(Fail::Miss(_)) => {
                                 let mut f = 0;
-                                self.hard_miss(&mut f)?;
+                                self.hard_miss_at(off, &mut f)?;
                             }
                         }
                     }
@@ -1538,7 +1558,7 @@ impl File {
                         fruitless = 0;
                     }
                     done += i;
-                    self.hard_miss(&mut fruitless)?;
+                    self.hard_miss_at(off + done as u64, &mut fruitless)?;
                 }
             }
         }
@@ -1711,7 +1731,7 @@ impl File {
                         Err(Fail::Err(e)) => return Err(e),
                         Err(Fail::Miss(_)) => {
                             let mut f = 0;
-                            self.hard_miss(&mut f)?;
+                            self.hard_miss_at(off, &mut f)?;
                         }
                     }
                 }
@@ -1730,7 +1750,7 @@ impl File {
                     }
                     off += i as u64;
                     data = &data[i..];
-                    self.hard_miss(&mut fruitless)?;
+                    self.hard_miss_at(off, &mut fruitless)?;
                 }
             }
         }

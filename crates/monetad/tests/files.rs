@@ -394,6 +394,59 @@ fn hard_misses_from_a_tiny_table() {
     assert!(m.stats().hard_misses > 0, "{:?}", m.stats());
 }
 
+/// A hard miss (a record evicted from a full table) costs one lookup of the one extent whose
+/// record went: the rest of the file's map stays, and the lookup does not reinstall records
+/// that are still there (which would evict others in turn).
+#[test]
+fn a_hard_miss_looks_up_only_the_missing_extent() {
+    const CHUNK: usize = 64 << 10;
+    let d = Daemon::start_fs(
+        "64M",
+        &["--chunk-size", "64K", "--table-entries", "16", "--no-merge"],
+    );
+    {
+        // Files of single-chunk extents: each chunk written in turn with a spacer's.
+        let w = Moneta::connect(&d.socket).unwrap();
+        for (name, extents) in [("/a", 12u8), ("/b", 8)] {
+            let f = w.open(name, &rw()).unwrap();
+            let spacer = w.open(format!("{name}-spacer"), &rw()).unwrap();
+            for i in 0..extents {
+                let at = u64::from(i) * CHUNK as u64;
+                f.write_at(&pattern(i, at, CHUNK), at).unwrap();
+                spacer.write_at(&[0; CHUNK], at).unwrap();
+            }
+        }
+    }
+    let m = Moneta::connect(&d.socket).unwrap();
+    let a = m.open("/a", OpenOptions::new().read(true)).unwrap();
+    let b = m.open("/b", OpenOptions::new().read(true)).unwrap();
+    let mut whole = vec![0u8; 12 * CHUNK];
+    assert_eq!(a.read_at(&mut whole, 0).unwrap(), whole.len());
+    assert_eq!(m.stats().soft_misses, 1, "one lookup maps the whole file");
+    // Reading /b installs 8 more records in a table of 16: 4 of /a's go.
+    let mut bb = vec![0u8; 8 * CHUNK];
+    assert_eq!(b.read_at(&mut bb, 0).unwrap(), bb.len());
+    let ctl = d.control();
+    let (ev0, s0) = (ctl.status().unwrap().table_evictions, m.stats());
+    assert!(ev0 >= 4, "the table overflowed");
+    for i in 0..12u8 {
+        let at = u64::from(i) * CHUNK as u64;
+        let mut buf = [0u8; 512];
+        assert_eq!(a.read_at(&mut buf, at).unwrap(), 512);
+        assert_eq!(&buf[..], &pattern(i, at, CHUNK)[..512], "extent {i}");
+    }
+    let (ev1, s1) = (ctl.status().unwrap().table_evictions, m.stats());
+    let lookups = s1.soft_misses - s0.soft_misses;
+    assert!(s1.hard_misses > s0.hard_misses, "{s0:?} {s1:?}");
+    assert_eq!(
+        lookups,
+        s1.hard_misses - s0.hard_misses,
+        "one lookup per hard miss"
+    );
+    // The table is full, so every record installed evicted one: one record per lookup.
+    assert_eq!(ev1 - ev0, lookups, "records installed by {lookups} lookups");
+}
+
 /// Sizes between connections: a reader that cached a larger size sees a truncate by another
 /// process at once (its records were revoked), and appenders in two connections never overlap.
 #[test]
