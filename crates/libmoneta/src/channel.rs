@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use moneta_abi::control::ChannelInfo;
+use moneta_abi::fsproto::FsExtent;
 use moneta_abi::{
     error_entry_offset, tag_slot_offset, ChannelHeader, Command, Completion, ErrorEntry,
     ErrorRecord, Opcode, Status, TagSlot, ABI_VERSION, CHANNEL_MAGIC, DMA_OFFSET, ERROR_QUEUE_LEN,
@@ -316,6 +317,69 @@ impl Channel {
         if h.parked.load(Ordering::SeqCst) == PARKED {
             self.kick();
         }
+    }
+
+    /// The soft miss through the channel (`OP_LOOKUP`): maps `[off, off + len)` of the file
+    /// open as `handle` on this channel's control connection and installs the records, answered
+    /// by the device's poller from the permission manager's tables when they are free, without
+    /// the control socket's round trip through a daemon thread. `Ok(None)` when the device
+    /// referred the lookup to the control socket (`FS_LOOKUP` then answers, or gives the
+    /// error).
+    pub fn lookup(
+        &self,
+        handle: u64,
+        off: u64,
+        len: u64,
+    ) -> Result<Option<crate::control::Mapped>, ClientError> {
+        let tag = match self.try_tag() {
+            Some(t) => t,
+            None => self.tag(),
+        };
+        let cmd = Command {
+            opcode: Opcode::Lookup,
+            completion: Completion::Dma,
+            addr: off,
+            len,
+            cookie: 0,
+            seq: 0,
+            file: handle,
+        };
+        self.submit(tag, &cmd);
+        let done = self.wait(tag, Completion::Dma);
+        let reply = match done {
+            Ok(c) if c.status == Status::Ok => {
+                let mut head = [0u8; moneta_abi::LOOKUP_HEADER];
+                self.read_dma(tag, 0, &mut head);
+                let n = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+                let all = n
+                    .checked_mul(moneta_abi::LOOKUP_EXTENT)
+                    .and_then(|b| b.checked_add(moneta_abi::LOOKUP_HEADER))
+                    .filter(|&b| b <= self.slice_size());
+                match all {
+                    Some(all) => {
+                        let mut buf = vec![0u8; all];
+                        self.read_dma(tag, 0, &mut buf);
+                        moneta_abi::LookupReply::decode(&buf)
+                            .map(Some)
+                            .ok_or(ClientError::Status(Status::Malformed))
+                    }
+                    None => Err(ClientError::Status(Status::Malformed)),
+                }
+            }
+            Ok(c) if c.status == Status::Refer => Ok(None),
+            Ok(c) => Err(ClientError::Status(c.status)),
+            Err(e) => Err(e),
+        };
+        self.release(tag);
+        Ok(reply?.map(|r| crate::control::Mapped {
+            size: r.size,
+            file: r.file,
+            extents: r
+                .extents
+                .into_iter()
+                .map(|(file_off, len, dev)| FsExtent { file_off, len, dev })
+                .collect(),
+        }))
     }
 
     /// Writes the kick pipe: the need-wakeup path.

@@ -1167,7 +1167,11 @@ impl File {
                 let i = map.ext.partition_point(|&(k, _)| k <= off);
                 map.ext.get(i).map_or(LOOKUP_AHEAD, |&(k, _)| k - off)
             };
-            ctl.fs_lookup_mapped(handle, off, len.max(ahead.min(LOOKUP_AHEAD)))?
+            let ask = len.max(ahead.min(LOOKUP_AHEAD));
+            match self.channel_lookup(handle, off, ask) {
+                Some(m) => m,
+                None => ctl.fs_lookup_mapped(handle, off, ask)?,
+            }
         };
         let (size, exts) = (m.size, m.extents);
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
@@ -1187,6 +1191,12 @@ impl File {
             }
         }
         Ok((gen, size))
+    }
+
+    /// The soft miss through the channel ([`Channel::lookup`]); `None` when the device
+    /// referred it to the control socket.
+    fn channel_lookup(&self, handle: u64, off: u64, len: u64) -> Option<crate::control::Mapped> {
+        self.ch().lookup(handle, off, len).ok().flatten()
     }
 
     /// A hard miss at file offset `at`: forget the translation of that offset, whose records

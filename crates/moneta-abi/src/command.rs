@@ -31,6 +31,19 @@ pub const OP_WRITE: u16 = 2;
 /// record with either right.
 pub const OP_FLUSH: u16 = 3;
 
+/// The soft miss through the channel: maps part of an open file and installs the records.
+/// Word 1: file offset; word 2: bytes to map (at least 1); word 4: the handle (the control
+/// connection's, for the file open on it). The answer goes to the tag's slice of the DMA
+/// buffer ([`LookupReply`]); [`Status::Refer`] sends the caller to `FS_LOOKUP` on the control
+/// socket instead.
+pub const OP_LOOKUP: u16 = 4;
+
+/// Bytes of a [`OP_LOOKUP`] answer's header in the DMA slice.
+pub const LOOKUP_HEADER: usize = 24;
+
+/// Bytes of each extent of a [`OP_LOOKUP`] answer.
+pub const LOOKUP_EXTENT: usize = 24;
+
 /// Completion mode field of the flags (bits 0-1).
 pub const FLAG_COMPLETION_MASK: u16 = 0b11;
 /// All flag bits the device understands; others must be zero.
@@ -73,6 +86,8 @@ pub enum Opcode {
     Write,
     /// [`OP_FLUSH`].
     Flush,
+    /// [`OP_LOOKUP`].
+    Lookup,
     /// Any other value: answered with [`Status::Malformed`].
     Unsupported(u16),
 }
@@ -85,6 +100,7 @@ impl Opcode {
             OP_READ => Opcode::Read,
             OP_WRITE => Opcode::Write,
             OP_FLUSH => Opcode::Flush,
+            OP_LOOKUP => Opcode::Lookup,
             other => Opcode::Unsupported(other),
         }
     }
@@ -96,6 +112,7 @@ impl Opcode {
             Opcode::Read => OP_READ,
             Opcode::Write => OP_WRITE,
             Opcode::Flush => OP_FLUSH,
+            Opcode::Lookup => OP_LOOKUP,
             Opcode::Unsupported(v) => v,
         }
     }
@@ -191,7 +208,10 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
     let (addr, len) = (w[1], w[2]);
     match opcode {
         Opcode::Unsupported(_) => return Err(fail(Status::Malformed)),
-        Opcode::Read | Opcode::Write if len == 0 => return Err(fail(Status::Malformed)),
+        Opcode::Read | Opcode::Write | Opcode::Lookup if len == 0 => {
+            return Err(fail(Status::Malformed))
+        }
+        Opcode::Lookup if addr.checked_add(len).is_none() => return Err(fail(Status::Malformed)),
         Opcode::Nop if addr != 0 || len != 0 || w[4] != 0 => return Err(fail(Status::Malformed)),
         _ => {}
     }
@@ -204,6 +224,64 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
         seq,
         file: w[4],
     })
+}
+
+/// The answer of an [`OP_LOOKUP`], as written into the tag's DMA slice: `u64` file size,
+/// `u32` extent count, `u32` rights (1 read, 2 write), `u64` layout tag, then per extent `u64`
+/// file offset, `u64` length, `u64` array address (`u64::MAX` for a hole).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupReply {
+    /// File size.
+    pub size: u64,
+    /// Rights the records were installed with.
+    pub rights: u32,
+    /// The layout tag the records carry.
+    pub file: u64,
+    /// (file offset, length, array address or `u64::MAX`).
+    pub extents: Vec<(u64, u64, u64)>,
+}
+
+impl LookupReply {
+    /// Most extents an answer carries in a slice of `slice` bytes.
+    pub fn capacity(slice: usize) -> usize {
+        slice.saturating_sub(LOOKUP_HEADER) / LOOKUP_EXTENT
+    }
+
+    /// The encoded bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(LOOKUP_HEADER + self.extents.len() * LOOKUP_EXTENT);
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.rights.to_le_bytes());
+        v.extend_from_slice(&self.file.to_le_bytes());
+        for &(o, l, d) in &self.extents {
+            v.extend_from_slice(&o.to_le_bytes());
+            v.extend_from_slice(&l.to_le_bytes());
+            v.extend_from_slice(&d.to_le_bytes());
+        }
+        v
+    }
+
+    /// Decodes an answer from the start of `b`; `None` if it does not fit.
+    pub fn decode(b: &[u8]) -> Option<LookupReply> {
+        let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+        let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+        let n = u32_at(8)? as usize;
+        if n > Self::capacity(b.len()) {
+            return None;
+        }
+        let mut extents = Vec::with_capacity(n);
+        for i in 0..n {
+            let o = LOOKUP_HEADER + i * LOOKUP_EXTENT;
+            extents.push((u64_at(o)?, u64_at(o + 8)?, u64_at(o + 16)?));
+        }
+        Some(LookupReply {
+            size: u64_at(0)?,
+            rights: u32_at(12)?,
+            file: u64_at(16)?,
+            extents,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -28,11 +28,15 @@ pub enum Status {
     /// The channel closed while the command waited for a physical tag. (Commands rung after a
     /// shutdown began are never taken: their client sees the daemon's socket close.)
     Aborted = 8,
+    /// The device could not answer an `OP_LOOKUP` now (the file system was busy, the handle is
+    /// not one it knows, the array has no file system): ask the permission manager with
+    /// `FS_LOOKUP` on the control socket, which answers or gives the error.
+    Refer = 9,
 }
 
 impl Status {
     /// All codes, in numeric order.
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 10] = [
         Status::Ok,
         Status::Malformed,
         Status::BadDma,
@@ -42,6 +46,7 @@ impl Status {
         Status::TagBusy,
         Status::MediaError,
         Status::Aborted,
+        Status::Refer,
     ];
 
     /// Decodes a status word; unknown values give `None`.
@@ -61,6 +66,7 @@ impl Status {
             Status::TagBusy => "tag-busy",
             Status::MediaError => "media-error",
             Status::Aborted => "aborted",
+            Status::Refer => "refer",
         }
     }
 
@@ -74,6 +80,7 @@ impl Status {
             Status::TagBusy => 16,                    // EBUSY
             Status::MediaError => 5,                  // EIO
             Status::Aborted => 125,                   // ECANCELED
+            Status::Refer => 11,                      // EAGAIN
         }
     }
 }
@@ -88,6 +95,6 @@ mod tests {
             assert_eq!(*s as u32, i as u32);
             assert_eq!(Status::from_u32(i as u32), Some(*s));
         }
-        assert_eq!(Status::from_u32(9), None);
+        assert_eq!(Status::from_u32(10), None);
     }
 }

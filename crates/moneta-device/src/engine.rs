@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use moneta_abi::control::{ChannelInfo, StatusReport};
 use moneta_abi::{
-    Completion, Decoded, ErrorRecord, Opcode, Status, PARKED, POLLING, TAGS_PER_CHANNEL,
+    Completion, Decoded, ErrorRecord, LookupReply, Opcode, Status, PARKED, POLLING,
+    TAGS_PER_CHANNEL,
 };
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
@@ -161,6 +162,40 @@ fn cpu_list(cpus: &[usize]) -> String {
 /// Largest modeled media latency: 10 s.
 pub const MAX_LATENCY_NS: u64 = 10_000_000_000;
 
+/// Most extents one `OP_LOOKUP` answers, as `FS_LOOKUP` on the control socket.
+pub const MAX_LOOKUP_EXTENTS: usize = 256;
+
+/// What an `OP_LOOKUP` found: the runs of the file from the offset asked for, and how to
+/// install their records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupAnswer {
+    /// The file's size.
+    pub size: u64,
+    /// [`READ`] | [`WRITE`]: the rights to install the records with.
+    pub rights: u8,
+    /// The layout tag the records carry.
+    pub file: u64,
+    /// (file offset, length, array address, or `None` for a hole).
+    pub runs: Vec<(u64, u64, Option<u64>)>,
+}
+
+/// The permission manager's side of `OP_LOOKUP`, which the poller calls with a command in
+/// hand: it must answer at once, without waiting for any lock, and `None` whenever it cannot
+/// (the file system is busy, the handle is unknown): the client then asks on the control
+/// socket. The poller installs the records itself, before it completes the command.
+pub trait LookupService: Send + Sync {
+    /// Maps `[offset, offset + len)` of the file open as `handle` by the connection that owns
+    /// `channel`, at most `max` runs.
+    fn try_lookup(
+        &self,
+        channel: u32,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        max: usize,
+    ) -> Option<LookupAnswer>;
+}
+
 /// A change to the permission table, applied by the poller in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TableOp {
@@ -277,6 +312,8 @@ enum Control {
 /// Counters the poller publishes for `status`.
 #[derive(Default)]
 struct Shared {
+    /// The permission manager's answer to `OP_LOOKUP`, once it is set.
+    lookup: std::sync::OnceLock<Arc<dyn LookupService>>,
     commands: AtomicU64,
     command_errors: AtomicU64,
     bytes_read: AtomicU64,
@@ -581,6 +618,12 @@ impl Device {
             rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
         }
         Ok(())
+    }
+
+    /// Lets the poller answer `OP_LOOKUP` commands through `service` (once; later calls are
+    /// ignored). Without it they complete with `Status::Refer`.
+    pub fn set_lookup_service(&self, service: Arc<dyn LookupService>) {
+        let _ = self.shared.lookup.set(service);
     }
 
     /// Clean shutdown: intake stops, requests in flight finish, the array is flushed, the
@@ -1138,6 +1181,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 return;
             }
         };
+        if cmd.opcode == Opcode::Lookup {
+            // Answered in this pass: no data moves, so no physical tag.
+            let status = self.serve_lookup(id, tag, &cmd);
+            self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
+            return;
+        }
         let ch = self.channels[id as usize].as_mut().expect("active channel");
         ch.in_flight |= bit;
         self.retag.enqueue(Pending {
@@ -1146,6 +1195,63 @@ impl<M: Media, C: Clock> Poller<M, C> {
             cmd,
             t0: now,
         });
+    }
+
+    /// The soft miss on the channel: asks the permission manager's lookup service, installs
+    /// the records it answers and writes the answer into the tag's slice. `Status::Refer`
+    /// whenever that cannot be done now.
+    fn serve_lookup(&mut self, id: u32, tag: usize, cmd: &Decoded) -> Status {
+        let Some(service) = self.shared.lookup.get().cloned() else {
+            return Status::Refer;
+        };
+        let Some(ch) = self.channels[id as usize].as_ref() else {
+            return Status::Refer;
+        };
+        let slice = ch.mem.geometry().slice_size;
+        let max = LookupReply::capacity(slice).min(MAX_LOOKUP_EXTENTS);
+        let Some(answer) = service.try_lookup(id, cmd.file, cmd.addr, cmd.len, max) else {
+            return Status::Refer;
+        };
+        let size = self.media.size();
+        if answer.runs.len() > max
+            || answer.rights & !(READ | WRITE) != 0
+            || answer.runs.iter().any(|&(_, len, dev)| {
+                dev.is_some_and(|d| len == 0 || d.checked_add(len).is_none_or(|e| e > size))
+            })
+        {
+            // The manager's answer is trusted, but not past the array's bounds.
+            return Status::Refer;
+        }
+        for &(_, len, dev) in &answer.runs {
+            if let Some(dev) = dev {
+                if self
+                    .table
+                    .insert(id, dev, len, answer.rights, answer.file)
+                    .is_err()
+                {
+                    return Status::Refer;
+                }
+            }
+        }
+        let reply = LookupReply {
+            size: answer.size,
+            rights: u32::from(answer.rights),
+            file: answer.file,
+            extents: answer
+                .runs
+                .iter()
+                .map(|&(off, len, dev)| (off, len, dev.unwrap_or(u64::MAX)))
+                .collect(),
+        }
+        .encode();
+        let ch = self.channels[id as usize].as_ref().expect("checked above");
+        let Some(dst) = ch.mem.dma((tag * slice) as u64, reply.len() as u64) else {
+            return Status::Refer;
+        };
+        // SAFETY: `dst` spans `reply.len()` bytes of the tag's slice inside the sealed channel
+        // mapping (the answer is capped to the slice).
+        unsafe { std::ptr::copy_nonoverlapping(reply.as_ptr(), dst, reply.len()) };
+        Status::Ok
     }
 
     /// Gives waiting requests physical tags, checks permission, moves data, schedules.

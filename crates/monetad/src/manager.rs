@@ -39,7 +39,7 @@ use rustix::event::epoll;
 
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
-use moneta_device::{Device, TableOp};
+use moneta_device::{Device, LookupAnswer, LookupService, TableOp};
 use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
@@ -53,7 +53,9 @@ pub const MAX_BUNDLES_PER_UID: usize = 1024;
 
 /// The permission manager: the mounted file system and the device whose tables it fills.
 pub struct Manager {
-    fs: Mutex<Fs>,
+    fs: Arc<Mutex<Fs>>,
+    /// Handles published for the poller's `OP_LOOKUP`.
+    registry: Registry,
     device: Arc<Device>,
     bundles: Mutex<Bundles>,
     /// Hang-ups of the bundles' pipes (read ends), keyed by bundle id.
@@ -139,9 +141,9 @@ pub struct Session {
     handles: HashMap<u64, Handle>,
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
     per_file: HashMap<u64, (u32, u32)>,
-    /// Per inode: the layout tags of the records installed in the channel, for removing them
-    /// all when the rights they were installed with go.
-    tags: HashMap<u64, Vec<u64>>,
+    /// The channel whose `OP_LOOKUP` commands see this session's handles, and where they are
+    /// published for the poller.
+    published: Option<(u32, Registry)>,
     next: u64,
     /// The last bundle claimed, with its pairs, for reading them in pages.
     claimed: Option<Claimed>,
@@ -156,7 +158,7 @@ impl Session {
             id: SESSIONS.fetch_add(1, Ordering::Relaxed),
             handles: HashMap::new(),
             per_file: HashMap::new(),
-            tags: HashMap::new(),
+            published: None,
             next: 1,
             claimed: None,
         }
@@ -184,6 +186,12 @@ impl Session {
         c.0 += h.read as u32;
         c.1 += h.write as u32;
         self.handles.insert(handle, h);
+        if let Some((channel, r)) = &self.published {
+            if let Some(p) = lock_registry(r).get_mut(channel) {
+                p.insert(handle, (h.ino, self.rights(h.ino)));
+                p.set_rights(h.ino, self.rights(h.ino));
+            }
+        }
     }
 
     fn remove(&mut self, handle: u64) -> Option<Handle> {
@@ -194,7 +202,84 @@ impl Session {
         if *c == (0, 0) {
             self.per_file.remove(&h.ino);
         }
+        if let Some((channel, r)) = &self.published {
+            if let Some(p) = lock_registry(r).get_mut(channel) {
+                p.remove(&handle);
+                p.set_rights(h.ino, self.rights(h.ino));
+            }
+        }
         Some(h)
+    }
+}
+
+/// Per channel, the handles of the connection that owns it: (handle → (inode, the rights of
+/// the connection's handles of that inode together)). What the poller's `OP_LOOKUP` may
+/// serve; a connection's entry exists from its first file call after it opened its channel
+/// until just before the channel is closed, so a channel id, once reused, never sees another
+/// connection's handles.
+type Registry = Arc<Mutex<HashMap<u32, Published>>>;
+
+/// One channel's published handles.
+#[derive(Default)]
+struct Published(HashMap<u64, (u64, u32)>);
+
+impl Published {
+    fn insert(&mut self, handle: u64, v: (u64, u32)) {
+        self.0.insert(handle, v);
+    }
+
+    fn remove(&mut self, handle: &u64) {
+        self.0.remove(handle);
+    }
+
+    /// Every handle of `ino` carries the connection's rights on it.
+    fn set_rights(&mut self, ino: u64, rights: u32) {
+        for v in self.0.values_mut() {
+            if v.0 == ino {
+                v.1 = rights;
+            }
+        }
+    }
+}
+
+fn lock_registry(r: &Registry) -> MutexGuard<'_, HashMap<u32, Published>> {
+    // Plain maps, updated in one step each: a panic elsewhere leaves them consistent.
+    r.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The poller's side of the soft miss (`OP_LOOKUP`): answers from the published handles and
+/// the file system when both are free at once, and otherwise not at all.
+struct Front {
+    fs: std::sync::Weak<Mutex<Fs>>,
+    registry: Registry,
+}
+
+impl LookupService for Front {
+    fn try_lookup(
+        &self,
+        channel: u32,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        max: usize,
+    ) -> Option<LookupAnswer> {
+        // The poller installs the answer's records before it takes its next control request.
+        // A close takes the handle out of the registry before it sends the removal of the
+        // file's records, and a truncate revokes freed space under the file-system lock: so
+        // either this sees neither lock free or no handle, or the removal comes after the
+        // records it would have to remove.
+        let registry = self.registry.try_lock().ok()?;
+        let &(ino, rights) = registry.get(&channel)?.0.get(&handle)?;
+        let fs = self.fs.upgrade()?;
+        let mut fs = fs.try_lock().ok()?;
+        let (size, maps) = fs.map(ino, offset, len, max).ok()?;
+        let file = fs.layout_tag(ino);
+        Some(LookupAnswer {
+            size,
+            rights: rights as u8,
+            file,
+            runs: maps.iter().map(|m| (m.file_off, m.len, m.dev)).collect(),
+        })
     }
 }
 
@@ -317,8 +402,15 @@ impl Manager {
                 message: format!("revocation failed: {e}"),
             })
         }));
+        let fs = Arc::new(Mutex::new(fs));
+        let registry = Registry::default();
+        device.set_lookup_service(Arc::new(Front {
+            fs: Arc::downgrade(&fs),
+            registry: registry.clone(),
+        }));
         Manager {
-            fs: Mutex::new(fs),
+            fs,
+            registry,
             device,
             bundles: Mutex::new(Bundles::default()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
@@ -524,6 +616,29 @@ impl Manager {
         })
     }
 
+    /// Publishes the session's handles for `OP_LOOKUP` on `channel`, the connection's channel,
+    /// once it has one.
+    fn publish(&self, s: &mut Session, channel: Option<u32>) {
+        let Some(channel) = channel else { return };
+        if s.published.is_some() {
+            return;
+        }
+        let mut p = Published::default();
+        for (&handle, h) in &s.handles {
+            p.insert(handle, (h.ino, s.rights(h.ino)));
+        }
+        lock_registry(&self.registry).insert(channel, p);
+        s.published = Some((channel, self.registry.clone()));
+    }
+
+    /// Withdraws the session's handles from `OP_LOOKUP`: before its channel is closed, whose
+    /// id another connection may get next.
+    pub fn unpublish(&self, s: &mut Session) {
+        if let Some((channel, r)) = s.published.take() {
+            lock_registry(&r).remove(&channel);
+        }
+    }
+
     /// Releases everything a closing connection held. Its channel is already gone.
     pub fn end_session(&self, s: &mut Session) {
         {
@@ -533,9 +648,9 @@ impl Manager {
                 locks.close_ofd(h.ofd);
             }
         }
+        self.unpublish(s);
         let mut fs = self.fs();
         s.per_file.clear();
-        s.tags.clear();
         for (_, h) in s.handles.drain() {
             if let Err(e) = fs.close(h.ino) {
                 tracing::warn!(ino = h.ino, "closing a handle of a finished session: {e}");
@@ -561,7 +676,7 @@ impl Manager {
     /// file. Called with the file-system lock held, so the extents cannot be freed meanwhile.
     fn install(
         &self,
-        s: &mut Session,
+        s: &Session,
         channel: Option<u32>,
         h: &Handle,
         maps: &[Mapping],
@@ -585,10 +700,6 @@ impl Manager {
             .collect();
         if ops.is_empty() {
             return Ok(());
-        }
-        let tags = s.tags.entry(h.ino).or_default();
-        if !tags.contains(&file) {
-            tags.push(file);
         }
         // Posted, not waited for: the poller takes them in before any later control request
         // and before refusing a command for want of them (see `Device::post`).
@@ -687,6 +798,7 @@ impl Manager {
         channel: Option<u32>,
         req: FsRequest,
     ) -> Result<FsReply, Failure> {
+        self.publish(s, channel);
         let cred = s.cred.clone();
         match req {
             FsRequest::Open { flags, mode, path } => {
@@ -737,19 +849,34 @@ impl Manager {
                     locks.close_ofd(h.ofd);
                 }
                 let after = s.rights(h.ino);
-                if after != before {
-                    let tags = s.tags.remove(&h.ino).unwrap_or_default();
-                    if let (Some(channel), false) = (channel, tags.is_empty()) {
-                        let ops = tags
-                            .into_iter()
-                            .map(|file| TableOp::RemoveFile { channel, file })
-                            .collect();
+                let mut fs = self.fs();
+                if let (Some(channel), true) = (channel, after != before) {
+                    // The channel's records of the file lie inside its extents: they were
+                    // installed over extents, and space that left the file was revoked from
+                    // every channel then. Under the file-system lock, so none can be added
+                    // meanwhile (the poller's lookups give up on a busy lock).
+                    // (A directory has no extents and no records.)
+                    let maps = fs
+                        .map(h.ino, 0, u64::MAX, usize::MAX)
+                        .map(|(_, m)| m)
+                        .unwrap_or_default();
+                    let ops: Vec<TableOp> = maps
+                        .iter()
+                        .filter_map(|m| {
+                            m.dev.map(|start| TableOp::RemoveRange {
+                                channel,
+                                start,
+                                len: m.len,
+                            })
+                        })
+                        .collect();
+                    if !ops.is_empty() {
                         self.device.update(ops).map_err(|e| {
                             fail(errno::EIO, &format!("cannot revoke records: {e}"))
                         })?;
                     }
                 }
-                self.fs().close(h.ino).map_err(failure)?;
+                fs.close(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
             }
             FsRequest::Lookup {

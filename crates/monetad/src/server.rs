@@ -246,6 +246,10 @@ impl Server {
                 }
             }
         }
+        if let Some(m) = &self.manager {
+            // Before the channel goes: its id may be given to another connection at once.
+            m.unpublish(&mut c.session);
+        }
         if let Some(id) = c.channel.take() {
             match self.device.close_channel(id) {
                 Ok(()) => tracing::debug!(pid = c.pid, channel = id, "channel reclaimed"),

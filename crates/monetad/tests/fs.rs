@@ -354,9 +354,11 @@ fn intruder_role(args: &[String]) -> i32 {
         })),
         libc::EPERM
     );
-    // Handles are per connection: guessing one finds nothing.
+    // Handles are per connection: guessing one finds nothing, on the socket or through the
+    // channel (the owner's handles are 1 and 2, on its own channel).
     for guess in 0..8 {
         assert_eq!(refused(c.fs_lookup(guess, 0, 1)), libc::EBADF);
+        assert!(ch.lookup(guess, 0, 1 << 20).unwrap().is_none());
     }
     // Forged commands straight at the secret's address miss.
     assert_eq!(forged_read(&ch, secret), Status::PermissionMiss);
@@ -636,4 +638,101 @@ fn layout_tags_change_when_space_leaves_a_file() {
         read_tagged(&ch, reopened.extents[0].dev, reopened.file),
         Status::Ok
     );
+}
+
+/// `OP_LOOKUP`, the soft miss through the channel: answered by the poller from the handles the
+/// connection holds, with the records installed; anything it cannot answer is referred to the
+/// control socket.
+#[test]
+fn lookups_through_the_channel() {
+    // Three channels, so that ids come back soon.
+    let d = Daemon::start_fs("16M", &["--chunk-size", "64K", "--max-channels", "3"]);
+    let ch = d.channel();
+    let c = ch.control();
+    let (h, _, _) = c.fs_open(b"/f", CREAT, 0o644).unwrap();
+    let grown = c.fs_extend_mapped(h, 0, 128 << 10).unwrap();
+    c.fs(FsRequest::Truncate {
+        target: Target::Handle(h),
+        size: 100_000,
+    })
+    .unwrap();
+    c.fs_close(h).unwrap();
+    // A fresh open: the channel holds no records of the file.
+    let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    let x = grown.extents[0];
+    assert_eq!(read_tagged(&ch, x.dev, 0), Status::PermissionMiss);
+    let m = ch
+        .lookup(h, 10, 1)
+        .unwrap()
+        .expect("answered by the device");
+    assert_eq!(
+        m,
+        c.fs_lookup_mapped(h, 10, 1).unwrap(),
+        "the same answer as the socket's"
+    );
+    assert_eq!(m.size, 100_000);
+    assert_eq!(m.extents[0].dev, x.dev);
+    assert_eq!(read_tagged(&ch, x.dev, m.file), Status::Ok);
+    // Read-only: the records carry read rights only.
+    let w = ch.write(x.dev, &[1; 16], Completion::Dma);
+    assert!(
+        matches!(w, Err(ClientError::Status(Status::PermissionDenied))),
+        "{w:?}"
+    );
+    // Past the end: no runs.
+    assert!(ch
+        .lookup(h, 200_000, 1)
+        .unwrap()
+        .unwrap()
+        .extents
+        .is_empty());
+    // A handle this connection does not hold, or no longer holds, is referred.
+    assert!(ch.lookup(h + 1, 0, 1).unwrap().is_none());
+    c.fs_close(h).unwrap();
+    assert!(ch.lookup(h, 0, 1).unwrap().is_none());
+    assert_eq!(
+        read_tagged(&ch, x.dev, 0),
+        Status::PermissionMiss,
+        "close removed them"
+    );
+    // Another connection's handles are not this channel's, even with the same numbers.
+    let other = d.channel();
+    let (oh, _, _) = other.control().fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    assert!(ch.lookup(oh, 0, 1).unwrap().is_none());
+    assert!(other.lookup(oh, 0, 1).unwrap().is_some());
+    // A zero length is malformed.
+    assert!(matches!(
+        other.lookup(oh, 0, 0),
+        Err(ClientError::Status(Status::Malformed))
+    ));
+    // A directory handle has no extents: referred, and the socket says why.
+    let (dh, _, _) = c
+        .fs_open(b"/", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        .unwrap();
+    assert!(ch.lookup(dh, 0, 1).unwrap().is_none());
+    assert_eq!(refused(c.fs_lookup(dh, 0, 1)), libc::EINVAL);
+    // A channel id given to a new connection sees none of the old one's handles.
+    let id = other.id();
+    drop(other);
+    let mut reused = None;
+    for _ in 0..100 {
+        let Ok(n) = libmoneta::Channel::open(&d.socket) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if n.id() == id {
+            reused = Some(n);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let reused = reused.expect("the channel id comes back");
+    assert!(reused.lookup(oh, 0, 1).unwrap().is_none());
+}
+
+#[test]
+fn a_raw_daemon_refers_lookups() {
+    let d = Daemon::start(&[]);
+    let ch = d.channel();
+    assert!(ch.lookup(1, 0, 1).unwrap().is_none());
 }
