@@ -288,6 +288,10 @@ status_report! {
     /// Nanoseconds from the data's movement to the completion's publication (the media
     /// model's latency, when set, and the scheduler).
     trace_media_ns,
+    /// `OP_LOOKUP` commands the device answered (soft misses served through the channel).
+    lookups,
+    /// `OP_LOOKUP` commands it referred to the control socket.
+    lookups_referred,
 }
 
 /// A reply body, by op.

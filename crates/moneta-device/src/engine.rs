@@ -327,6 +327,8 @@ struct Shared {
     trace_check_ns: AtomicU64,
     trace_move_ns: AtomicU64,
     trace_media_ns: AtomicU64,
+    lookups: AtomicU64,
+    lookups_referred: AtomicU64,
     retag_stalls: AtomicU64,
     phys_in_use: AtomicU64,
     table_used: AtomicU64,
@@ -359,6 +361,8 @@ struct Local {
     trace_check_ns: u64,
     trace_move_ns: u64,
     trace_media_ns: u64,
+    lookups: u64,
+    lookups_referred: u64,
 }
 
 /// An opened channel, for the control server to hand to its client.
@@ -675,6 +679,8 @@ impl Device {
             trace_check_ns: g(&s.trace_check_ns),
             trace_move_ns: g(&s.trace_move_ns),
             trace_media_ns: g(&s.trace_media_ns),
+            lookups: g(&s.lookups),
+            lookups_referred: g(&s.lookups_referred),
         }
     }
 }
@@ -859,6 +865,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
         s.trace_check_ns.store(l.trace_check_ns, Ordering::Relaxed);
         s.trace_move_ns.store(l.trace_move_ns, Ordering::Relaxed);
         s.trace_media_ns.store(l.trace_media_ns, Ordering::Relaxed);
+        s.lookups.store(l.lookups, Ordering::Relaxed);
+        s.lookups_referred
+            .store(l.lookups_referred, Ordering::Relaxed);
         s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
         s.phys_in_use
             .store(self.retag.in_use() as u64, Ordering::Relaxed);
@@ -1184,6 +1193,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if cmd.opcode == Opcode::Lookup {
             // Answered in this pass: no data moves, so no physical tag.
             let status = self.serve_lookup(id, tag, &cmd);
+            if status == Status::Ok {
+                self.local.lookups += 1;
+            } else {
+                self.local.lookups_referred += 1;
+            }
             self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
             return;
         }

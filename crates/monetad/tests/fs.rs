@@ -728,6 +728,9 @@ fn lookups_through_the_channel() {
     }
     let reused = reused.expect("the channel id comes back");
     assert!(reused.lookup(oh, 0, 1).unwrap().is_none());
+    // The device counted three answers and five referrals (the malformed one is neither).
+    let st = d.control().status().unwrap();
+    assert_eq!((st.lookups, st.lookups_referred), (3, 5));
 }
 
 #[test]
