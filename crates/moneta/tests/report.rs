@@ -114,6 +114,14 @@ fn the_tiny_report_runs_every_experiment() {
     // The paper's figure is quoted, and the commands are there.
     assert!(html.contains("Moneta-D Figure 3"));
     assert!(html.contains("moneta bench --path moneta"));
+    // The floor between two cores, measured at the start and at the end.
+    for when in ["at the start", "at the end"] {
+        assert!(
+            html.contains(&format!("between two cores, {when}")),
+            "{when}"
+        );
+    }
+    assert!(html.contains("a cache line there and back") || html.contains("fewer than two"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

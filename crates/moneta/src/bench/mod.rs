@@ -11,7 +11,7 @@
 pub mod breakdown;
 mod files;
 pub mod instructions;
-mod machine;
+pub mod machine;
 mod uring;
 
 use std::os::fd::OwnedFd;
