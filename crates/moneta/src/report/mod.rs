@@ -24,7 +24,7 @@ use crate::bench;
 pub enum SetArg {
     /// A few minutes on two cores: fewer sizes, three short runs per point.
     Quick,
-    /// Every size of every figure, five runs of two seconds per point (about an hour).
+    /// Every size of every figure, five runs of two seconds per point (45 minutes on two cores).
     Full,
     /// Every experiment at its smallest (a fixed small operation count, one run): checks
     /// that the whole report works, not for reading.
