@@ -70,8 +70,10 @@ pub struct ChannelHeader {
     pub array_size: AtomicU64,
     /// Entries in the error queue ([`ERROR_QUEUE_LEN`]).
     pub error_queue_len: AtomicU32,
-    /// Reserved, zero.
-    pub reserved0: AtomicU32,
+    /// The CPU the device's poller is pinned to, plus one; zero when the scheduler places it.
+    /// A client may keep its threads off that CPU (libmoneta does, see `MONETA_AFFINITY`).
+    /// Zero in devices before this field was named, which reads as "not pinned".
+    pub device_cpu: AtomicU32,
     /// Bytes in the whole channel memfd.
     pub total_size: AtomicU64,
 
@@ -123,7 +125,7 @@ const _: () = {
     assert!(offset_of!(ChannelHeader, dma_size) == 32);
     assert!(offset_of!(ChannelHeader, array_size) == 40);
     assert!(offset_of!(ChannelHeader, error_queue_len) == 48);
-    assert!(offset_of!(ChannelHeader, reserved0) == 52);
+    assert!(offset_of!(ChannelHeader, device_cpu) == 52);
     assert!(offset_of!(ChannelHeader, total_size) == 56);
     assert!(offset_of!(ChannelHeader, doorbell) == 64);
     assert!(offset_of!(ChannelHeader, parked) == 128);

@@ -62,7 +62,13 @@ unsafe impl Send for ChannelMem {}
 impl ChannelMem {
     /// Creates, seals and maps a new channel memfd, and writes its identity words. Returns the
     /// mapping and the fd to hand to the client.
-    pub fn create(id: u32, geometry: DmaGeometry, array_size: u64) -> io::Result<(Self, OwnedFd)> {
+    /// `device_cpu` is the CPU the poller is pinned to, if it is.
+    pub fn create(
+        id: u32,
+        geometry: DmaGeometry,
+        array_size: u64,
+        device_cpu: Option<usize>,
+    ) -> io::Result<(Self, OwnedFd)> {
         geometry
             .validate()
             .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
@@ -103,6 +109,10 @@ impl ChannelMem {
         h.error_queue_len
             .store(ERROR_QUEUE_LEN as u32, Ordering::Relaxed);
         h.total_size.store(size as u64, Ordering::Relaxed);
+        h.device_cpu.store(
+            device_cpu.map_or(0, |c| u32::try_from(c + 1).unwrap_or(0)),
+            Ordering::Relaxed,
+        );
         h.parked.store(POLLING, Ordering::Relaxed);
         h.magic.store(CHANNEL_MAGIC, Ordering::Release);
         Ok((mem, fd))
@@ -206,8 +216,9 @@ mod tests {
 
     #[test]
     fn memfd_is_sealed_against_resizing() {
-        let (mem, fd) = ChannelMem::create(3, geo(), 1 << 30).unwrap();
+        let (mem, fd) = ChannelMem::create(3, geo(), 1 << 30, None).unwrap();
         assert_eq!(mem.header().channel_id.load(Ordering::Relaxed), 3);
+        assert_eq!(mem.header().device_cpu.load(Ordering::Relaxed), 0);
         assert!(rustix::fs::ftruncate(&fd, 4096).is_err());
         assert!(rustix::fs::ftruncate(&fd, 1 << 30).is_err());
         assert!(rustix::fs::fcntl_add_seals(&fd, SealFlags::WRITE).is_err());
@@ -221,12 +232,13 @@ mod tests {
             slice_size: 8 << 10,
         };
         assert!(bad.validate().is_err());
-        assert!(ChannelMem::create(0, bad, 4096).is_err());
+        assert!(ChannelMem::create(0, bad, 4096, None).is_err());
     }
 
     #[test]
     fn dma_ranges_are_bounded() {
-        let (mem, _fd) = ChannelMem::create(0, geo(), 1 << 30).unwrap();
+        let (mem, _fd) = ChannelMem::create(0, geo(), 1 << 30, Some(5)).unwrap();
+        assert_eq!(mem.header().device_cpu.load(Ordering::Relaxed), 6);
         assert!(mem.dma(0, 1 << 20).is_some());
         assert!(mem.dma(1, 1 << 20).is_none());
         assert!(mem.dma(u64::MAX, 2).is_none());
@@ -234,7 +246,7 @@ mod tests {
 
     #[test]
     fn error_queue_overflows_cleanly() {
-        let (mem, _fd) = ChannelMem::create(0, geo(), 1 << 30).unwrap();
+        let (mem, _fd) = ChannelMem::create(0, geo(), 1 << 30, Some(5)).unwrap();
         let rec = ErrorRecord {
             channel: 0,
             tag: 1,

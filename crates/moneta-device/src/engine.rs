@@ -522,7 +522,12 @@ impl Device {
             .pop_front()
             .ok_or(DeviceError::TooManyChannels(self.config.max_channels))?;
         let result = (|| {
-            let (mem, memfd) = ChannelMem::create(id, self.config.geometry, self.array_size)?;
+            let (mem, memfd) = ChannelMem::create(
+                id,
+                self.config.geometry,
+                self.array_size,
+                self.config.poller_cpu,
+            )?;
             // A pipe, not an eventfd: the client's end is its own open file description, so
             // nothing it does to it (clearing O_NONBLOCK, reading) can block the poller, which
             // alone holds the non-blocking read end.
