@@ -133,6 +133,15 @@ impl Channel {
         self.info.channel
     }
 
+    /// The CPU the device's poller is pinned to, as the channel header says (`None`: the
+    /// scheduler places it).
+    pub fn device_cpu(&self) -> Option<usize> {
+        match self.header().device_cpu.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n as usize - 1),
+        }
+    }
+
     /// Geometry.
     pub fn info(&self) -> &ChannelInfo {
         &self.info

@@ -4,7 +4,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub struct Control {
     fd: OwnedFd,
     seq: AtomicU32,
     lock: Mutex<()>,
+    /// Whether [`Control::recv_raw`] polls for [`REPLY_SPIN`] before sleeping.
+    poll: AtomicBool,
 }
 
 impl Control {
@@ -84,6 +86,7 @@ impl Control {
             fd,
             seq: AtomicU32::new(1),
             lock: Mutex::new(()),
+            poll: AtomicBool::new(true),
         })
     }
 
@@ -136,19 +139,30 @@ impl Control {
         Ok(())
     }
 
-    /// Receives one message and the descriptors passed with it. It polls the socket for a
-    /// short while before blocking: a reply usually comes within microseconds, and waking a
-    /// sleeping thread on another CPU can cost tens of them.
+    /// Whether replies are polled for before the caller sleeps (the default; see
+    /// [`crate::affinity::worth_polling`] for when not to).
+    pub fn set_polling(&self, poll: bool) {
+        self.poll.store(poll, Ordering::Relaxed);
+    }
+
+    /// Receives one message and the descriptors passed with it. Unless told not to
+    /// ([`Control::set_polling`]), it polls the socket for a short while before blocking: a
+    /// reply usually comes within microseconds, and waking a sleeping thread on another CPU can
+    /// cost tens of them.
     pub fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>), ClientError> {
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-        let r =
-            recvmsg_polling(&self.fd, &mut buf, &mut cmsg, REPLY_SPIN).map_err(|e| match e {
-                rustix::io::Errno::AGAIN => ClientError::Timeout,
-                rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
-                e => e.into(),
-            })?;
+        let spin = if self.poll.load(Ordering::Relaxed) {
+            REPLY_SPIN
+        } else {
+            Duration::ZERO
+        };
+        let r = recvmsg_polling(&self.fd, &mut buf, &mut cmsg, spin).map_err(|e| match e {
+            rustix::io::Errno::AGAIN => ClientError::Timeout,
+            rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
+            e => e.into(),
+        })?;
         let mut fds = Vec::new();
         for m in cmsg.drain() {
             if let RecvAncillaryMessage::ScmRights(it) = m {

@@ -114,6 +114,10 @@ pub struct Stats {
     pub extends: u64,
     /// Device commands issued.
     pub commands: u64,
+    /// The CPU the device's poller has to itself, if the daemon pinned it.
+    pub device_cpu: Option<usize>,
+    /// Threads of this process moved off that CPU (see [`crate::affinity`]).
+    pub threads_moved: u64,
 }
 
 #[derive(Default)]
@@ -122,6 +126,9 @@ struct Counters {
     hard_misses: AtomicU64,
     extends: AtomicU64,
     commands: AtomicU64,
+    threads_moved: AtomicU64,
+    /// The poller's CPU plus one, as the last channel said (0: not pinned).
+    device_cpu: AtomicU64,
 }
 
 /// A connection, shared by its [`Moneta`] clones and open files.
@@ -188,6 +195,7 @@ impl Inner {
         }
         st.chans.last().expect("a connection").detach();
         let ch = Channel::from_control(Control::connect(&self.socket)?)?;
+        make_room_for_device(&ch, &self.counters);
         let ticket = self.ticket.lock().take();
         let remap = match ticket {
             Some(t) => {
@@ -403,6 +411,33 @@ impl OpenOptions {
     }
 }
 
+/// Moves this process's threads off the poller's CPU, if the channel names one and
+/// `MONETA_AFFINITY` does not say `any` (failing leaves the masks as they were, with a
+/// message), and decides whether control replies are polled for
+/// ([`crate::affinity::worth_polling`]).
+fn make_room_for_device(ch: &Channel, counters: &Counters) {
+    let cpu = ch.device_cpu();
+    counters
+        .device_cpu
+        .store(cpu.map_or(0, |c| c as u64 + 1), Ordering::Relaxed);
+    if let Some(cpu) = cpu {
+        if crate::affinity::Affinity::from_env() != crate::affinity::Affinity::Any {
+            match crate::affinity::keep_threads_off(cpu) {
+                Ok(n) => {
+                    counters
+                        .threads_moved
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    eprintln!("libmoneta: cannot keep threads off the device's CPU {cpu}: {e}")
+                }
+            }
+        }
+    }
+    ch.control()
+        .set_polling(crate::affinity::worth_polling(cpu));
+}
+
 impl Moneta {
     /// Connects to the daemon at `socket` and opens this process's channel. The completion
     /// policy comes from `MONETA_COMPLETION` (see [`Policy::from_env`]).
@@ -415,13 +450,17 @@ impl Moneta {
         Self::connect(&paths::default_socket())
     }
 
-    /// Connects with an explicit completion policy.
+    /// Connects with an explicit completion policy. If the daemon's poller has a CPU of its
+    /// own, the process's threads are moved off it unless `MONETA_AFFINITY=any` (see
+    /// [`crate::affinity`]).
     pub fn connect_with(socket: &Path, policy: Policy) -> Result<Moneta, ClientError> {
         let ch = Box::new(Channel::open(socket)?);
+        let counters = Counters::default();
+        make_room_for_device(&ch, &counters);
         let inner = Arc::new(Inner {
             socket: socket.to_owned(),
             policy,
-            counters: Counters::default(),
+            counters,
             cur: AtomicPtr::new(&*ch as *const Channel as *mut Channel),
             gen: AtomicU64::new(fork::generation()),
             epoch: AtomicU64::new(0),
@@ -488,6 +527,11 @@ impl Moneta {
             hard_misses: c.hard_misses.load(Ordering::Relaxed),
             extends: c.extends.load(Ordering::Relaxed),
             commands: c.commands.load(Ordering::Relaxed),
+            device_cpu: match c.device_cpu.load(Ordering::Relaxed) {
+                0 => None,
+                n => Some(n as usize - 1),
+            },
+            threads_moved: c.threads_moved.load(Ordering::Relaxed),
         }
     }
 

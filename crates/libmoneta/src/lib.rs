@@ -25,6 +25,7 @@
 //! # Ok::<(), libmoneta::ClientError>(())
 //! ```
 
+pub mod affinity;
 pub mod aio;
 pub mod channel;
 pub mod control;
@@ -39,6 +40,7 @@ pub mod trace;
 
 use std::path::PathBuf;
 
+pub use affinity::Affinity;
 pub use aio::{Pending, WriteSlot};
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;

@@ -71,11 +71,18 @@ struct Daemon {
 
 impl Daemon {
     fn start(size: &str) -> Daemon {
+        Self::start_with(size, &[])
+    }
+
+    /// With further `monetad` options.
+    fn start_with(size: &str, monetad: &[&str]) -> Daemon {
         let dir = TempDir::new("d");
         let socket = dir.0.join("monetad.sock");
         let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
             .args(["start", "--volatile", "--size", size, "--socket"])
             .arg(&socket)
+            .arg("--")
+            .args(monetad)
             .output()
             .unwrap();
         assert!(o.status.success(), "moneta start: {}", text(&o));
@@ -470,6 +477,93 @@ fn report_and_files_outside_the_prefix() {
         err.contains("libmoneta report") && err.contains("direct I/Os"),
         "{err}"
     );
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set's own size and a pointer to it.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(r, 0, "sched_getaffinity");
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: in range of the set.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// A daemon whose poller has a CPU of its own: a program's threads leave it that CPU when the
+/// program first touches a Moneta file (threads started before too), except one the program
+/// pinned there itself; `MONETA_AFFINITY=any` leaves every mask alone; the report says what
+/// moved. On a single CPU `auto` pins nothing and nothing moves.
+#[test]
+fn programs_leave_the_device_its_cpu() {
+    let allowed = allowed_cpus();
+    let d = Daemon::start_with("64M", &["--poller-cpu", "auto"]);
+    // Three threads: the main one, one started before the first Moneta call, and one that
+    // pinned itself to the poller's CPU (or to the only CPU).
+    let script = r#"
+import os, sys, threading
+cpu = int(sys.argv[1])
+ready = threading.Barrier(3); done = threading.Event()
+def idle(pin):
+    if pin: os.sched_setaffinity(0, {cpu})
+    ready.wait(); done.wait()
+ts = [threading.Thread(target=idle, args=(p,)) for p in (False, True)]
+for t in ts: t.start()
+ready.wait()
+with open('/moneta/a', 'w') as f: f.write('x')
+print(open('/moneta/a').read(),
+      ','.join(str(c) for c in sorted(os.sched_getaffinity(0))),
+      ','.join(str(c) for c in sorted(os.sched_getaffinity(ts[0].native_id))),
+      ','.join(str(c) for c in sorted(os.sched_getaffinity(ts[1].native_id))))
+done.set()
+for t in ts: t.join()
+"#;
+    let list = |c: &[usize]| {
+        c.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let last = *allowed.last().unwrap();
+    let pinned = last.to_string();
+    let run = |env: &[(&str, &str)]| {
+        let mut e = vec![("MONETA_REPORT", "1")];
+        e.extend_from_slice(env);
+        let o = d.run_env(&["python3", "-c", script, &pinned], None, &e);
+        assert!(o.status.success(), "{}", text(&o));
+        (
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (out, err) = run(&[]);
+    if allowed.len() >= 2 {
+        let rest = list(&allowed[..allowed.len() - 1]);
+        assert_eq!(out, format!("x {rest} {rest} {last}"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "the device has CPU {last}: 2 threads moved off it"
+            )),
+            "{err}"
+        );
+        let (out, err) = run(&[("MONETA_AFFINITY", "any")]);
+        assert_eq!(
+            out,
+            format!("x {all} {all} {last}", all = list(&allowed)),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "the device has CPU {last}: 0 threads moved off it"
+            )),
+            "{err}"
+        );
+    } else {
+        assert_eq!(out, format!("x {last} {last} {last}"), "{err}");
+        assert!(!err.contains("the device has CPU"), "{err}");
+    }
 }
 
 /// Without a daemon: `moneta run --no-start` refuses with a clear message; a preloaded

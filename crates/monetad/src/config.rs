@@ -137,9 +137,10 @@ pub struct Args {
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
     /// The CPU the device's poller runs on: a number, `auto` (the last CPU the daemon may run
-    /// on, when it may run on two or more) or `none` (wherever the scheduler puts it). On a
-    /// machine with cores to spare, give the poller one no other busy thread uses
-    /// [default: none].
+    /// on, when it may run on two or more) or `none` (wherever the scheduler puts it). A pinned
+    /// poller has its CPU to itself: the daemon's other threads run elsewhere, channels name
+    /// the CPU, and libmoneta moves its clients' threads off it (unless they set
+    /// MONETA_AFFINITY=any) [default: none].
     #[arg(long, value_parser = parse_poller_cpu)]
     pub poller_cpu: Option<PollerCpu>,
     /// Mode bits of the control socket, octal [default: 666; access is also limited by the

@@ -164,6 +164,14 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         media,
         SystemClock::best(),
     )?);
+    if let Some(cpu) = config.device.poller_cpu {
+        // A poller with a CPU of its own has it to itself: the daemon's threads started from
+        // here on (connections, the reaper) run elsewhere, as the clients' libmoneta keeps
+        // theirs. (The device checked the CPU against this thread's mask, so only now.)
+        if let Err(e) = libmoneta::affinity::keep_thread_off(None, cpu) {
+            tracing::warn!("cannot keep the daemon's threads off CPU {cpu}: {e}");
+        }
+    }
     let manager = fs.map(|fs| Arc::new(manager::Manager::new(fs, device.clone())));
     if let Some(m) = &manager {
         m.start_reaper()
@@ -172,13 +180,16 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let pid_path = config::pid_file(&config.socket);
     let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));
     let (stop_tx, stop_rx) = mpsc::channel();
-    let server = Arc::new(Server::new(
-        device.clone(),
-        manager,
-        rustix::process::geteuid().as_raw(),
-        config.socket.clone(),
-        stop_tx.clone(),
-    ));
+    let server = Arc::new(
+        Server::new(
+            device.clone(),
+            manager,
+            rustix::process::geteuid().as_raw(),
+            config.socket.clone(),
+            stop_tx.clone(),
+        )
+        .polling(libmoneta::affinity::worth_polling(config.device.poller_cpu)),
+    );
     std::thread::Builder::new()
         .name("moneta-accept".into())
         .spawn(move || server.serve(listener))

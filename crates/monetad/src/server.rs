@@ -57,6 +57,9 @@ pub struct Server {
     refusers: AtomicUsize,
     stopping: AtomicBool,
     stop: mpsc::Sender<Stop>,
+    /// Whether connection threads poll for a client's next request before sleeping
+    /// ([`REQUEST_SPIN`]); see [`libmoneta::affinity::worth_polling`].
+    poll: bool,
     /// The socket path, for messages.
     pub socket: PathBuf,
 }
@@ -108,8 +111,17 @@ impl Server {
             refusers: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop,
+            poll: true,
             socket,
         }
+    }
+
+    /// Whether connection threads poll for the next request (the default) or sleep at once:
+    /// when they share their only CPU with the clients, polling takes it from the client
+    /// computing that request.
+    pub fn polling(mut self, poll: bool) -> Server {
+        self.poll = poll;
+        self
     }
 
     /// Accepts connections on `listener` until the daemon stops.
@@ -206,7 +218,12 @@ impl Server {
             let mut cmsg = RecvAncillaryBuffer::new(&mut space);
             // After answering, poll briefly for the next request before sleeping: a client
             // making calls back to back then never waits for this thread to be woken.
-            let r = libmoneta::control::recvmsg_polling(&c.fd, &mut buf, &mut cmsg, REQUEST_SPIN);
+            let spin = if self.poll {
+                REQUEST_SPIN
+            } else {
+                Duration::ZERO
+            };
+            let r = libmoneta::control::recvmsg_polling(&c.fd, &mut buf, &mut cmsg, spin);
             // Descriptors a client sends us are dropped (closed) here, unused.
             cmsg.drain().for_each(drop);
             let Ok(r) = r else { break };

@@ -1000,6 +1000,25 @@ fn thread_cpus(pid: u32, name: &str) -> Option<String> {
     None
 }
 
+/// `cpus` as the kernel lists them in `/proc/*/status` (`0-3,6`).
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 /// The poller's CPUs, once the daemon answers (its socket exists a little before its device
 /// runs).
 fn poller_cpus(d: &Daemon) -> String {
@@ -1029,11 +1048,21 @@ fn the_poller_runs_on_the_cpu_it_is_given() {
         [_, .., last] => assert_eq!(cpus, last.to_string()),
         _ => assert_eq!(cpus, all),
     }
-    // The daemon's other threads are not pinned.
+    // The daemon's other threads leave the poller its CPU, and every channel names it.
+    let others: Vec<usize> = match allowed.as_slice() {
+        [rest @ .., _] if !rest.is_empty() => rest.to_vec(),
+        _ => allowed.clone(),
+    };
     assert_eq!(
         thread_cpus(d.pid(), "monetad").as_deref(),
-        Some(all.as_str())
+        Some(cpu_list(&others).as_str())
     );
+    let ch = Channel::open(&d.socket).unwrap();
+    assert_eq!(
+        ch.device_cpu(),
+        (allowed.len() >= 2).then(|| allowed[allowed.len() - 1])
+    );
+    drop(ch);
     drop(d);
     // Named explicitly, and left to the scheduler with `none`, also in the configuration file.
     let first = allowed[0];
@@ -1042,6 +1071,13 @@ fn the_poller_runs_on_the_cpu_it_is_given() {
     drop(d);
     let d = Daemon::start(&["--poller-cpu", "none"]);
     assert_eq!(poller_cpus(&d), all);
+    assert_eq!(
+        thread_cpus(d.pid(), "monetad").as_deref(),
+        Some(all.as_str())
+    );
+    let ch = Channel::open(&d.socket).unwrap();
+    assert_eq!(ch.device_cpu(), None);
+    drop(ch);
     drop(d);
     let dir = TempDir::new("cpu");
     let toml = dir.0.join("c.toml");

@@ -12,7 +12,8 @@
 //!
 //! Settings (environment): `MONETA_MOUNT` (prefix), `MONETA_SOCKET` (daemon), `MONETA_COMPLETION`
 //! (completion policy), `MONETA_LOG` (`error`, `warn`, `info`, `debug`: messages on standard
-//! error), `MONETA_REPORT=1` (a summary at exit).
+//! error), `MONETA_REPORT=1` (a summary at exit), `MONETA_AFFINITY` (`any` leaves the threads
+//! on the CPU of a pinned poller, see [`libmoneta::affinity`]).
 
 pub mod dir;
 pub mod exec;
@@ -222,16 +223,23 @@ pub(crate) fn count(c: &AtomicU64, n: u64) {
 
 extern "C" fn report_at_exit() {
     let c = &COUNTERS;
-    let (soft, hard, extends) = match CONN.get() {
+    let (soft, hard, extends, device) = match CONN.get() {
         Some(Ok(m)) => {
             let s = m.stats();
-            (s.soft_misses, s.hard_misses, s.extends)
+            let device = match s.device_cpu {
+                Some(cpu) => format!(
+                    "; the device has CPU {cpu}: {} threads moved off it",
+                    s.threads_moved
+                ),
+                None => String::new(),
+            };
+            (s.soft_misses, s.hard_misses, s.extends, device)
         }
-        _ => (0, 0, 0),
+        _ => (0, 0, 0, String::new()),
     };
     let text = format!(
         "libmoneta report (pid {}): {} calls intercepted, {} opens, {} direct I/Os, {} bytes read, \
-         {} bytes written, {} soft misses, {} hard misses, {} extends\n",
+         {} bytes written, {} soft misses, {} hard misses, {} extends{device}\n",
         std::process::id(),
         c.intercepted.load(Ordering::Relaxed),
         c.opens.load(Ordering::Relaxed),
