@@ -1301,7 +1301,12 @@ fn apps_section(recs: &[AppRecord], dir: &Path, s: &mut Section) -> Result<(), S
          targets they go through the page cache and each commit's flush reaches the block layer; \
          fio uses O_DIRECT there. SQLite's journal is a file created and deleted per transaction, \
          and every create and unlink on nvfs is a round trip to the daemon: that is where Moneta \
-         loses on SQLite. fio with two jobs shares two cores with the daemon's polling thread."
+         loses on SQLite. The daemon's polling thread (the device) has a CPU of its own \
+         (`monetad --poller-cpu auto`, on a machine of two or more) and the programs' threads \
+         run on the others, so on two CPUs the two fio jobs share one CPU on Moneta and have two \
+         on the kernel. With the poller's CPU shared as well (`--poller-cpu none`), every \
+         request waits for the scheduler to give the poller a turn: docs/performance.md has \
+         those figures."
             .into(),
     );
     Ok(())

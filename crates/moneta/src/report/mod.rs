@@ -245,9 +245,17 @@ fn run_apps(out: &Path, set: Set) -> Result<Vec<crate::apps::AppRecord>, String>
     let dir = std::env::temp_dir().join(format!("moneta-report-apps-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let socket = dir.join("monetad.sock");
+    // The device gets a CPU of its own (on two or more), as the papers' device is hardware of
+    // its own: the programs' threads run on the others (see libmoneta's `affinity`).
     let daemon = crate::daemon::start(
         &socket,
-        &["--volatile".into(), "--size".into(), "512M".into()],
+        &[
+            "--volatile".into(),
+            "--size".into(),
+            "512M".into(),
+            "--poller-cpu".into(),
+            "auto".into(),
+        ],
         &dir.join("monetad.log"),
     );
     let r = daemon.and_then(|_| {
