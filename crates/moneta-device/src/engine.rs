@@ -104,9 +104,12 @@ impl DeviceConfig {
         if let Some(cpu) = self.poller_cpu {
             let allowed = allowed_cpus();
             if !allowed.contains(&cpu) {
+                let list = match cpu_list(&allowed) {
+                    l if l.is_empty() => "none".to_string(),
+                    l => format!("allowed: {l}"),
+                };
                 return Err(format!(
-                    "poller CPU {cpu} is not one this process may run on ({})",
-                    cpu_list(&allowed)
+                    "poller CPU {cpu} is not one this process may run on ({list})"
                 ));
             }
         }
@@ -136,8 +139,8 @@ pub fn default_poller_cpu() -> Option<usize> {
     (allowed.len() >= 2).then(|| allowed[allowed.len() - 1])
 }
 
-/// `0-3,6` style list of CPUs.
-fn cpu_list(cpus: &[usize]) -> String {
+/// `cpus` (in order) as the kernel lists them in `/proc/*/status`: `0-3,6`; empty for none.
+pub fn cpu_list(cpus: &[usize]) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut i = 0;
     while i < cpus.len() {
@@ -152,11 +155,7 @@ fn cpu_list(cpus: &[usize]) -> String {
         });
         i = j + 1;
     }
-    if out.is_empty() {
-        "none".into()
-    } else {
-        format!("allowed: {}", out.join(","))
-    }
+    out.join(",")
 }
 
 /// Largest modeled media latency: 10 s.

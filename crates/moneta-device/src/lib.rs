@@ -18,7 +18,7 @@ pub mod scheduler;
 pub use channel::{ChannelMem, DmaGeometry};
 pub use clock::{Clock, MonotonicClock, SystemClock};
 pub use engine::{
-    allowed_cpus, default_poller_cpu, Device, DeviceConfig, DeviceError, LookupAnswer,
+    allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, LookupAnswer,
     LookupService, OpenedChannel, TableOp, MAX_LOOKUP_EXTENTS,
 };
 pub use media::{MappedArray, Media, MediaError};

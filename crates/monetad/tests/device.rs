@@ -1000,25 +1000,6 @@ fn thread_cpus(pid: u32, name: &str) -> Option<String> {
     None
 }
 
-/// `cpus` as the kernel lists them in `/proc/*/status` (`0-3,6`).
-fn cpu_list(cpus: &[usize]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            cpus[i].to_string()
-        } else {
-            format!("{}-{}", cpus[i], cpus[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
 /// The poller's CPUs, once the daemon answers (its socket exists a little before its device
 /// runs).
 fn poller_cpus(d: &Daemon) -> String {
@@ -1055,7 +1036,7 @@ fn the_poller_runs_on_the_cpu_it_is_given() {
     };
     assert_eq!(
         thread_cpus(d.pid(), "monetad").as_deref(),
-        Some(cpu_list(&others).as_str())
+        Some(moneta_device::cpu_list(&others).as_str())
     );
     let ch = Channel::open(&d.socket).unwrap();
     assert_eq!(
