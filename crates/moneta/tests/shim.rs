@@ -479,26 +479,13 @@ fn report_and_files_outside_the_prefix() {
     );
 }
 
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the set's own size and a pointer to it.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    assert_eq!(r, 0, "sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: in range of the set.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
 /// A daemon whose poller has a CPU of its own: a program's threads leave it that CPU when the
 /// program first touches a Moneta file (threads started before too), except one the program
 /// pinned there itself; `MONETA_AFFINITY=any` leaves every mask alone; the report says what
 /// moved. On a single CPU `auto` pins nothing and nothing moves.
 #[test]
 fn programs_leave_the_device_its_cpu() {
-    let allowed = allowed_cpus();
+    let allowed = moneta_device::allowed_cpus();
     let d = Daemon::start_with("64M", &["--poller-cpu", "auto"]);
     // Three threads: the main one, one started before the first Moneta call, and one that
     // pinned itself to the poller's CPU (or to the only CPU).
