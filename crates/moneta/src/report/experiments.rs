@@ -1306,7 +1306,9 @@ fn apps_section(recs: &[AppRecord], dir: &Path, s: &mut Section) -> Result<(), S
          run on the others, so on two CPUs the two fio jobs share one CPU on Moneta and have two \
          on the kernel. With the poller's CPU shared as well (`--poller-cpu none`), every \
          request waits for the scheduler to give the poller a turn: docs/performance.md has \
-         those figures."
+         those figures. fio runs in rounds (three in the full set), each running every fio \
+         workload on every target in turn, and each figure is the target's median round: on a \
+         shared virtual machine the host's speed can change by half within a minute."
             .into(),
     );
     Ok(())
