@@ -41,18 +41,13 @@ impl Affinity {
     /// The setting [`ENV_AFFINITY`] asks for, or the default. An unparsable value is ignored
     /// with a message on standard error, once per process.
     pub fn from_env() -> Affinity {
-        match std::env::var(ENV_AFFINITY) {
-            Ok(v) => Affinity::parse(&v).unwrap_or_else(|| {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    eprintln!(
-                        "libmoneta: ignoring {ENV_AFFINITY}={v:?}: expected avoid-device or any"
-                    )
-                });
-                Affinity::default()
-            }),
-            Err(_) => Affinity::default(),
-        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        crate::env_setting(
+            ENV_AFFINITY,
+            Affinity::parse,
+            "avoid-device or any",
+            &WARNED,
+        )
     }
 }
 

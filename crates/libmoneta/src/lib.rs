@@ -49,6 +49,24 @@ pub use lock::{LockCmd, LockInfo, LockKind, LockType};
 pub use moneta_abi;
 pub use policy::Policy;
 
+/// The setting environment variable `name` asks for, read by `parse`, or the default when it
+/// is unset. An unparsable value is ignored with a message on standard error naming what was
+/// `expected`, once per process (`warned` is the variable's own).
+pub(crate) fn env_setting<T: Default>(
+    name: &str,
+    parse: fn(&str) -> Option<T>,
+    expected: &str,
+    warned: &'static std::sync::Once,
+) -> T {
+    let Ok(v) = std::env::var(name) else {
+        return T::default();
+    };
+    parse(&v).unwrap_or_else(|| {
+        warned.call_once(|| eprintln!("libmoneta: ignoring {name}={v:?}: expected {expected}"));
+        T::default()
+    })
+}
+
 /// Errors of the client core.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -106,5 +124,31 @@ impl ClientError {
             ClientError::Status(s) => s.errno(),
             ClientError::Io(e) => e.raw_os_error().unwrap_or(5),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A variable of this test's own, so no other test sees it change.
+    const VAR: &str = "LIBMONETA_TEST_ENV_SETTING";
+
+    fn parse(s: &str) -> Option<u8> {
+        s.trim().parse().ok()
+    }
+
+    #[test]
+    fn env_setting_reads_defaults_and_ignores_garbage() {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let get = || super::env_setting(VAR, parse, "a byte", &WARNED);
+        std::env::remove_var(VAR);
+        assert_eq!(get(), 0);
+        std::env::set_var(VAR, " 7 ");
+        assert_eq!(get(), 7);
+        std::env::set_var(VAR, "seven");
+        assert_eq!(get(), 0);
+        assert!(WARNED.is_completed(), "an unparsable value is reported");
+        std::env::set_var(VAR, "300");
+        assert_eq!(get(), 0);
+        std::env::remove_var(VAR);
     }
 }

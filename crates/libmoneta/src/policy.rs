@@ -64,18 +64,13 @@ impl Policy {
     /// The policy [`ENV_COMPLETION`] asks for, or the default. An unparsable value is ignored
     /// with a message on standard error, once per process.
     pub fn from_env() -> Policy {
-        match std::env::var(ENV_COMPLETION) {
-            Ok(v) => Policy::parse(&v).unwrap_or_else(|| {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    eprintln!(
-                        "libmoneta: ignoring {ENV_COMPLETION}={v:?}: expected spin, forward, sleep, auto or auto:BYTES"
-                    )
-                });
-                Policy::default()
-            }),
-            Err(_) => Policy::default(),
-        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        crate::env_setting(
+            ENV_COMPLETION,
+            Policy::parse,
+            "spin, forward, sleep, auto or auto:BYTES",
+            &WARNED,
+        )
     }
 }
 
