@@ -104,6 +104,37 @@ pub fn may(n: &Inode, cred: &Cred, want: u32) -> bool {
     bits & want == want
 }
 
+/// Linux's `fs.protected_symlinks` rule, which nvfs always applies: in a sticky
+/// world-writable directory (a shared `/tmp`), a symbolic link is followed only by its owner,
+/// or when the directory's owner owns the link too. Root is held to it as well: it is what
+/// keeps a privileged program from following another user's planted link.
+pub fn may_follow_link(dir: &Inode, link: &Inode, cred: &Cred) -> bool {
+    cred.uid == link.uid || dir.mode & 0o1002 != 0o1002 || dir.uid == link.uid
+}
+
+/// Linux's `fs.protected_hardlinks` rule, which nvfs always applies: a hard link to a file is
+/// made by its owner, by root (`CAP_FOWNER`), or by a user who may read and write it, and then
+/// only to a regular file that is neither set-user-ID nor executable set-group-ID. Without it
+/// a user could pin another user's private file in a directory of their own, which a later
+/// `chown -R` of that directory by root would hand over.
+pub fn may_link(n: &Inode, cred: &Cred) -> bool {
+    if cred.is_root() || cred.uid == n.uid {
+        return true;
+    }
+    n.is_reg()
+        && n.mode & 0o4000 == 0
+        && n.mode & 0o2010 != 0o2010
+        && may(n, cred, MAY_READ | MAY_WRITE)
+}
+
+/// Linux's `fs.protected_regular` rule (level 1), which nvfs always applies: `O_CREAT` on a
+/// regular file that already exists in a sticky world-writable directory opens it only when
+/// the file belongs to the caller or to the directory's owner. Root too: a program creating
+/// its file in `/tmp` must not open one another user placed there under the same name.
+pub fn may_open_existing_in_sticky(dir: &Inode, n: &Inode, cred: &Cred) -> bool {
+    !n.is_reg() || dir.mode & 0o1002 != 0o1002 || n.uid == dir.uid || n.uid == cred.uid
+}
+
 /// A file's attributes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stat {
@@ -538,11 +569,25 @@ impl Fs {
         Ok((parts, path.len() > 1 && path.ends_with(b"/")))
     }
 
-    /// Walks `parts` from `start`; follows symlinks in all components, and in the last one
+    /// Walks `parts` from the root; follows symlinks in all components, and in the last one
     /// when `follow_last`.
     fn walk(&self, cred: &Cred, parts: &[&[u8]], follow_last: bool, slash: bool) -> FsResult<u64> {
+        self.walk_in(cred, parts, follow_last, slash)
+            .map(|(ino, _)| ino)
+    }
+
+    /// [`Fs::walk`], also giving the directory that held the last component reached (the
+    /// root for the root itself), which the sticky-directory rules of `open` look at.
+    fn walk_in(
+        &self,
+        cred: &Cred,
+        parts: &[&[u8]],
+        follow_last: bool,
+        slash: bool,
+    ) -> FsResult<(u64, u64)> {
         let mut pending: Vec<Vec<u8>> = parts.iter().rev().map(|c| c.to_vec()).collect();
         let mut cur = ROOT_INO;
+        let mut held_by = ROOT_INO;
         let mut links = 0;
         while let Some(c) = pending.pop() {
             let n = self.inode(cur);
@@ -560,6 +605,7 @@ impl Fs {
             }
             if c == b".." {
                 cur = self.parent[&cur];
+                held_by = self.parent[&cur];
                 continue;
             }
             let child = match self.lookup_name(cur, &c) {
@@ -571,9 +617,17 @@ impl Fs {
                 if links > MAX_SYMLINKS {
                     return e(libc::ELOOP, "too many levels of symbolic links");
                 }
+                if !may_follow_link(self.inode(cur), self.inode(child), cred) {
+                    return e(
+                        libc::EACCES,
+                        "a symbolic link in a sticky world-writable directory is followed only \
+                         by its owner or when the directory's owner owns it too",
+                    );
+                }
                 let target = &self.symlinks[&child].1;
                 if target.starts_with(b"/") {
                     cur = ROOT_INO;
+                    held_by = ROOT_INO;
                 }
                 for part in target.split(|b| *b == b'/').rev() {
                     if !part.is_empty() {
@@ -582,12 +636,13 @@ impl Fs {
                 }
                 continue;
             }
+            held_by = cur;
             cur = child;
         }
         if slash && !self.inode(cur).is_dir() {
             return e(libc::ENOTDIR, "not a directory");
         }
-        Ok(cur)
+        Ok((cur, held_by))
     }
 
     fn resolve(&self, cred: &Cred, path: &[u8], follow: bool) -> FsResult<u64> {
@@ -904,14 +959,23 @@ impl Fs {
                         if flags & libc::O_EXCL != 0 {
                             return e(libc::EEXIST, "file exists");
                         }
-                        if self.inode(existing).is_symlink() {
+                        let (ino, dir) = if self.inode(existing).is_symlink() {
                             if nofollow {
                                 return e(libc::ELOOP, "the path names a symbolic link");
                             }
-                            self.resolve(cred, path, true)?
+                            let (parts, slash) = Self::split(path)?;
+                            self.walk_in(cred, &parts, true, slash)?
                         } else {
-                            existing
+                            (existing, p.dir)
+                        };
+                        if !may_open_existing_in_sticky(self.inode(dir), self.inode(ino), cred) {
+                            return e(
+                                libc::EACCES,
+                                "O_CREAT found another user's file in a sticky world-writable \
+                                 directory; open it without O_CREAT, or use O_EXCL and a new name",
+                            );
                         }
+                        ino
                     }
                     None => {
                         if p.slash {
@@ -1369,6 +1433,14 @@ impl Fs {
         };
         if self.lookup_name(p.dir, &name).is_some() {
             return e(libc::EEXIST, "file exists");
+        }
+        if !may_link(self.inode(ino), cred) {
+            // Linux checks this before the target directory (fs/namei.c, do_linkat).
+            return e(
+                libc::EPERM,
+                "a hard link to another user's file needs read and write permission on it \
+                 (and it must be a regular file, not set-user-ID or set-group-ID executable)",
+            );
         }
         if self.inode(ino).is_dir() {
             return e(libc::EPERM, "hard links to directories are not allowed");

@@ -273,6 +273,113 @@ fn credentials_are_checked() {
     assert_eq!((d.gid, d.mode & 0o2000), (77, 0o2000));
 }
 
+/// The kernel's `fs.protected_hardlinks`, `fs.protected_symlinks` and `fs.protected_regular`
+/// rules, which nvfs applies whatever the host's settings.
+#[test]
+fn links_and_sticky_directories_follow_the_kernels_protections() {
+    let a = formatted(32 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    let (alice, bob) = (user(1000), user(1001));
+    fs.mkdir(&root, b"/tmp", 0o1777).unwrap();
+    fs.mkdir(&bob, b"/tmp/bob", 0o700).unwrap();
+    // Hard links: another user's private file cannot be pinned, a shared one can.
+    let secret = fs
+        .open(&alice, b"/tmp/secret", CREAT | libc::O_EXCL, 0o600)
+        .unwrap();
+    fs.close(secret.ino).unwrap();
+    assert_eq!(
+        errno(fs.link(&bob, b"/tmp/secret", b"/tmp/bob/mine")),
+        libc::EPERM
+    );
+    assert!(fs.lookup(&root, b"/tmp/bob/mine", false).is_err());
+    fs.chmod(&alice, secret.ino, 0o644).unwrap();
+    assert_eq!(
+        errno(fs.link(&bob, b"/tmp/secret", b"/tmp/bob/mine")),
+        libc::EPERM,
+        "readable but not writable"
+    );
+    fs.chmod(&alice, secret.ino, 0o666).unwrap();
+    fs.link(&bob, b"/tmp/secret", b"/tmp/bob/mine").unwrap();
+    fs.unlink(&bob, b"/tmp/bob/mine").unwrap();
+    fs.chmod(&alice, secret.ino, 0o4666).unwrap();
+    assert_eq!(
+        errno(fs.link(&bob, b"/tmp/secret", b"/tmp/bob/mine")),
+        libc::EPERM,
+        "set-user-ID"
+    );
+    fs.chmod(&alice, secret.ino, 0o2676).unwrap();
+    assert_eq!(
+        errno(fs.link(&bob, b"/tmp/secret", b"/tmp/bob/mine")),
+        libc::EPERM,
+        "executable set-group-ID"
+    );
+    fs.chmod(&alice, secret.ino, 0o600).unwrap();
+    fs.link(&alice, b"/tmp/secret", b"/tmp/alice-too").unwrap();
+    fs.link(&root, b"/tmp/secret", b"/tmp/root-too").unwrap();
+    // Symlinks in a sticky world-writable directory: followed by their owner only, unless the
+    // directory's owner owns them; root included.
+    fs.symlink(&bob, b"/tmp/secret", b"/tmp/trap").unwrap();
+    assert_eq!(errno(fs.stat(&alice, b"/tmp/trap", true)), libc::EACCES);
+    assert_eq!(
+        errno(fs.open(&root, b"/tmp/trap", libc::O_RDONLY, 0)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(fs.stat(&root, b"/tmp/trap/", true)),
+        libc::EACCES,
+        "in the middle of a path too"
+    );
+    assert!(
+        fs.stat(&alice, b"/tmp/trap", false).is_ok(),
+        "lstat is fine"
+    );
+    assert!(
+        fs.stat(&bob, b"/tmp/trap", true).is_ok(),
+        "the owner follows"
+    );
+    fs.symlink(&root, b"/tmp/secret", b"/tmp/roots").unwrap();
+    assert!(
+        fs.stat(&alice, b"/tmp/roots", true).is_ok(),
+        "the directory's owner's"
+    );
+    fs.symlink(&bob, b"/tmp/secret", b"/tmp/bob/link").unwrap();
+    fs.chmod(&bob, fs.lookup(&bob, b"/tmp/bob", true).unwrap(), 0o755)
+        .unwrap();
+    assert!(
+        fs.stat(&alice, b"/tmp/bob/link", true).is_ok(),
+        "a directory that is not sticky and world-writable"
+    );
+    // O_CREAT on another user's existing file in a sticky world-writable directory.
+    fs.chmod(&alice, secret.ino, 0o644).unwrap();
+    assert_eq!(
+        errno(fs.open(&bob, b"/tmp/secret", libc::O_CREAT | libc::O_RDONLY, 0o644)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(fs.open(&root, b"/tmp/secret", libc::O_CREAT | libc::O_RDONLY, 0o644)),
+        libc::EACCES,
+        "root too"
+    );
+    let o = fs.open(&bob, b"/tmp/secret", libc::O_RDONLY, 0).unwrap();
+    fs.close(o.ino).unwrap();
+    let o = fs
+        .open(&alice, b"/tmp/secret", libc::O_CREAT | libc::O_RDONLY, 0)
+        .unwrap();
+    fs.close(o.ino).unwrap();
+    let r = fs.open(&root, b"/tmp/rootfile", CREAT, 0o666).unwrap();
+    fs.close(r.ino).unwrap();
+    let o = fs.open(&bob, b"/tmp/rootfile", CREAT, 0).unwrap();
+    fs.close(o.ino).unwrap();
+    fs.chmod(&root, fs.lookup(&root, b"/tmp", true).unwrap(), 0o1775)
+        .unwrap();
+    let o = fs
+        .open(&root, b"/tmp/secret", libc::O_CREAT | libc::O_RDONLY, 0)
+        .unwrap();
+    fs.close(o.ino).unwrap();
+    assert_eq!(fs.check().errors(), 0);
+}
+
 #[test]
 fn unlinked_files_live_until_closed_and_space_is_reused() {
     let a = formatted(16 << 20);
