@@ -17,6 +17,7 @@ use rustix::net::{
     SendFlags, SocketAddrUnix, SocketType,
 };
 
+use crate::trust::Trust;
 use crate::ClientError;
 
 /// `recvmsg` (with `MSG_CMSG_CLOEXEC`) that first polls the socket for `spin`, yielding the
@@ -62,12 +63,23 @@ pub struct Control {
 }
 
 impl Control {
-    /// Connects to the daemon at `socket`.
+    /// Connects to the daemon at `socket`, once the socket's directories and the daemon's
+    /// credentials pass the checks of [`crate::trust`] (users trusted: this process's, root's
+    /// and those `MONETA_DAEMON_UID` names).
     pub fn connect(socket: &Path) -> Result<Control, ClientError> {
+        let trust = Trust::from_env().map_err(|e| ClientError::Untrusted(e.why))?;
+        Self::connect_trusting(socket, &trust)
+    }
+
+    /// [`Control::connect`] with the trusted users given.
+    pub fn connect_trusting(socket: &Path, trust: &Trust) -> Result<Control, ClientError> {
         let not_running = |e: rustix::io::Errno| ClientError::NotRunning {
             socket: socket.to_owned(),
             source: e.into(),
         };
+        trust
+            .check_path(socket)
+            .map_err(|e| ClientError::Untrusted(e.why))?;
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -77,6 +89,9 @@ impl Control {
         let fd = crate::fdnum::hide(fd);
         let addr = SocketAddrUnix::new(socket).map_err(not_running)?;
         rustix::net::connect(&fd, &addr).map_err(not_running)?;
+        trust
+            .check_peer(&fd, socket)
+            .map_err(|e| ClientError::Untrusted(e.why))?;
         rustix::net::sockopt::set_socket_timeout(
             &fd,
             rustix::net::sockopt::Timeout::Recv,

@@ -37,6 +37,7 @@ pub mod paths;
 pub mod policy;
 mod position;
 pub mod trace;
+pub mod trust;
 
 use std::path::PathBuf;
 
@@ -78,6 +79,9 @@ pub enum ClientError {
         /// Why the connection failed.
         source: std::io::Error,
     },
+    /// The socket or the daemon behind it is not one this client trusts (see [`trust`]).
+    #[error("{0}")]
+    Untrusted(String),
     /// The daemon refused the request.
     #[error("monetad refused: {message} (errno {errno})")]
     Refused {
@@ -118,9 +122,10 @@ impl ClientError {
         match self {
             ClientError::NotRunning { .. } => 107, // ENOTCONN
             ClientError::Refused { errno, .. } => *errno,
+            ClientError::Untrusted(_) => 13, // EACCES
             ClientError::Protocol(_) | ClientError::BadChannel(_) => 71, // EPROTO
-            ClientError::DeviceGone => 5,                                // EIO
-            ClientError::Timeout => 110,                                 // ETIMEDOUT
+            ClientError::DeviceGone => 5,    // EIO
+            ClientError::Timeout => 110,     // ETIMEDOUT
             ClientError::Status(s) => s.errno(),
             ClientError::Io(e) => e.raw_os_error().unwrap_or(5),
         }

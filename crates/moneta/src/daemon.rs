@@ -1,5 +1,6 @@
 //! Starting, stopping and finding `monetad`.
 
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,15 +40,20 @@ pub fn start(socket: &Path, args: &[String], log: &Path) -> Result<Started, Stri
             socket.display()
         ));
     }
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    if let Some(dir) = log.parent().filter(|d| !d.exists()) {
+        // The daemon's directory is private: whom else it serves is decided by the socket's
+        // mode (monetad --socket-mode), not by a directory left open.
+        monetad::private_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
+    // The log names files and users: readable by the daemon's user only.
     let logf = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(log)
         .map_err(|e| format!("cannot open log {}: {e}", log.display()))?;
+    logf.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot make the log {} private: {e}", log.display()))?;
     let bin = monetad_binary();
     let mut cmd = Command::new(&bin);
     cmd.args(args)

@@ -143,10 +143,19 @@ pub struct Args {
     /// MONETA_AFFINITY=any) [default: none].
     #[arg(long, value_parser = parse_poller_cpu)]
     pub poller_cpu: Option<PollerCpu>,
-    /// Mode bits of the control socket, octal [default: 666; access is also limited by the
-    /// socket's directory].
+    /// Mode bits of the control socket, octal [default: 600: only the daemon's user (and
+    /// root) may connect]. To serve other users, give 666 and put the socket in a directory
+    /// they can search (clients then check the daemon, see docs/abi.md §2.1).
     #[arg(long)]
     pub socket_mode: Option<String>,
+    /// Channels one user other than the daemon's own and root may hold at once, so that no
+    /// user can take them all [default: half of --max-channels].
+    #[arg(long)]
+    pub user_channels: Option<usize>,
+    /// Connections one user other than the daemon's own and root may hold at once
+    /// [default: --user-channels plus 16].
+    #[arg(long)]
+    pub user_connections: Option<usize>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -167,6 +176,8 @@ struct FileConfig {
     trace: Option<bool>,
     write_latency_ns: Option<u64>,
     socket_mode: Option<String>,
+    user_channels: Option<usize>,
+    user_connections: Option<usize>,
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
     poller_cpu: Option<toml::Value>,
@@ -201,6 +212,8 @@ pub struct Config {
     pub device: DeviceConfig,
     /// Socket file mode.
     pub socket_mode: u32,
+    /// What one user may hold.
+    pub shares: crate::server::Shares,
     /// No file system: a raw device.
     pub raw: bool,
     /// Allocation unit of a file system made on a new array.
@@ -285,11 +298,33 @@ impl Config {
             .socket_mode
             .clone()
             .or(file.socket_mode)
-            .unwrap_or_else(|| "666".into());
+            .unwrap_or_else(|| "600".into());
         let socket_mode = u32::from_str_radix(&mode, 8)
             .ok()
             .filter(|m| *m <= 0o777)
             .ok_or_else(|| format!("socket mode `{mode}` is not octal permission bits"))?;
+        let mut shares = crate::server::Shares::for_channels(device.max_channels);
+        if let Some(n) = args.user_channels.or(file.user_channels) {
+            if n == 0 || (n >= device.max_channels && device.max_channels > 1) {
+                return Err(format!(
+                    "--user-channels {n}: a user's share must be at least 1 and less than \
+                     --max-channels ({}), so that others keep room",
+                    device.max_channels
+                ));
+            }
+            shares.channels = n;
+            shares.connections = n + crate::server::EXTRA_USER_CONNECTIONS;
+        }
+        if let Some(n) = args.user_connections.or(file.user_connections) {
+            if n < shares.channels {
+                return Err(format!(
+                    "--user-connections {n} is less than the user's share of channels ({}): \
+                     each channel needs its connection",
+                    shares.channels
+                ));
+            }
+            shares.connections = n;
+        }
         let chunk_size = args
             .chunk_size
             .or(toml_size(&file.chunk_size, "chunk_size")?)
@@ -308,6 +343,7 @@ impl Config {
             array,
             device,
             socket_mode,
+            shares,
             raw: args.raw || file.raw.unwrap_or(false),
             chunk_size,
         })

@@ -57,14 +57,27 @@ fn bind_socket(path: &Path, mode: u32) -> Result<std::os::fd::OwnedFd, DaemonErr
         source,
     };
     if let Some(dir) = path.parent() {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(err)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            private_dir(dir).map_err(err)?;
         }
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
         check_socket_dir(dir)
             .map_err(|m| err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, m)))?;
     }
-    if path.exists() {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        // Only a socket is ours to replace: anything else at the path was put there by
+        // someone, and is not this daemon's to delete.
+        if !m.file_type().is_socket() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way; remove it or pick another --socket",
+            )));
+        }
         if libmoneta::Control::connect(path).is_ok() {
             return Err(DaemonError::AlreadyRunning(path.to_owned()));
         }
@@ -82,6 +95,58 @@ fn bind_socket(path: &Path, mode: u32) -> Result<std::os::fd::OwnedFd, DaemonErr
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     rustix::net::listen(&fd, 256).map_err(|e| err(e.into()))?;
     Ok(fd)
+}
+
+/// A file the daemon made, removed when the daemon stops or fails to start.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Creates `dir` (and missing parents) readable by its owner only.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    // The mode given to mkdir is reduced by the umask; the directory must be 0700 exactly.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes the pid file, refusing to overwrite a file that is not one: a pid file holds one
+/// decimal number, and anything else at that path belongs to someone else.
+pub fn write_pid_file(path: &Path) -> Result<(), String> {
+    check_pid_file(path)?;
+    std::fs::write(path, format!("{}\n", std::process::id()))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Whether `path` is free for a pid file: missing, or a regular file holding one number.
+fn check_pid_file(path: &Path) -> Result<(), String> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(format!(
+            "{} is not a regular file; remove it or pick another --socket",
+            path.display()
+        ));
+    }
+    match std::fs::read(path) {
+        Ok(old) => {
+            let text = String::from_utf8_lossy(&old);
+            if text.trim().parse::<u32>().is_err() {
+                return Err(format!(
+                    "{} exists and is not a pid file; remove it or pick another --socket",
+                    path.display()
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
 }
 
 /// Refuses a socket directory another user could tamper with: it must belong to us (or root)
@@ -132,6 +197,14 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     ])
     .map_err(|e| DaemonError::Config(format!("cannot install signal handlers: {e}")))?;
     raise_fd_limit();
+    let pid_path = config::pid_file(&config.socket);
+    // Checked before the socket is bound, so a refusal leaves nothing behind.
+    check_pid_file(&pid_path).map_err(DaemonError::Config)?;
+    let listener = bind_socket(&config.socket, config.socket_mode)?;
+    // The socket is this daemon's from here on: gone again however `run` ends.
+    let _socket = RemoveOnDrop(config.socket.clone());
+    write_pid_file(&pid_path).map_err(DaemonError::Config)?;
+    let _pid = RemoveOnDrop(pid_path.clone());
     let (media, fresh) = match &config.array {
         ArraySource::File(path, size) => {
             let fresh = !path.exists();
@@ -157,7 +230,6 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             media.clone() as Arc<dyn moneta_device::Media>
         )?)
     };
-    let listener = bind_socket(&config.socket, config.socket_mode)?;
     let array_size = moneta_device::Media::size(&*media);
     let device = Arc::new(Device::start(
         config.device.clone(),
@@ -177,8 +249,6 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         m.start_reaper()
             .map_err(|e| DaemonError::Config(format!("cannot start the bundle reaper: {e}")))?;
     }
-    let pid_path = config::pid_file(&config.socket);
-    let _ = std::fs::write(&pid_path, format!("{}\n", std::process::id()));
     let (stop_tx, stop_rx) = mpsc::channel();
     let server = Arc::new(
         Server::new(
@@ -188,7 +258,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             config.socket.clone(),
             stop_tx.clone(),
         )
-        .polling(libmoneta::affinity::worth_polling(config.device.poller_cpu)),
+        .polling(libmoneta::affinity::worth_polling(config.device.poller_cpu))
+        .shares(config.shares),
     );
     std::thread::Builder::new()
         .name("moneta-accept".into())
@@ -213,8 +284,6 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     tracing::info!(?why, "stopping");
     // Idempotent: after a shutdown request the device has already stopped.
     let _ = device.shutdown();
-    let _ = std::fs::remove_file(&config.socket);
-    let _ = std::fs::remove_file(&pid_path);
     tracing::info!("stopped: array flushed");
     Ok(())
 }

@@ -3,17 +3,20 @@
 //! Each connection is served by its own thread. The peer's credentials come from `SO_PEERCRED`
 //! at accept time and decide what it may do: anyone may open a channel and read the counters;
 //! administrative grants, revocations and shutdown are limited to the daemon's own user and
-//! root. A connection owns at most one channel; when the connection closes, for whatever reason
+//! root. Every other user holds at most a share of the channels and connections ([`Shares`]),
+//! so no user can lock the others out. A connection owns at most one channel; when the
+//! connection closes, for whatever reason
 //! (exit, crash, kill), its channel is reclaimed. Nothing a client sends is trusted: every
 //! message is decoded from bytes, malformed ones get an `EPROTO` reply, and a connection that
 //! keeps sending them is dropped.
 
+use std::collections::HashMap;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use moneta_abi::control::{
@@ -37,6 +40,39 @@ pub const MAX_PROTOCOL_ERRORS: u32 = 64;
 pub const EXTRA_CONNECTIONS: usize = 64;
 /// Connections over the limit being answered `EMFILE` at once; more are closed unanswered.
 pub const MAX_REFUSERS: usize = 16;
+/// Connections a user may hold beyond their share of channels (status queries, a second
+/// connection while one is closing).
+pub const EXTRA_USER_CONNECTIONS: usize = 16;
+
+/// How much of the daemon one user may hold, so that no user locks the others out. The
+/// daemon's own user and root are not limited by it: they administer the daemon, and a daemon
+/// that serves only its own user (the default, see `--socket-mode`) has no one to share with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shares {
+    /// Channels one user may hold at once.
+    pub channels: usize,
+    /// Connections one user may hold at once.
+    pub connections: usize,
+}
+
+impl Shares {
+    /// The default for a device of `max_channels`: half the channels each, so one user always
+    /// leaves room for others.
+    pub fn for_channels(max_channels: usize) -> Shares {
+        let channels = (max_channels / 2).max(1);
+        Shares {
+            channels,
+            connections: channels + EXTRA_USER_CONNECTIONS,
+        }
+    }
+}
+
+/// What each user holds now.
+#[derive(Default, Debug, Clone, Copy)]
+struct Held {
+    connections: usize,
+    channels: usize,
+}
 
 /// Why the daemon stops.
 #[derive(Debug)]
@@ -54,6 +90,8 @@ pub struct Server {
     owner_uid: u32,
     max_connections: usize,
     connections: AtomicUsize,
+    shares: Shares,
+    held: Mutex<HashMap<u32, Held>>,
     refusers: AtomicUsize,
     stopping: AtomicBool,
     stop: mpsc::Sender<Stop>,
@@ -102,17 +140,102 @@ impl Server {
         stop: mpsc::Sender<Stop>,
     ) -> Server {
         let max_connections = device.config().max_channels + EXTRA_CONNECTIONS;
+        let shares = Shares::for_channels(device.config().max_channels);
         Server {
             device,
             manager,
             owner_uid,
             max_connections,
             connections: AtomicUsize::new(0),
+            shares,
+            held: Mutex::new(HashMap::new()),
             refusers: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop,
             poll: true,
             socket,
+        }
+    }
+
+    /// Each user's share of channels and connections (the daemon's user and root are not
+    /// limited).
+    pub fn shares(mut self, shares: Shares) -> Server {
+        self.shares = shares;
+        self
+    }
+
+    fn is_admin(&self, uid: u32) -> bool {
+        uid == self.owner_uid || uid == 0
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a connection of `uid` against its share; the message says why not.
+    fn take_connection(&self, uid: u32) -> Result<(), String> {
+        if self.is_admin(uid) {
+            return Ok(());
+        }
+        let mut held = self.held();
+        let h = held.entry(uid).or_default();
+        if h.connections >= self.shares.connections {
+            return Err(format!(
+                "uid {uid} already holds {} connections to monetad, its share \
+                 (--user-connections); close some and try again",
+                h.connections
+            ));
+        }
+        h.connections += 1;
+        Ok(())
+    }
+
+    /// Gives back what a closed connection of `uid` held.
+    fn give_back(&self, uid: u32, had_channel: bool) {
+        if self.is_admin(uid) {
+            return;
+        }
+        let mut held = self.held();
+        if let Some(h) = held.get_mut(&uid) {
+            h.connections = h.connections.saturating_sub(1);
+            if had_channel {
+                h.channels = h.channels.saturating_sub(1);
+            }
+            if h.connections == 0 && h.channels == 0 {
+                held.remove(&uid);
+            }
+        }
+    }
+
+    /// Counts a channel of `uid` against its share.
+    fn take_channel(&self, uid: u32) -> Result<(), Failure> {
+        if self.is_admin(uid) {
+            return Ok(());
+        }
+        let mut held = self.held();
+        let h = held.entry(uid).or_default();
+        if h.channels >= self.shares.channels {
+            return Err(fail(
+                errno::EMFILE,
+                format!(
+                    "uid {uid} already holds {} channels, its share of this daemon's {} \
+                     (--user-channels); close files in other processes and try again",
+                    h.channels,
+                    self.device.config().max_channels
+                ),
+            ));
+        }
+        h.channels += 1;
+        Ok(())
+    }
+
+    /// Returns a channel counted by [`Server::take_channel`] that was not opened after all.
+    fn untake_channel(&self, uid: u32) {
+        if self.is_admin(uid) {
+            return;
+        }
+        if let Some(h) = self.held().get_mut(&uid) {
+            h.channels = h.channels.saturating_sub(1);
         }
     }
 
@@ -154,7 +277,7 @@ impl Server {
             );
             // The daemon's user and root always get in (up to EXTRA_CONNECTIONS more), so a
             // user holding every slot cannot lock out administration.
-            let admin = cred.uid == self.owner_uid || cred.uid == 0;
+            let admin = self.is_admin(cred.uid);
             let limit = if admin {
                 self.max_connections + EXTRA_CONNECTIONS
             } else {
@@ -162,27 +285,23 @@ impl Server {
             };
             if self.connections.fetch_add(1, Ordering::AcqRel) >= limit {
                 self.connections.fetch_sub(1, Ordering::AcqRel);
-                // Answer on a short-lived thread so a silent client cannot stall accepting;
-                // past MAX_REFUSERS at once, just close.
-                if self.refusers.fetch_add(1, Ordering::AcqRel) < MAX_REFUSERS {
-                    let me = self.clone();
-                    let max = self.max_connections;
-                    let spawned = std::thread::Builder::new()
-                        .name("moneta-refuse".into())
-                        .stack_size(64 << 10)
-                        .spawn(move || {
-                            refuse_busy(&conn, max);
-                            me.refusers.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    if spawned.is_err() {
-                        self.refusers.fetch_sub(1, Ordering::AcqRel);
-                    }
-                } else {
-                    self.refusers.fetch_sub(1, Ordering::AcqRel);
-                }
+                self.refuse(
+                    conn,
+                    format!(
+                        "monetad serves at most {} connections; try again later",
+                        self.max_connections
+                    ),
+                );
+                continue;
+            }
+            if let Err(why) = self.take_connection(cred.uid) {
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+                tracing::info!(uid = cred.uid, pid = cred.pid, "connection refused: {why}");
+                self.refuse(conn, why);
                 continue;
             }
             let me = self.clone();
+            let uid = cred.uid;
             let c = Conn {
                 fd: conn,
                 uid: cred.uid,
@@ -200,17 +319,41 @@ impl Server {
                 .name("moneta-conn".into())
                 .stack_size(256 << 10)
                 .spawn(move || {
-                    me.connection(c);
+                    let had_channel = me.connection(c);
+                    me.give_back(uid, had_channel);
                     me.connections.fetch_sub(1, Ordering::AcqRel);
                 });
             if let Err(e) = spawned {
                 tracing::error!("cannot start a connection thread: {e}");
+                self.give_back(uid, false);
                 self.connections.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
 
-    fn connection(&self, mut c: Conn) {
+    /// Answers a connection that may not be served with one `EMFILE` reply, on a short-lived
+    /// thread so a silent client cannot stall accepting; past [`MAX_REFUSERS`] at once, it is
+    /// just closed.
+    fn refuse(self: &Arc<Self>, conn: OwnedFd, why: String) {
+        if self.refusers.fetch_add(1, Ordering::AcqRel) < MAX_REFUSERS {
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("moneta-refuse".into())
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    refuse_busy(&conn, &why);
+                    me.refusers.fetch_sub(1, Ordering::AcqRel);
+                });
+            if spawned.is_err() {
+                self.refusers.fetch_sub(1, Ordering::AcqRel);
+            }
+        } else {
+            self.refusers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Serves one connection until it closes; whether it held a channel.
+    fn connection(&self, mut c: Conn) -> bool {
         tracing::debug!(pid = c.pid, uid = c.uid, "client connected");
         let mut buf = vec![0u8; MAX_MESSAGE + 1];
         loop {
@@ -267,6 +410,7 @@ impl Server {
             // Before the channel goes: its id may be given to another connection at once.
             m.unpublish(&mut c.session);
         }
+        let had_channel = c.channel.is_some();
         if let Some(id) = c.channel.take() {
             match self.device.close_channel(id) {
                 Ok(()) => tracing::debug!(pid = c.pid, channel = id, "channel reclaimed"),
@@ -276,6 +420,7 @@ impl Server {
         if let Some(m) = &self.manager {
             m.end_session(&mut c.session);
         }
+        had_channel
     }
 
     fn reply(
@@ -303,7 +448,7 @@ impl Server {
     }
 
     fn admin(&self, c: &Conn) -> Result<(), Failure> {
-        if c.uid == self.owner_uid || c.uid == 0 {
+        if self.is_admin(c.uid) {
             Ok(())
         } else {
             Err(fail(
@@ -337,6 +482,10 @@ impl Server {
                         "this connection already has a channel; open another connection",
                     )));
                 }
+                if let Err(f) = self.take_channel(c.uid) {
+                    tracing::info!(pid = c.pid, uid = c.uid, "channel refused: {}", f.message);
+                    return empty(Err(f));
+                }
                 match self.device.open_channel() {
                     Ok(opened) => {
                         c.channel = Some(opened.id);
@@ -347,6 +496,7 @@ impl Server {
                         )
                     }
                     Err(e) => {
+                        self.untake_channel(c.uid);
                         tracing::info!(pid = c.pid, "channel refused: {e}");
                         empty(Err(device_failure(e)))
                     }
@@ -418,34 +568,12 @@ struct PeerCred {
     groups: Vec<u32>,
 }
 
-/// Reads `SO_PEERCRED`. The pid may be 0 (a peer in another pid namespace), which the typed
-/// wrappers cannot represent, so this reads the raw structure.
 fn peer_cred(fd: &OwnedFd) -> std::io::Result<PeerCred> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and `fd` is an open
-    // socket for the duration of the call.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || len as usize != std::mem::size_of::<libc::ucred>() {
-        return Err(std::io::Error::last_os_error());
-    }
+    let c = libmoneta::trust::peer_cred(fd)?;
     Ok(PeerCred {
-        pid: cred.pid,
-        uid: cred.uid,
-        gid: cred.gid,
+        pid: c.pid,
+        uid: c.uid,
+        gid: c.gid,
         groups: peer_groups(fd)?,
     })
 }
@@ -480,8 +608,8 @@ fn peer_groups(fd: &OwnedFd) -> std::io::Result<Vec<u32>> {
     }
 }
 
-/// Answers a connection over the limit with one `EMFILE` reply to its first request.
-fn refuse_busy(conn: &OwnedFd, max: usize) {
+/// Answers a connection that may not be served with one `EMFILE` reply to its first request.
+fn refuse_busy(conn: &OwnedFd, why: &str) {
     let _ = rustix::net::sockopt::set_socket_timeout(
         conn,
         rustix::net::sockopt::Timeout::Recv,
@@ -495,10 +623,7 @@ fn refuse_busy(conn: &OwnedFd, max: usize) {
     let msg = encode_reply(
         op & !control::REPLY_BIT,
         seq,
-        &Err(fail(
-            errno::EMFILE,
-            format!("monetad serves at most {max} connections; try again later"),
-        )),
+        &Err(fail(errno::EMFILE, why)),
     );
     let _ = rustix::net::send(conn, &msg, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
 }

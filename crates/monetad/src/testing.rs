@@ -42,6 +42,7 @@ impl Daemon {
             array: ArraySource::Volatile(64 << 20),
             device: moneta_device::DeviceConfig::default(),
             socket_mode: 0o600,
+            shares: crate::server::Shares::for_channels(1024),
             raw: false,
             chunk_size: 1 << 20,
         };

@@ -517,7 +517,8 @@ fn non_owners_cannot_administer() {
     if !can_setuid("non_owners_cannot_administer") {
         return;
     }
-    let d = Daemon::start(&[]);
+    // A daemon that serves other users: its socket open to all, in a directory they can search.
+    let d = Daemon::start(&["--socket-mode", "666"]);
     std::fs::set_permissions(
         &d.dir.0,
         std::os::unix::fs::PermissionsExt::from_mode(0o755),

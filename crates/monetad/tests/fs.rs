@@ -360,6 +360,15 @@ fn intruder_role(args: &[String]) -> i32 {
         assert_eq!(refused(c.fs_lookup(guess, 0, 1)), libc::EBADF);
         assert!(ch.lookup(guess, 0, 1 << 20).unwrap().is_none());
     }
+    // No hard link to it either (Linux's protected_hardlinks), which would let a later
+    // `chown -R` of the intruder's directory by root hand it over.
+    assert_eq!(
+        refused(c.fs(FsRequest::Link {
+            from: b"/shared/secret".to_vec(),
+            to: b"/shared/mine".to_vec(),
+        })),
+        libc::EPERM
+    );
     // Forged commands straight at the secret's address miss.
     assert_eq!(forged_read(&ch, secret), Status::PermissionMiss);
     let w = ch.write(secret, &[0xEE; 64], Completion::Dma);
@@ -383,7 +392,7 @@ fn intruder_role(args: &[String]) -> i32 {
 
 #[test]
 fn other_users_cannot_reach_a_private_file() {
-    let d = Daemon::start_fs("64M", &[]);
+    let d = Daemon::start_fs("64M", &["--socket-mode", "666"]);
     let c = d.control();
     c.fs(FsRequest::Mkdir {
         mode: 0o1777,

@@ -222,14 +222,33 @@ pub fn can_setuid(test: &str) -> bool {
     false
 }
 
+/// A copy of the executable `exe` that other users can run (the build directory may not be
+/// reachable by them), made once per process and executable: copying over a running copy
+/// would fail with `ETXTBSY`.
+pub fn reachable_copy(exe: &Path) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static COPIES: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
+    let mut copies = COPIES.lock().unwrap();
+    let copies = copies.get_or_insert_with(HashMap::new);
+    if let Some(c) = copies.get(exe) {
+        return c.clone();
+    }
+    let copy = std::env::temp_dir().join(format!(
+        "moneta-role-{}-{}",
+        std::process::id(),
+        exe.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::copy(exe, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    copies.insert(exe.to_owned(), copy.clone());
+    copy
+}
+
 /// Re-runs this test binary as `uid` in `role` (see `child_role`).
 pub fn spawn_role_as(uid: u32, role: &str, args: &[String]) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().unwrap();
-    // The test binary must be reachable by the other user.
-    let copy = std::env::temp_dir().join(format!("moneta-role-{}", std::process::id()));
-    std::fs::copy(&exe, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let copy = reachable_copy(&std::env::current_exe().unwrap());
     let child = std::process::Command::new(&copy)
         .args(["--exact", "child_process_entry", "--nocapture"])
         .env("MONETA_TEST_ROLE", role)
