@@ -20,9 +20,11 @@
 //! reaches the freed space once it belongs to another file, even when this process's channel
 //! holds records over it for that file.
 //!
-//! The cached size is a hint that can only be too small while the map holds records: a truncate
-//! in any process revokes every channel's records from the chunk of the new end on, so a stale
-//! larger size always meets a hard miss first.
+//! The cached size is a hint. It can be too large only while the map holds no records past the
+//! true end: a truncate in any process revokes every channel's records from the chunk of the
+//! new end on, so a stale larger size always meets a hard miss first. It can be too small (the
+//! file grew through another descriptor), so a read that the cached size would cut short asks
+//! the manager first (a lookup, which answers with the size of the moment).
 //!
 //! ```
 //! # let _daemon = monetad::testing::Daemon::start();
@@ -1573,11 +1575,13 @@ impl File {
         self.check_range(off, buf.len() as u64, false)?;
         self.h()?;
         let slice = self.ch().slice_size();
-        // Fast path: inside the known size, one mapped extent, one slice.
+        // Fast path: all of it inside the known size, one mapped extent, one slice. A read
+        // the cached size would cut short takes the slow path, which asks for the size: the
+        // file may have grown through another descriptor.
         {
             let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-            if off < map.size {
-                let n = (buf.len() as u64).min(map.size - off) as usize;
+            if off + buf.len() as u64 <= map.size {
+                let n = buf.len();
                 if n <= slice {
                     if let Some(dev) = map.single(off, n as u64) {
                         drop(map);
@@ -1656,6 +1660,9 @@ impl File {
                 } else {
                     p.len = (want as u64).min(map.size - at) as usize;
                     match self.plan(&map, at, p.len, fresh, &mut p.segs, &mut p.holes) {
+                        // The cached size only cuts a read short once a lookup made for this
+                        // read confirmed it, as the kernel reads up to the size of the moment.
+                        Plan::Ready if p.len < want && fresh.is_none() => p.len,
                         Plan::Ready => return Ok(()),
                         Plan::Miss(i) => i,
                     }

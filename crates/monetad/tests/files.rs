@@ -473,6 +473,26 @@ fn size_coherence_between_connections() {
     assert_eq!(fb.read_at(&mut buf[..100], 150).unwrap(), 100);
     assert!(buf[..100].iter().all(|&x| x == 0), "the gap reads zeros");
 
+    // A read that starts inside the size this connection knows and ends past it returns the
+    // bytes written since through another connection, as through the kernel; so does one
+    // through another descriptor of the same connection.
+    let ga = a.open("/grow", &rw()).unwrap();
+    ga.write_at(&[1u8; 100], 0).unwrap();
+    let gb = b.open("/grow", &rw()).unwrap();
+    let mut small = vec![0u8; 1000];
+    assert_eq!(gb.read_at(&mut small, 0).unwrap(), 100);
+    ga.write_at(&[2u8; 100], 100).unwrap();
+    assert_eq!(gb.stat().unwrap().size, 200);
+    assert_eq!(gb.read_at(&mut small, 0).unwrap(), 200, "pread after growth");
+    assert_eq!(&small[100..200], &[2u8; 100]);
+    let ga2 = a.open("/grow", &rw()).unwrap();
+    ga2.write_at(&[3u8; 4096], 200).unwrap();
+    assert_eq!(ga.read_at(&mut small, 0).unwrap(), 1000, "same connection");
+    ga.write_at(&[4u8; 3 << 20], 4296).unwrap();
+    let mut big = vec![0u8; 4 << 20];
+    assert_eq!(gb.read_at(&mut big, 0).unwrap(), 4296 + (3 << 20));
+    assert!(big[4296..4296 + (3 << 20)].iter().all(|&x| x == 4));
+
     let mut o = OpenOptions::new();
     o.append(true).create(true);
     let pa = a.open("/log", &o).unwrap();
