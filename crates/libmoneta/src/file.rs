@@ -1134,6 +1134,52 @@ impl File {
         Ok(())
     }
 
+    /// `fallocate(2)` mode 0 and `posix_fallocate(3)`: allocates every hole of
+    /// `[off, off + len)` (zeroed) and grows the size to `off + len` if that is larger, so
+    /// that later writes there cannot fail for want of space. When the device lacks the space
+    /// it fails at once with `ENOSPC` and changes nothing.
+    ///
+    /// With `keep_size` (`FALLOC_FL_KEEP_SIZE`) the size stays as it is: the holes inside it
+    /// are allocated; nvfs keeps no space past a file's last chunk, so for the part beyond it
+    /// the call only checks that the device has the room now (`ENOSPC` otherwise) and reserves
+    /// nothing there.
+    pub fn allocate(&self, off: u64, len: u64, keep_size: bool) -> Result<(), ClientError> {
+        if self.is_dir {
+            return Err(errno(libc::ENODEV));
+        }
+        self.check_access(true)?;
+        if len == 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        self.check_range(off, len, true)?;
+        self.h()?;
+        let end = off + len;
+        if !keep_size {
+            self.lookup(off, len, true)?;
+            return Ok(());
+        }
+        let size = self.len()?;
+        if off < size {
+            self.lookup(off, end.min(size) - off, true)?;
+        }
+        if end > size {
+            let fs = self.m.statfs()?;
+            let cs = fs.chunk_size.max(1);
+            let first = size.max(off).div_ceil(cs);
+            let need = end.div_ceil(cs).saturating_sub(first);
+            if need > fs.chunks_free {
+                return Err(ClientError::Refused {
+                    errno: libc::ENOSPC,
+                    message: format!(
+                        "no space left: {need} chunks needed, {} free",
+                        fs.chunks_free
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// `fsync(2)`: data and metadata durable against a machine crash.
     pub fn sync_all(&self) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Fsync { handle: self.h()? })

@@ -483,7 +483,11 @@ fn size_coherence_between_connections() {
     assert_eq!(gb.read_at(&mut small, 0).unwrap(), 100);
     ga.write_at(&[2u8; 100], 100).unwrap();
     assert_eq!(gb.stat().unwrap().size, 200);
-    assert_eq!(gb.read_at(&mut small, 0).unwrap(), 200, "pread after growth");
+    assert_eq!(
+        gb.read_at(&mut small, 0).unwrap(),
+        200,
+        "pread after growth"
+    );
     assert_eq!(&small[100..200], &[2u8; 100]);
     let ga2 = a.open("/grow", &rw()).unwrap();
     ga2.write_at(&[3u8; 4096], 200).unwrap();
@@ -516,6 +520,56 @@ fn size_coherence_between_connections() {
     for rec in all[..40_000].chunks(100) {
         assert!(rec.iter().all(|&x| x == rec[0]), "interleaved appends");
     }
+}
+
+/// `fallocate` takes the space at once: a full device answers `ENOSPC` then, not at a later
+/// write, and space taken stays writable whatever else fills the device.
+#[test]
+fn allocate_takes_the_space_at_once() {
+    let d = Daemon::start_fs("16M", &["--chunk-size", "64K"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/reserved", &rw()).unwrap();
+    f.allocate(0, 4 << 20, false).unwrap();
+    assert_eq!(f.len().unwrap(), 4 << 20);
+    let free = m.statfs().unwrap().chunks_free;
+    // More than is left fails at once and changes nothing.
+    let g = m.open("/greedy", &rw()).unwrap();
+    assert_eq!(
+        errno_of(g.allocate(0, (free + 1) * (64 << 10), false)),
+        libc::ENOSPC
+    );
+    assert_eq!(g.len().unwrap(), 0);
+    assert_eq!(m.statfs().unwrap().chunks_free, free);
+    assert_eq!(
+        errno_of(g.allocate(0, (free + 1) * (64 << 10), true)),
+        libc::ENOSPC,
+        "keep-size checks the room too"
+    );
+    // Another file takes all the rest; the reserved range still takes its writes.
+    let mut at = 0u64;
+    while g.write_at(&[9u8; 64 << 10], at).is_ok() {
+        at += 64 << 10;
+    }
+    assert_eq!(m.statfs().unwrap().chunks_free, 0);
+    f.write_at(&vec![5u8; 4 << 20], 0).unwrap();
+    let mut back = vec![0u8; 4 << 20];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), 4 << 20);
+    assert!(back.iter().all(|&x| x == 5));
+    // Keep-size inside the size fills holes without growing the file.
+    let h = m.open("/sparse", &rw()).unwrap();
+    assert_eq!(errno_of(h.allocate(0, 64 << 10, true)), libc::ENOSPC);
+    h.set_len(1 << 20).unwrap();
+    assert_eq!(errno_of(h.allocate(0, 64 << 10, true)), libc::ENOSPC);
+    assert_eq!(h.len().unwrap(), 1 << 20);
+    g.close().unwrap();
+    m.unlink("/greedy").unwrap();
+    let before = m.statfs().unwrap().chunks_free;
+    h.allocate(64 << 10, 128 << 10, true).unwrap();
+    assert_eq!(m.statfs().unwrap().chunks_free, before - 2);
+    assert_eq!(h.len().unwrap(), 1 << 20);
+    assert_eq!(errno_of(h.allocate(0, 0, false)), libc::EINVAL);
+    let r = m.open("/reserved", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(errno_of(r.allocate(0, 1, false)), libc::EBADF);
 }
 
 /// Completion policies: every mode moves the same bytes, per call, per file and per connection.

@@ -1319,13 +1319,15 @@ fn fallocate_impl(d: &Desc, mode: c_int, off: i64, len: i64) -> Result<c_int, i3
         // Punching and collapsing holes: not offered by nvfs.
         return Err(libc::EOPNOTSUPP);
     }
-    let end = (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
-    let size = d.file.len().map_err(eno)?;
-    if end > size && mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
-        // Allocation of the new range comes with the first write (chunks are zeroed when
-        // allocated); the size grows now, as fallocate does.
-        d.file.set_len(end).map_err(eno)?;
-    }
+    (off as u64).checked_add(len as u64).ok_or(libc::EFBIG)?;
+    // The space is taken now (ENOSPC at once, not at a later write), as the kernel does.
+    d.file
+        .allocate(
+            off as u64,
+            len as u64,
+            mode & libc::FALLOC_FL_KEEP_SIZE != 0,
+        )
+        .map_err(eno)?;
     Ok(0)
 }
 
