@@ -391,9 +391,35 @@ impl Channel {
         }))
     }
 
-    /// Writes the kick pipe: the need-wakeup path.
+    /// Writes the kick pipe: the need-wakeup path. A daemon that has gone has closed the
+    /// pipe's other end, and a write there raises `SIGPIPE`, which kills a process that has
+    /// not set it aside (C programs under the preload shim): the signal is blocked for this
+    /// thread around the write and one it raised is taken back, so the caller learns that the
+    /// daemon has gone from the completion wait instead.
     pub fn kick(&self) {
-        let _ = rustix::io::write(&self.kick, &1u64.to_ne_bytes());
+        use rustix::io::Errno;
+        // SAFETY: sigset and mask calls on local, initialized sets; the previous mask is
+        // restored before returning.
+        unsafe {
+            let mut pipe: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut pipe);
+            libc::sigaddset(&mut pipe, libc::SIGPIPE);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+            libc::sigpending(&mut pending);
+            let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
+            if let Err(Errno::PIPE) = rustix::io::write(&self.kick, &1u64.to_ne_bytes()) {
+                if !was_pending {
+                    let zero = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+                }
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
     }
 
     /// Non-blocking check of `tag`; for forwarding it also harvests the tag status register.

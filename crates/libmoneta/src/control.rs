@@ -148,7 +148,7 @@ impl Control {
             SendFlags::NOSIGNAL,
         )
         .map_err(|e| match e {
-            rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET => ClientError::DeviceGone,
+            rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET => ClientError::Disconnected,
             e => e.into(),
         })?;
         Ok(())

@@ -160,9 +160,10 @@ struct ConnState {
     // Boxed: `cur` and references handed out point at a channel while the vector grows.
     #[allow(clippy::vec_box)]
     chans: Vec<Box<Channel>>,
-    /// `remaps[k]`: handles of channel `k`'s connection to those of `k + 1` (`None`: nothing
-    /// was inherited).
-    remaps: Vec<Option<HashMap<u64, u64>>>,
+    /// `remaps[k]`: handles of channel `k`'s connection to those of `k + 1`, or the errno a
+    /// file of channel `k` gets when nothing was carried over (`EBADF` after a fork whose
+    /// bundle was lost, `EIO` after the daemon went away and the connection was made anew).
+    remaps: Vec<Result<HashMap<u64, u64>, i32>>,
 }
 
 impl Inner {
@@ -204,15 +205,23 @@ impl Inner {
                 let r = ch.control().fs_inherit(t.bundle, t.secret);
                 t.close_pipe();
                 match r {
-                    Ok(pairs) => Some(pairs.into_iter().collect()),
+                    Ok(pairs) => Ok(pairs.into_iter().collect()),
                     Err(e) => {
                         eprintln!("libmoneta: the files of the parent process are lost: {e}");
-                        None
+                        Err(libc::EBADF)
                     }
                 }
             }
-            None => None,
+            None => Err(libc::EBADF),
         };
+        self.install(&mut st, ch, remap);
+        self.gen.store(g, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes `ch` the current channel; files of the previous one map their handles through
+    /// `remap`.
+    fn install(&self, st: &mut ConnState, ch: Channel, remap: Result<HashMap<u64, u64>, i32>) {
         let b = Box::new(ch);
         self.cur
             .store(&*b as *const Channel as *mut Channel, Ordering::Release);
@@ -220,8 +229,57 @@ impl Inner {
         st.remaps.push(remap);
         self.epoch
             .store(st.chans.len() as u64 - 1, Ordering::Release);
-        self.gen.store(g, Ordering::Release);
+    }
+
+    /// After the daemon closed the connection of channel `seen` (it stopped, crashed or was
+    /// restarted): connects anew, so that new opens and path calls work again. Files open on
+    /// the old connection are gone with it: their calls fail with `EIO`. The old channel
+    /// stays allocated, and threads still waiting on it learn that its daemon has gone.
+    fn reconnect(&self, seen: u64) -> Result<(), ClientError> {
+        let mut st = self.state.lock();
+        if self.epoch.load(Ordering::Acquire) != seen || !self.fresh() {
+            // Another thread reconnected first, or a fork's child connects its own way.
+            return Ok(());
+        }
+        let ch = Channel::from_control(Control::connect(&self.socket)?)?;
+        make_room_for_device(&ch, &self.counters);
+        self.install(&mut st, ch, Err(libc::EIO));
         Ok(())
+    }
+
+    /// A file-system call on the current connection. When the daemon has closed it, the
+    /// connection is made anew; a call that was never sent (the daemon was gone before it)
+    /// is then sent again on the new connection if it names no handle of the old one, and
+    /// any other fails with `EIO` (it may or may not have been carried out).
+    fn fs_call(&self, req: FsRequest) -> Result<FsReply, ClientError> {
+        self.fs_call_at(req).map(|(reply, _)| reply)
+    }
+
+    /// [`Inner::fs_call`], also giving the index of the channel whose connection answered.
+    fn fs_call_at(&self, req: FsRequest) -> Result<(FsReply, u64), ClientError> {
+        let ch = self.live()?;
+        let seen = self.epoch.load(Ordering::Acquire);
+        let retry = handle_free(&req).then(|| req.clone());
+        match ch.control().fs(req) {
+            Ok(reply) => Ok((reply, seen)),
+            Err(ClientError::Disconnected) => {
+                self.reconnect(seen)?;
+                match retry {
+                    Some(req) => {
+                        let ch = self.live()?;
+                        let now = self.epoch.load(Ordering::Acquire);
+                        Ok((ch.control().fs(req)?, now))
+                    }
+                    None => Err(ClientError::DeviceGone),
+                }
+            }
+            Err(ClientError::DeviceGone) => {
+                // Best effort: the next call finds a connection if the daemon is back.
+                let _ = self.reconnect(seen);
+                Err(ClientError::DeviceGone)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The descriptors of the current channel and its connection.
@@ -413,6 +471,28 @@ impl OpenOptions {
     }
 }
 
+/// Whether `req` names nothing of its connection's own (no handle), so that it means the same
+/// on another connection.
+fn handle_free(req: &FsRequest) -> bool {
+    match req {
+        FsRequest::Open { .. }
+        | FsRequest::Mkdir { .. }
+        | FsRequest::Rmdir { .. }
+        | FsRequest::Unlink { .. }
+        | FsRequest::Rename { .. }
+        | FsRequest::Link { .. }
+        | FsRequest::Symlink { .. }
+        | FsRequest::Readlink { .. }
+        | FsRequest::Statfs => true,
+        FsRequest::Stat { target }
+        | FsRequest::Truncate { target, .. }
+        | FsRequest::Chmod { target, .. }
+        | FsRequest::Chown { target, .. }
+        | FsRequest::Utimes { target, .. } => matches!(target, Target::Path { .. }),
+        _ => false,
+    }
+}
+
 /// Moves this process's threads off the poller's CPU, if the channel names one and
 /// `MONETA_AFFINITY` does not say `any` (failing leaves the masks as they were, with a
 /// message), and decides whether control replies are polled for
@@ -538,7 +618,7 @@ impl Moneta {
     }
 
     fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
-        self.inner.live()?.control().fs(req)
+        self.inner.fs_call(req)
     }
 
     fn fs_empty(&self, req: FsRequest) -> Result<(), ClientError> {
@@ -564,14 +644,25 @@ impl Moneta {
         flags: i32,
         mode: u32,
     ) -> Result<File, ClientError> {
-        let ch = self.inner.live()?;
         let pos = Position::new()?;
-        let (handle, rights, stat) = ch.control().fs_open(&path_bytes(&path), flags, mode)?;
+        let (reply, epoch) = self.inner.fs_call_at(FsRequest::Open {
+            flags: flags as u32,
+            mode,
+            path: path_bytes(&path),
+        })?;
+        let FsReply::Opened {
+            handle,
+            rights,
+            stat,
+        } = reply
+        else {
+            return Err(bad_reply("open reply"));
+        };
         self.inner.open.fetch_add(1, Ordering::AcqRel);
         Ok(File {
             m: self.clone(),
             handle: AtomicU64::new(handle),
-            epoch: AtomicU64::new(self.inner.epoch.load(Ordering::Acquire)),
+            epoch: AtomicU64::new(epoch),
             ino: stat.ino,
             readable: rights & RIGHT_READ != 0,
             writable: rights & RIGHT_WRITE != 0,
@@ -978,12 +1069,11 @@ impl File {
             return Ok(h);
         }
         while e < now {
-            h = st
-                .remaps
-                .get(e as usize)
-                .and_then(|r| r.as_ref())
-                .and_then(|r| r.get(&h).copied())
-                .ok_or_else(|| errno(libc::EBADF))?;
+            h = match st.remaps.get(e as usize) {
+                Some(Ok(r)) => r.get(&h).copied().ok_or_else(|| errno(libc::EBADF))?,
+                Some(Err(lost)) => return Err(errno(*lost)),
+                None => return Err(errno(libc::EBADF)),
+            };
             e += 1;
         }
         drop(st);

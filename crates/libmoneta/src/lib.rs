@@ -99,6 +99,10 @@ pub enum ClientError {
     /// The daemon closed the connection or died.
     #[error("monetad went away")]
     DeviceGone,
+    /// The daemon had closed the connection before the request was sent (it stopped or was
+    /// restarted): the request was not carried out.
+    #[error("monetad had closed the connection; the request was not sent")]
+    Disconnected,
     /// The daemon did not answer in time.
     #[error("monetad did not answer in time")]
     Timeout,
@@ -124,7 +128,7 @@ impl ClientError {
             ClientError::Refused { errno, .. } => *errno,
             ClientError::Untrusted(_) => 13, // EACCES
             ClientError::Protocol(_) | ClientError::BadChannel(_) => 71, // EPROTO
-            ClientError::DeviceGone => 5,    // EIO
+            ClientError::DeviceGone | ClientError::Disconnected => 5, // EIO
             ClientError::Timeout => 110,     // ETIMEDOUT
             ClientError::Status(s) => s.errno(),
             ClientError::Io(e) => e.raw_os_error().unwrap_or(5),
