@@ -121,8 +121,16 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// decimal number, and anything else at that path belongs to someone else.
 pub fn write_pid_file(path: &Path) -> Result<(), String> {
     check_pid_file(path)?;
-    std::fs::write(path, format!("{}\n", std::process::id()))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    // Written aside and renamed into place, so a reader never sees it empty.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", path.display())
+        })
 }
 
 /// Whether `path` is free for a pid file: missing, or a regular file holding one number.

@@ -198,6 +198,7 @@ fn each_user_gets_a_share_of_channels_and_connections() {
     // Another user still gets their share while the first holds all of theirs.
     let mut other = spawn_role_as(1002, "channels", &[socket.clone(), "4".into()]);
     assert!(other.wait().unwrap().success(), "the second user's share");
+    wait_channels(&d, 4);
     // The daemon's own user (root here) is not held to a share.
     let mine: Vec<Channel> = (0..6).map(|_| d.channel()).collect();
     assert_eq!(mine.len(), 6);
@@ -207,13 +208,18 @@ fn each_user_gets_a_share_of_channels_and_connections() {
     drop(hog1.stdin.take());
     assert!(hog1.wait().unwrap().success());
     drop(mine);
+    wait_channels(&d, 0);
+    let mut again = spawn_role_as(1001, "channels", &[socket, "4".into()]);
+    assert!(again.wait().unwrap().success(), "the share is free again");
+}
+
+/// Waits until the daemon has reclaimed all but `n` channels (reclaim follows a client's exit).
+fn wait_channels(d: &Daemon, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while d.control().status().unwrap().channels_open > 0 {
+    while d.control().status().unwrap().channels_open > n {
         assert!(Instant::now() < deadline, "channels not reclaimed");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let mut again = spawn_role_as(1001, "channels", &[socket, "4".into()]);
-    assert!(again.wait().unwrap().success(), "the share is free again");
 }
 
 #[test]
