@@ -18,101 +18,24 @@
 //! A file opened by another thread between the prepare step and the fork is not in the bundle;
 //! in the child it fails with `EBADF`.
 
-use std::cell::{RefCell, UnsafeCell};
-use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Once, Weak};
-use std::time::Duration;
 
-use crate::file::Inner;
+pub use crate::generation::generation;
+use crate::generation::{GenLock, FORKS_MADE, GENERATION};
 
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-static FORKS_MADE: AtomicU64 = AtomicU64::new(0);
-
-/// The process's fork generation: 0 in a process that was not forked from one using Moneta,
-/// one more in each child than in its parent.
-#[inline]
-pub fn generation() -> u64 {
-    GENERATION.load(Ordering::Acquire)
-}
-
-/// Forks this process has made (counted before each fork).
-#[inline]
-pub(crate) fn forks_made() -> u64 {
-    FORKS_MADE.load(Ordering::Acquire)
-}
-
-/// A mutex that a forked child can always take: the holder records its fork generation, and a
-/// holder of an older generation was a thread of the parent, which does not exist in the
-/// child. (What it protected may have been left half-updated by that thread; POSIX makes the
-/// same reservation for any state shared with threads across a fork.)
-pub(crate) struct GenLock<T> {
-    word: AtomicU64,
-    data: UnsafeCell<T>,
-}
-
-// SAFETY: access to `data` is serialized by `word`.
-unsafe impl<T: Send> Sync for GenLock<T> {}
-// SAFETY: as for a mutex.
-unsafe impl<T: Send> Send for GenLock<T> {}
-
-/// A held [`GenLock`].
-pub(crate) struct GenGuard<'a, T> {
-    lock: &'a GenLock<T>,
-}
-
-impl<T> GenLock<T> {
-    pub(crate) const fn new(v: T) -> GenLock<T> {
-        GenLock {
-            word: AtomicU64::new(0),
-            data: UnsafeCell::new(v),
-        }
-    }
-
-    pub(crate) fn lock(&self) -> GenGuard<'_, T> {
-        let mine = generation() + 1;
-        let mut spins = 0u32;
-        loop {
-            let cur = self.word.load(Ordering::Relaxed);
-            if (cur == 0 || cur != mine)
-                && self
-                    .word
-                    .compare_exchange(cur, mine, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return GenGuard { lock: self };
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 128 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-    }
-}
-
-impl<T> Deref for GenGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: the guard holds the lock.
-        unsafe { &*self.lock.data.get() }
-    }
-}
-
-impl<T> DerefMut for GenGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: the guard holds the lock.
-        unsafe { &mut *self.lock.data.get() }
-    }
-}
-
-impl<T> Drop for GenGuard<'_, T> {
-    fn drop(&mut self) {
-        self.lock.word.store(0, Ordering::Release);
-    }
+/// What the fork handlers ask of each connection of the process.
+pub(crate) trait Forkable: Send + Sync {
+    /// Before a fork: a bundle of the connection's handles for the child, if it has any.
+    fn prepare_fork(&self) -> Option<Ticket>;
+    /// In the child, right after the fork: makes the parent's channel inert (only system
+    /// calls: no lock, no allocation).
+    fn detach_current(&self);
+    /// In the child, right after the fork: the bundle to claim.
+    fn set_ticket(&self, t: Ticket);
+    /// The descriptors the connection holds now.
+    fn descriptors(&self) -> Vec<i32>;
 }
 
 /// What a child needs to claim its parent's handles.
@@ -131,15 +54,15 @@ impl Ticket {
     }
 }
 
-static REGISTRY: GenLock<Vec<Weak<Inner>>> = GenLock::new(Vec::new());
+static REGISTRY: GenLock<Vec<Weak<dyn Forkable>>> = GenLock::new(Vec::new());
 
 thread_local! {
     /// Tickets taken by this thread's fork in progress.
-    static FORKING: RefCell<Vec<(Arc<Inner>, Ticket)>> = const { RefCell::new(Vec::new()) };
+    static FORKING: RefCell<Vec<(Arc<dyn Forkable>, Ticket)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Registers a connection for the fork handlers (installed with the first one).
-pub(crate) fn register(inner: &Arc<Inner>) {
+pub(crate) fn register(inner: Weak<dyn Forkable>) {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         // SAFETY: the handlers are plain functions that live as long as the process.
@@ -150,12 +73,12 @@ pub(crate) fn register(inner: &Arc<Inner>) {
     });
     let mut reg = REGISTRY.lock();
     reg.retain(|w| w.strong_count() > 0);
-    reg.push(Arc::downgrade(inner));
+    reg.push(inner);
 }
 
 extern "C" fn prepare() {
     FORKS_MADE.fetch_add(1, Ordering::AcqRel);
-    let live: Vec<Arc<Inner>> = REGISTRY.lock().iter().filter_map(|w| w.upgrade()).collect();
+    let live: Vec<Arc<dyn Forkable>> = REGISTRY.lock().iter().filter_map(|w| w.upgrade()).collect();
     let mut tickets = Vec::new();
     for inner in live {
         if let Some(t) = inner.prepare_fork() {

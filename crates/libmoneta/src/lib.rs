@@ -28,10 +28,12 @@
 pub mod affinity;
 pub mod aio;
 pub mod channel;
+mod connection;
 pub mod control;
 mod fdnum;
 pub mod file;
 pub mod fork;
+mod generation;
 pub mod lock;
 pub mod paths;
 pub mod policy;
@@ -112,6 +114,16 @@ pub enum ClientError {
     /// A system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// An error carrying `errno`, as a system call would give it.
+pub(crate) fn errno(e: i32) -> ClientError {
+    ClientError::Io(std::io::Error::from_raw_os_error(e))
+}
+
+/// A reply that does not have the shape its request asked for.
+pub(crate) fn bad_reply(what: &'static str) -> ClientError {
+    ClientError::Protocol(moneta_abi::control::Error::BadField(what))
 }
 
 impl From<rustix::io::Errno> for ClientError {

@@ -17,7 +17,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::fork::{self, GenLock};
+use crate::generation::{self as fork, GenLock};
 
 const CELLS_PER_SEGMENT: usize = 1024;
 const WAITERS: u32 = 1 << 31;
