@@ -11,6 +11,7 @@ pub mod clock;
 pub mod command;
 pub mod engine;
 pub mod media;
+pub mod model;
 pub mod permission;
 pub mod retag;
 pub mod scheduler;

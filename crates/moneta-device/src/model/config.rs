@@ -1,0 +1,404 @@
+//! The model's parameters, with the presets a user compares (Moneta §II, Table I).
+//!
+//! Every figure of the array the first Moneta paper gives is a field here; `pcm` holds the
+//! paper's values. Times are nanoseconds and rates bytes per nanosecond (1 B/ns = 1 GB/s).
+
+use std::fmt;
+
+/// How the scheduler orders transfers (Moneta §IV).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// One queue, requests in arrival order, each request's transfers back to back
+    /// (the baseline Moneta).
+    Fifo,
+    /// Reads and writes in two queues taken in turn, each in arrival order (Moneta+2Q): the
+    /// full-duplex link carries both directions at once.
+    TwoQueue,
+    /// Two queues as [`Policy::TwoQueue`], and within each the request at the front gets one
+    /// transfer (at most a stripe) before it goes to the back (Moneta+Balance): a large
+    /// request no longer holds up small ones behind it.
+    RoundRobin,
+}
+
+impl Policy {
+    /// Parses `fifo`, `2q` or `rr`.
+    pub fn parse(s: &str) -> Result<Policy, String> {
+        match s.trim() {
+            "fifo" => Ok(Policy::Fifo),
+            "2q" | "two-queue" => Ok(Policy::TwoQueue),
+            "rr" | "round-robin" => Ok(Policy::RoundRobin),
+            other => Err(format!(
+                "scheduling policy `{other}` is not one of fifo, 2q, rr"
+            )),
+        }
+    }
+
+    /// The name [`Policy::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::TwoQueue => "2q",
+            Policy::RoundRobin => "rr",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The power model (Moneta Table I). Component figures are watts when idle and at their
+/// peak; the array's are energies per bit moved and background power.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Power {
+    /// Scheduler and DMA engine: idle, peak (W).
+    pub scheduler_w: (f64, f64),
+    /// The ring (W).
+    pub ring_w: (f64, f64),
+    /// Each scheduler buffer (W).
+    pub sched_buffer_w: (f64, f64),
+    /// Each memory controller (W).
+    pub controller_w: (f64, f64),
+    /// Each memory controller's pair of queues (W).
+    pub ctrl_buffer_w: (f64, f64),
+    /// The host link (W).
+    pub link_w: (f64, f64),
+    /// Writing the array, per bit written (pJ).
+    pub array_write_pj: f64,
+    /// Reading the array into a row buffer, per bit (pJ).
+    pub array_read_pj: f64,
+    /// Writing a row buffer, per bit (pJ).
+    pub buffer_write_pj: f64,
+    /// Reading a row buffer, per bit (pJ).
+    pub buffer_read_pj: f64,
+    /// Background power of a memory die that is on but idle, its clock stopped (W).
+    pub idle_die_w: f64,
+    /// Background power of a memory die while its controller is active (W).
+    pub active_die_w: f64,
+    /// Bits in one memory die.
+    pub die_bits: u64,
+    /// Whether a write programs only the bits it changes (selective writes) rather than the
+    /// whole row (Moneta §V-D).
+    pub selective_writes: bool,
+}
+
+impl Power {
+    /// Table I of the Moneta paper. Table I gives the idle background power of a die
+    /// (264 µW, from a commercial PCM part); its active background figure did not survive in
+    /// a usable form, so the active die power here (1 mW) is chosen to give the paper's
+    /// 0.6 W per controller for 8 KB writes (Moneta §V-D).
+    pub const MONETA: Power = Power {
+        scheduler_w: (0.3, 1.3),
+        ring_w: (0.03, 0.06),
+        sched_buffer_w: (1.26e-3, 4.37e-3),
+        controller_w: (0.24, 0.34),
+        ctrl_buffer_w: (1.26e-3, 4.37e-3),
+        link_w: (0.12, 0.4),
+        array_write_pj: 16.82,
+        array_read_pj: 2.47,
+        buffer_write_pj: 1.02,
+        buffer_read_pj: 0.93,
+        idle_die_w: 264e-6,
+        active_die_w: 1e-3,
+        die_bits: 1 << 30,
+        selective_writes: false,
+    };
+}
+
+/// Everything the model needs to know about the array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The preset this came from, for reports.
+    pub name: String,
+    /// Host link rate in each direction (full duplex), bytes per ns.
+    pub link_rate: f64,
+    /// Fixed cost of each DMA transfer on the link (ns).
+    pub link_overhead_ns: f64,
+    /// Largest transfer the scheduler makes of a request (bytes); transfers also end at stripe
+    /// boundaries.
+    pub transfer_max: u64,
+    /// Scheduler buffers, each of `transfer_max` bytes.
+    pub sched_buffers: usize,
+    /// Requests the scheduler holds in its queues at once.
+    pub sched_requests: usize,
+    /// Ring rate (bytes per ns), shared by both directions.
+    pub ring_rate: f64,
+    /// Memory controllers.
+    pub controllers: usize,
+    /// Bytes of each controller's incoming and of its outgoing queue.
+    pub ctrl_queue: u64,
+    /// Stripe across the controllers (bytes).
+    pub stripe: u64,
+    /// Memory modules per controller.
+    pub dimms: usize,
+    /// Ranks per module.
+    pub ranks: usize,
+    /// Banks per rank.
+    pub banks: usize,
+    /// Row (and row buffer) size (bytes).
+    pub row: u64,
+    /// Array read latency: opening a row into its buffer (ns).
+    pub read_ns: f64,
+    /// Array write latency: writing a row back as it closes (ns).
+    pub write_ns: f64,
+    /// Rate between a row buffer and its controller (bytes per ns).
+    pub ctrl_rate: f64,
+    /// Idle time after which a controller powers its memory down (ns).
+    pub powerdown_after_ns: f64,
+    /// Time to wake powered-down memory (ns).
+    pub wake_ns: f64,
+    /// Scheduling policy.
+    pub policy: Policy,
+    /// Writes between two moves of the start-gap gap; 0 turns wear leveling off.
+    pub gap_interval: u64,
+    /// Randomize addresses before start-gap (a static permutation of each controller's rows).
+    pub randomize: bool,
+    /// Power figures.
+    pub power: Power,
+}
+
+/// The presets, by name.
+pub const PRESETS: [&str; 4] = ["pcm", "dram", "slow-nvm", "flash-like"];
+
+impl ModelConfig {
+    /// The Moneta array of the paper: PCM (48 ns reads, 150 ns writes) behind four
+    /// controllers, a 2 GB/s full-duplex link, a 4 GB/s ring, two 8 KB scheduler buffers,
+    /// 8 KB stripes and rows, start-gap every 100 writes, the two-queue round-robin scheduler
+    /// the paper ends with.
+    pub fn pcm() -> ModelConfig {
+        ModelConfig {
+            name: "pcm".into(),
+            link_rate: 2.0,
+            link_overhead_ns: 0.0,
+            transfer_max: 8 << 10,
+            sched_buffers: 2,
+            sched_requests: 64,
+            ring_rate: 4.0,
+            controllers: 4,
+            ctrl_queue: 8 << 10,
+            stripe: 8 << 10,
+            dimms: 4,
+            ranks: 2,
+            banks: 4,
+            row: 8 << 10,
+            read_ns: 48.0,
+            write_ns: 150.0,
+            ctrl_rate: 4.0,
+            powerdown_after_ns: 1000.0,
+            wake_ns: 50.0,
+            policy: Policy::RoundRobin,
+            gap_interval: 100,
+            randomize: true,
+            power: Power::MONETA,
+        }
+    }
+
+    /// The same array with DRAM-like timing (15 ns each way), no wear to level, and DRAM
+    /// write energy (as cheap as a read).
+    pub fn dram() -> ModelConfig {
+        let mut c = ModelConfig::pcm();
+        c.name = "dram".into();
+        c.read_ns = 15.0;
+        c.write_ns = 15.0;
+        c.gap_interval = 0;
+        c.randomize = false;
+        c.power.array_write_pj = c.power.array_read_pj;
+        c
+    }
+
+    /// A slower non-volatile memory: 1 µs reads and 4 µs writes, where Moneta §V-C finds
+    /// that more controllers start to matter.
+    pub fn slow_nvm() -> ModelConfig {
+        let mut c = ModelConfig::pcm();
+        c.name = "slow-nvm".into();
+        c.read_ns = 1_000.0;
+        c.write_ns = 4_000.0;
+        c
+    }
+
+    /// Flash-like latencies (25 µs reads, 200 µs programs) behind the same array, to see how
+    /// far parallelism hides them; wear leveling stays as for PCM.
+    pub fn flash_like() -> ModelConfig {
+        let mut c = ModelConfig::pcm();
+        c.name = "flash-like".into();
+        c.read_ns = 25_000.0;
+        c.write_ns = 200_000.0;
+        c
+    }
+
+    /// A preset by name.
+    pub fn preset(name: &str) -> Result<ModelConfig, String> {
+        match name.trim() {
+            "pcm" => Ok(ModelConfig::pcm()),
+            "dram" => Ok(ModelConfig::dram()),
+            "slow-nvm" => Ok(ModelConfig::slow_nvm()),
+            "flash-like" => Ok(ModelConfig::flash_like()),
+            other => Err(format!(
+                "no model preset `{other}`; the presets are {} (or none)",
+                PRESETS.join(", ")
+            )),
+        }
+    }
+
+    /// Banks per controller.
+    pub fn banks_per_controller(&self) -> usize {
+        self.dimms * self.ranks * self.banks
+    }
+
+    /// Checks that the parameters describe an array that can exist.
+    pub fn validate(&self) -> Result<(), String> {
+        let pos = |v: f64, what: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("model: {what} must be a positive number, not {v}"))
+            }
+        };
+        let nonneg = |v: f64, what: &str| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("model: {what} must not be negative, not {v}"))
+            }
+        };
+        pos(self.link_rate, "link_rate")?;
+        pos(self.ring_rate, "ring_rate")?;
+        pos(self.ctrl_rate, "ctrl_rate")?;
+        nonneg(self.link_overhead_ns, "link_overhead_ns")?;
+        nonneg(self.read_ns, "read_ns")?;
+        nonneg(self.write_ns, "write_ns")?;
+        nonneg(self.powerdown_after_ns, "powerdown_after_ns")?;
+        nonneg(self.wake_ns, "wake_ns")?;
+        if !(1..=16).contains(&self.controllers) {
+            return Err(format!(
+                "model: controllers must be 1 to 16, not {}",
+                self.controllers
+            ));
+        }
+        for (v, what) in [
+            (self.stripe, "stripe"),
+            (self.row, "row"),
+            (self.transfer_max, "transfer_max"),
+        ] {
+            if !v.is_power_of_two() || !(512..=(1 << 20)).contains(&v) {
+                return Err(format!(
+                    "model: {what} must be a power of two from 512 bytes to 1 MiB, not {v}"
+                ));
+            }
+        }
+        if self.ctrl_queue < self.transfer_max {
+            return Err(format!(
+                "model: a controller queue ({} bytes) must hold a whole transfer ({} bytes)",
+                self.ctrl_queue, self.transfer_max
+            ));
+        }
+        if self.sched_buffers == 0 || self.sched_buffers > 1024 {
+            return Err(format!(
+                "model: sched_buffers must be 1 to 1024, not {}",
+                self.sched_buffers
+            ));
+        }
+        if self.sched_requests == 0 || self.sched_requests > 65536 {
+            return Err(format!(
+                "model: sched_requests must be 1 to 65536, not {}",
+                self.sched_requests
+            ));
+        }
+        for (v, what) in [
+            (self.dimms, "dimms"),
+            (self.ranks, "ranks"),
+            (self.banks, "banks"),
+        ] {
+            if !(1..=64).contains(&v) {
+                return Err(format!("model: {what} must be 1 to 64, not {v}"));
+            }
+        }
+        let p = &self.power;
+        for (v, what) in [
+            (p.array_write_pj, "array_write_pj"),
+            (p.array_read_pj, "array_read_pj"),
+            (p.buffer_write_pj, "buffer_write_pj"),
+            (p.buffer_read_pj, "buffer_read_pj"),
+            (p.idle_die_w, "idle_die_w"),
+            (p.active_die_w, "active_die_w"),
+        ] {
+            nonneg(v, what)?;
+        }
+        for ((idle, peak), what) in [
+            (p.scheduler_w, "scheduler_w"),
+            (p.ring_w, "ring_w"),
+            (p.sched_buffer_w, "sched_buffer_w"),
+            (p.controller_w, "controller_w"),
+            (p.ctrl_buffer_w, "ctrl_buffer_w"),
+            (p.link_w, "link_w"),
+        ] {
+            nonneg(idle, what)?;
+            if !(peak.is_finite() && peak >= idle) {
+                return Err(format!(
+                    "model: {what} peak ({peak} W) must be at least its idle power ({idle} W)"
+                ));
+            }
+        }
+        if p.die_bits == 0 {
+            return Err("model: die_bits must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The highest bandwidth the array can sustain for large transfers of one direction
+    /// (bytes per ns): the least of the link, the ring, and the controllers each streaming
+    /// rows (one row open, moved, and for writes closed, at a time).
+    pub fn peak_rate(&self, write: bool) -> f64 {
+        let per_row = self.row as f64 / self.ctrl_rate
+            + if write {
+                self.read_ns + self.write_ns
+            } else {
+                self.read_ns
+            };
+        let ctrl = self.controllers as f64 * self.row as f64 / per_row;
+        self.link_rate.min(self.ring_rate).min(ctrl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_named() {
+        for name in PRESETS {
+            let c = ModelConfig::preset(name).unwrap();
+            assert_eq!(c.name, name);
+            c.validate().unwrap();
+        }
+        assert!(ModelConfig::preset("tape").unwrap_err().contains("pcm"));
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let mut c = ModelConfig::pcm();
+        c.controllers = 17;
+        assert!(c.validate().unwrap_err().contains("controllers"));
+        let mut c = ModelConfig::pcm();
+        c.stripe = 3000;
+        assert!(c.validate().unwrap_err().contains("stripe"));
+        let mut c = ModelConfig::pcm();
+        c.link_rate = 0.0;
+        assert!(c.validate().unwrap_err().contains("link_rate"));
+        let mut c = ModelConfig::pcm();
+        c.power.link_w = (1.0, 0.5);
+        assert!(c.validate().unwrap_err().contains("peak"));
+    }
+
+    #[test]
+    fn the_pcm_array_is_link_bound_for_large_transfers() {
+        let c = ModelConfig::pcm();
+        assert_eq!(c.peak_rate(false), 2.0);
+        assert_eq!(c.peak_rate(true), 2.0);
+        let mut one = ModelConfig::flash_like();
+        one.controllers = 1;
+        assert!(one.peak_rate(true) < 0.05);
+    }
+}

@@ -1,0 +1,1063 @@
+//! The Moneta array in time and power (Moneta §II, §IV, §V): the hardware under the channels.
+//!
+//! A request the device takes goes to the model's scheduler, which splits it into transfers of
+//! at most a stripe (8 KB) and gives each a scheduler buffer as one frees, in the order its
+//! policy says (FIFO, two queues, round-robin in pieces). A transfer then passes through the
+//! resources of the array one after the other, each a server that does one thing at a time:
+//!
+//! - read: the memory controller of its stripe opens the row into the bank's row buffer (the
+//!   array read latency, unless the row is open already) and moves the bytes into its
+//!   outgoing queue at the controller's rate; the ring carries them to the scheduler buffer;
+//!   the link carries them to the host (DMA); the buffer frees;
+//! - write: the link carries the bytes from the host into a scheduler buffer; once the
+//!   controller's incoming queue has room (the scoreboard), the ring carries them there and
+//!   the buffer frees; the controller opens the row (unless the write covers it whole), moves
+//!   the bytes into the row buffer and writes the row back as it closes it (the array write
+//!   latency): Moneta keeps no row open after a write, for durability.
+//!
+//! Each resource starts a transfer when both the transfer and the resource are ready, so
+//! queueing, contention and parallelism come out of the model rather than out of fixed delays.
+//! A request completes when its last transfer does. Time is kept in picoseconds.
+//!
+//! The model is pure and deterministic: it is driven by [`Model::submit`] and
+//! [`Model::advance`] with the caller's clock, and it decides a transfer only once the clock
+//! has reached the time it starts, so a request that arrives later can still be served first
+//! where the policy says so. Wear leveling ([`startgap`]) maps each controller's rows; the
+//! power model (Table I) integrates what the resources did ([`Energy`]).
+
+pub mod config;
+pub mod startgap;
+
+use std::collections::{HashMap, VecDeque};
+
+pub use config::{ModelConfig, Policy, Power, PRESETS};
+use startgap::StartGap;
+
+/// Picoseconds per nanosecond.
+const PS: u64 = 1000;
+
+/// A request for the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Submit {
+    /// The caller's name for it, given back with its completion time.
+    pub id: u64,
+    /// A write (else a read).
+    pub write: bool,
+    /// Array address.
+    pub addr: u64,
+    /// Bytes (at least 1).
+    pub len: u64,
+    /// The channel it came from (barriers order a channel's requests).
+    pub channel: u32,
+    /// A barrier: no later request of the channel issues before this one and every earlier
+    /// one of the channel have completed.
+    pub barrier: bool,
+}
+
+/// A request in the scheduler.
+#[derive(Debug)]
+struct Req {
+    s: Submit,
+    /// The barrier epoch of its channel it belongs to.
+    epoch: u64,
+    /// Next byte (array address) to issue.
+    next: u64,
+    /// The latest end of its issued transfers.
+    done: u64,
+    /// When it may issue at the earliest (arrival, or when it entered the scheduler's queue).
+    ready: u64,
+}
+
+/// One barrier epoch of a channel: requests whose completion is not yet known, and the latest
+/// completion among those known.
+#[derive(Debug, Default, Clone, Copy)]
+struct Epoch {
+    unknown: u64,
+    latest: u64,
+}
+
+#[derive(Debug, Default)]
+struct ChanOrder {
+    /// The epoch new requests join.
+    current: u64,
+    /// Open epochs, oldest first: (epoch, state).
+    open: VecDeque<(u64, Epoch)>,
+    /// Latest completion of the epochs closed and dropped.
+    closed_latest: u64,
+}
+
+impl ChanOrder {
+    /// When a request of `epoch` may issue: `None` while an earlier epoch has requests whose
+    /// completion is not known yet.
+    fn eligible(&self, epoch: u64) -> Option<u64> {
+        let mut t = self.closed_latest;
+        for &(e, st) in &self.open {
+            if e >= epoch {
+                break;
+            }
+            if st.unknown > 0 {
+                return None;
+            }
+            t = t.max(st.latest);
+        }
+        Some(t)
+    }
+
+    fn known(&mut self, epoch: u64, done: u64) {
+        if let Some((_, st)) = self.open.iter_mut().find(|(e, _)| *e == epoch) {
+            st.unknown -= 1;
+            st.latest = st.latest.max(done);
+        }
+        // Fold finished epochs at the front, keeping the current one open.
+        while let Some(&(e, st)) = self.open.front() {
+            if st.unknown > 0 || e == self.current {
+                break;
+            }
+            self.closed_latest = self.closed_latest.max(st.latest);
+            self.open.pop_front();
+        }
+    }
+}
+
+/// A resource that does one thing at a time, as a calendar of the spans it is booked for.
+///
+/// A transfer books each resource on its path when it issues, possibly for a span that lies
+/// ahead; a later transfer that is ready earlier takes a free gap before that span if it fits,
+/// so the resource serves work in the order it becomes ready rather than the order it was
+/// issued (a read waiting for a slow row must not hold the ring from a write that is ready).
+#[derive(Debug, Default, Clone)]
+struct Calendar {
+    /// Booked spans, sorted and disjoint.
+    spans: Vec<(u64, u64)>,
+    /// Time booked so far.
+    busy: u64,
+    /// The end of the latest span ever booked.
+    last_end: u64,
+}
+
+impl Calendar {
+    /// The earliest start at or after `ready` of a free span of `dur`.
+    fn fit(&self, ready: u64, dur: u64) -> u64 {
+        let mut t = ready;
+        let i = self.spans.partition_point(|&(_, e)| e <= t);
+        for &(s, e) in &self.spans[i..] {
+            if t + dur <= s {
+                break;
+            }
+            t = t.max(e);
+        }
+        t
+    }
+
+    /// Whether `[s, e)` is free; if not, the end of the first span in the way.
+    fn conflict(&self, s: u64, e: u64) -> Option<u64> {
+        let i = self.spans.partition_point(|&(_, end)| end <= s);
+        match self.spans.get(i) {
+            Some(&(bs, be)) if bs < e => Some(be),
+            _ => None,
+        }
+    }
+
+    /// Books `[s, s + dur)`, which must be free; returns its end.
+    fn book(&mut self, s: u64, dur: u64) -> u64 {
+        let e = s + dur;
+        if dur > 0 {
+            let i = self.spans.partition_point(|&(bs, _)| bs < s);
+            self.spans.insert(i, (s, e));
+            self.busy += dur;
+            self.last_end = self.last_end.max(e);
+        }
+        e
+    }
+
+    /// Books the earliest free span of `dur` at or after `ready`; returns (start, end).
+    fn run(&mut self, ready: u64, dur: u64) -> (u64, u64) {
+        let s = self.fit(ready, dur);
+        (s, self.book(s, dur))
+    }
+
+    /// Forgets spans that ended by `t` (no later booking starts before it).
+    fn prune(&mut self, t: u64) {
+        let i = self.spans.partition_point(|&(_, e)| e <= t);
+        if i > 0 {
+            self.spans.drain(..i);
+        }
+    }
+}
+
+/// One memory controller and its memory.
+#[derive(Debug)]
+struct Controller {
+    core: Calendar,
+    /// When the incoming (writes) and outgoing (reads) queues are free again.
+    inq_free: u64,
+    outq_free: u64,
+    /// The row open in each bank's row buffer (physical row).
+    open: Vec<Option<u64>>,
+    wear_level: StartGap,
+    /// Writes per physical row (`lines + 1` rows with the gap).
+    wear: Vec<u32>,
+    /// Time the memory woke, and when its last access ended.
+    awake_since: u64,
+    last_end: u64,
+    awake_total: u64,
+    /// Whether the memory has been woken at all.
+    woken: bool,
+    transfers: u64,
+    queue_wait: u64,
+    row_hits: u64,
+    row_misses: u64,
+    gap_moves: u64,
+}
+
+/// Counts the energy model integrates, besides busy times.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bits {
+    array_read: u64,
+    array_written: u64,
+    buffer_read: u64,
+    buffer_written: u64,
+}
+
+/// Work done so far, by the resources of the array.
+#[derive(Debug, Default, Clone, Copy)]
+struct Work {
+    reads: u64,
+    writes: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    transfers: u64,
+    bits: Bits,
+}
+
+/// The model of one array.
+#[derive(Debug)]
+pub struct Model {
+    cfg: ModelConfig,
+    size: u64,
+    /// Picoseconds per byte of the link, the ring and a controller.
+    link_ps: f64,
+    ring_ps: f64,
+    ctrl_ps: f64,
+    link_overhead: u64,
+    read_lat: u64,
+    write_lat: u64,
+    wake: u64,
+    powerdown_after: u64,
+    /// Scheduler buffers.
+    buffers: Vec<Calendar>,
+    buffer_busy: u64,
+    /// Time at least one buffer was held (the scheduler and DMA engine busy).
+    sched_busy: u64,
+    sched_busy_until: u64,
+    link_up: Calendar,
+    link_down: Calendar,
+    ring: Calendar,
+    ctrls: Vec<Controller>,
+    reqs: HashMap<u64, Req>,
+    /// Queues of request ids: one for [`Policy::Fifo`], reads then writes otherwise.
+    queues: [VecDeque<u64>; 2],
+    /// The queue the last transfer came from.
+    last_queue: usize,
+    /// Requests waiting for room in the scheduler's queues.
+    backlog: VecDeque<u64>,
+    queued: usize,
+    chans: HashMap<u32, ChanOrder>,
+    /// The time of the first request, where energy starts counting.
+    origin: Option<u64>,
+    /// The latest time the model was advanced to.
+    now: u64,
+    /// The time of the last decision (transfers issue in time order).
+    clock: u64,
+    work: Work,
+}
+
+fn dur(bytes: u64, ps_per_byte: f64) -> u64 {
+    (bytes as f64 * ps_per_byte).round() as u64
+}
+
+impl Model {
+    /// A model of `cfg` over an array of `size` bytes; `seed` chooses the address
+    /// randomization of wear leveling (keep it with the wear counts).
+    pub fn new(cfg: ModelConfig, size: u64, seed: u64) -> Result<Model, String> {
+        cfg.validate()?;
+        if size == 0 {
+            return Err("model: the array is empty".into());
+        }
+        let c = cfg.controllers as u64;
+        let per_ctrl = size.div_ceil(c).max(1);
+        let lines = per_ctrl.div_ceil(cfg.row).max(1);
+        let ctrls = (0..cfg.controllers)
+            .map(|i| Controller {
+                core: Calendar::default(),
+                inq_free: 0,
+                outq_free: 0,
+                open: vec![None; cfg.banks_per_controller()],
+                wear_level: StartGap::new(
+                    lines,
+                    cfg.gap_interval,
+                    cfg.randomize,
+                    seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                ),
+                wear: vec![0; lines as usize + 1],
+                awake_since: 0,
+                last_end: 0,
+                awake_total: 0,
+                woken: false,
+                transfers: 0,
+                queue_wait: 0,
+                row_hits: 0,
+                row_misses: 0,
+                gap_moves: 0,
+            })
+            .collect();
+        Ok(Model {
+            link_ps: PS as f64 / cfg.link_rate,
+            ring_ps: PS as f64 / cfg.ring_rate,
+            ctrl_ps: PS as f64 / cfg.ctrl_rate,
+            link_overhead: (cfg.link_overhead_ns * PS as f64).round() as u64,
+            read_lat: (cfg.read_ns * PS as f64).round() as u64,
+            write_lat: (cfg.write_ns * PS as f64).round() as u64,
+            wake: (cfg.wake_ns * PS as f64).round() as u64,
+            powerdown_after: (cfg.powerdown_after_ns * PS as f64).round() as u64,
+            buffers: vec![Calendar::default(); cfg.sched_buffers],
+            buffer_busy: 0,
+            sched_busy: 0,
+            sched_busy_until: 0,
+            link_up: Calendar::default(),
+            link_down: Calendar::default(),
+            ring: Calendar::default(),
+            ctrls,
+            reqs: HashMap::new(),
+            queues: [VecDeque::new(), VecDeque::new()],
+            last_queue: 1,
+            backlog: VecDeque::new(),
+            queued: 0,
+            chans: HashMap::new(),
+            origin: None,
+            now: 0,
+            clock: 0,
+            work: Work::default(),
+            size,
+            cfg,
+        })
+    }
+
+    /// The parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Requests taken and not yet given a completion time.
+    pub fn pending(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Takes a request that arrives at `now_ns`. Requests of a channel issue in the order
+    /// given here, except as the policy interleaves them with other requests.
+    pub fn submit(&mut self, s: Submit, now_ns: u64) {
+        let now = now_ns * PS;
+        self.now = self.now.max(now);
+        self.origin.get_or_insert(now);
+        let ord = self.chans.entry(s.channel).or_default();
+        let epoch = ord.current;
+        match ord.open.back_mut() {
+            Some((e, st)) if *e == epoch => st.unknown += 1,
+            _ => ord.open.push_back((
+                epoch,
+                Epoch {
+                    unknown: 1,
+                    latest: 0,
+                },
+            )),
+        }
+        if s.barrier {
+            ord.current += 1;
+        }
+        let len = s.len.max(1);
+        let end = s.addr.saturating_add(len).min(self.size);
+        let addr = s.addr.min(end.saturating_sub(1));
+        self.reqs.insert(
+            s.id,
+            Req {
+                s: Submit {
+                    addr,
+                    len: end - addr,
+                    ..s
+                },
+                epoch,
+                next: addr,
+                done: now,
+                ready: now,
+            },
+        );
+        if self.queued < self.cfg.sched_requests {
+            self.enqueue(s.id, now);
+        } else {
+            self.backlog.push_back(s.id);
+        }
+    }
+
+    fn queue_of(&self, write: bool) -> usize {
+        match self.cfg.policy {
+            Policy::Fifo => 0,
+            Policy::TwoQueue | Policy::RoundRobin => usize::from(write),
+        }
+    }
+
+    fn enqueue(&mut self, id: u64, at: u64) {
+        let Some(r) = self.reqs.get_mut(&id) else {
+            return;
+        };
+        r.ready = r.ready.max(at);
+        let write = r.s.write;
+        let q = self.queue_of(write);
+        self.queues[q].push_back(id);
+        self.queued += 1;
+    }
+
+    /// When request `id` may issue at the earliest, `None` while a barrier holds it back.
+    fn ready_at(&self, id: u64) -> Option<u64> {
+        let r = &self.reqs[&id];
+        let after = self.chans.get(&r.s.channel)?.eligible(r.epoch)?;
+        Some(r.ready.max(after))
+    }
+
+    /// The position in queue `q` of the request whose next transfer the policy takes next,
+    /// with the time it is ready and the time it can issue. FIFO and two-queue scheduling
+    /// process a queue in order: its first request goes next, and while it waits (for a
+    /// barrier, its controller or a buffer) so does everything behind it, as Moneta's
+    /// in-order scheduler did. Round-robin takes, in queue order, the request that can
+    /// issue first: one that a barrier holds back is not in the running (Moneta+Balance
+    /// inserts requests after a barrier only once it has completed).
+    fn candidate(&self, q: usize) -> Option<(usize, u64, u64)> {
+        let at = |pos: usize, id: u64| {
+            let ready = self.ready_at(id)?;
+            Some((pos, ready, ready.max(self.gate(id, ready))))
+        };
+        match self.cfg.policy {
+            Policy::Fifo | Policy::TwoQueue => {
+                let id = *self.queues[q].front()?;
+                at(0, id)
+            }
+            Policy::RoundRobin => self.queues[q]
+                .iter()
+                .enumerate()
+                .filter_map(|(pos, id)| at(pos, *id))
+                .min_by_key(|c| (c.2, c.0)),
+        }
+    }
+
+    /// When the next transfer of request `id`, ready at `ready`, can start: a write needs a
+    /// scheduler buffer to receive it from the host, a read needs room in its controller's
+    /// outgoing queue (the scoreboard).
+    fn gate(&self, id: u64, ready: u64) -> u64 {
+        let r = &self.reqs[&id];
+        let ci = self.place(r.next).0;
+        if r.s.write {
+            let (ring_d, link_d) = self.wire(self.next_len(r));
+            let stages = Model::write_stages(ring_d, link_d, self.ctrls[ci].inq_free);
+            // It issues when its DMA starts into the buffer it gets.
+            (self.find_buffer(ready, stages).2).0
+        } else {
+            self.ctrls[ci].outq_free
+        }
+    }
+
+    /// The controller of array address `addr` and the address within it.
+    fn place(&self, addr: u64) -> (usize, u64) {
+        let stripe = addr / self.cfg.stripe;
+        let c = self.cfg.controllers as u64;
+        (
+            (stripe % c) as usize,
+            (stripe / c) * self.cfg.stripe + addr % self.cfg.stripe,
+        )
+    }
+
+    /// The next transfer to issue: its queue, position and time.
+    fn pick(&self) -> Option<(usize, usize, u64)> {
+        let nq = match self.cfg.policy {
+            Policy::Fifo => 1,
+            Policy::TwoQueue | Policy::RoundRobin => 2,
+        };
+        // Decisions are made in time order: none before the last one.
+        let cands: Vec<(usize, usize, u64, u64)> = (0..nq)
+            .filter_map(|q| {
+                self.candidate(q)
+                    .map(|(pos, ready, t)| (q, pos, ready.max(self.clock), t.max(self.clock)))
+            })
+            .collect();
+        let first = cands.iter().min_by_key(|c| c.3)?;
+        // The two queues are taken in turn: after a transfer of one, the other goes next when
+        // it has a request waiting by then, even if that one must wait for its resources.
+        let other = cands
+            .iter()
+            .find(|c| c.0 != self.last_queue && c.0 != first.0 && c.2 <= first.3);
+        let c = other.unwrap_or(first);
+        Some((c.0, c.1, c.3))
+    }
+
+    /// When the next transfer would issue, if anything is queued: the caller should advance
+    /// the model again by then (in nanoseconds, rounded up).
+    pub fn next_event_ns(&self) -> Option<u64> {
+        self.pick().map(|(_, _, t)| t.div_ceil(PS))
+    }
+
+    /// Issues every transfer whose start the clock has reached, and hands `done` each request
+    /// whose completion time is now known (it may lie ahead of `now_ns`), in nanoseconds
+    /// rounded up.
+    pub fn advance(&mut self, now_ns: u64, mut done: impl FnMut(u64, u64)) {
+        let now = now_ns * PS;
+        self.now = self.now.max(now);
+        while let Some((q, pos, t)) = self.pick() {
+            if t > now {
+                break;
+            }
+            let id = self.queues[q][pos];
+            self.clock = t;
+            self.issue(id, t);
+            self.last_queue = q;
+            let finished = {
+                let r = &self.reqs[&id];
+                r.next >= r.s.addr + r.s.len
+            };
+            if finished {
+                self.queues[q].remove(pos);
+                self.queued -= 1;
+                let r = self.reqs.remove(&id).expect("request");
+                if let Some(ord) = self.chans.get_mut(&r.s.channel) {
+                    ord.known(r.epoch, r.done);
+                }
+                done(r.s.id, r.done.div_ceil(PS));
+                if let Some(next) = self.backlog.pop_front() {
+                    self.enqueue(next, t);
+                }
+            } else if self.cfg.policy == Policy::RoundRobin {
+                // Moneta+Balance: the rest of the request goes to the back of its queue.
+                let id = self.queues[q].remove(pos).expect("queued");
+                self.queues[q].push_back(id);
+            }
+        }
+    }
+
+    /// Issues the next transfer of request `id` at `t`.
+    fn issue(&mut self, id: u64, t: u64) {
+        self.prune(t);
+        let (write, addr, len) = {
+            let r = &self.reqs[&id];
+            (r.s.write, r.next, self.next_len(r))
+        };
+        let (ci, local) = self.place(addr);
+        let end = if write {
+            self.write_transfer(ci, local, len, t)
+        } else {
+            self.read_transfer(ci, local, len, t)
+        };
+        self.work.transfers += 1;
+        if write {
+            self.work.bytes_written += len;
+        } else {
+            self.work.bytes_read += len;
+        }
+        let r = self.reqs.get_mut(&id).expect("request");
+        if r.next == r.s.addr {
+            if write {
+                self.work.writes += 1;
+            } else {
+                self.work.reads += 1;
+            }
+        }
+        r.next = addr + len;
+        r.done = r.done.max(end);
+    }
+
+    /// Forgets what ended by `t` in every calendar.
+    fn prune(&mut self, t: u64) {
+        self.ring.prune(t);
+        self.link_up.prune(t);
+        self.link_down.prune(t);
+        for b in &mut self.buffers {
+            b.prune(t);
+        }
+        for c in &mut self.ctrls {
+            c.core.prune(t);
+        }
+    }
+
+    /// The earliest start at or after `from` for which a scheduler buffer is free over the
+    /// span `stages` gives: `stages(x)` answers the span `(start, end)` the transfer's
+    /// stages would take if they started at `x`. Returns (x, buffer, span).
+    fn find_buffer(
+        &self,
+        from: u64,
+        stages: impl Fn(&Model, u64) -> (u64, u64),
+    ) -> (u64, usize, (u64, u64)) {
+        let mut x = from;
+        loop {
+            let (s, e) = stages(self, x);
+            let mut next = u64::MAX;
+            for (b, cal) in self.buffers.iter().enumerate() {
+                match cal.conflict(s, e) {
+                    None => return (x, b, (s, e)),
+                    // Each round moves past a booked span, so this ends.
+                    Some(end) => next = next.min(end),
+                }
+            }
+            x = next.max(x + 1);
+        }
+    }
+
+    /// Books what [`Model::find_buffer`] found.
+    fn hold_buffer(&mut self, b: usize, (s, e): (u64, u64)) {
+        self.buffers[b].book(s, e - s);
+        self.buffer_busy += e - s;
+        if e > self.sched_busy_until {
+            self.sched_busy += e - s.max(self.sched_busy_until);
+            self.sched_busy_until = e;
+        }
+    }
+
+    /// The span a read's data holds a scheduler buffer, from the ring to the end of the DMA,
+    /// were it to reach the ring at `x`.
+    fn read_stages(len_ring: u64, len_link: u64) -> impl Fn(&Model, u64) -> (u64, u64) {
+        move |m: &Model, x: u64| {
+            let rs = m.ring.fit(x, len_ring);
+            let ls = m.link_up.fit(rs + len_ring, len_link);
+            (rs, ls + len_link)
+        }
+    }
+
+    /// The span a write holds a scheduler buffer, from the DMA's start until the ring has
+    /// carried the data into its controller's incoming queue (once that has room, `inq`),
+    /// were it to start at `x`.
+    fn write_stages(len_ring: u64, len_link: u64, inq: u64) -> impl Fn(&Model, u64) -> (u64, u64) {
+        move |m: &Model, x: u64| {
+            let ls = m.link_down.fit(x, len_link);
+            let rs = m.ring.fit((ls + len_link).max(inq), len_ring);
+            (ls, rs + len_ring)
+        }
+    }
+
+    /// Ring and link times of `len` bytes.
+    fn wire(&self, len: u64) -> (u64, u64) {
+        (
+            dur(len, self.ring_ps),
+            self.link_overhead + dur(len, self.link_ps),
+        )
+    }
+
+    /// Bytes of the next transfer of `r`.
+    fn next_len(&self, r: &Req) -> u64 {
+        let end = r.s.addr + r.s.len;
+        let piece = self.cfg.transfer_max.min(self.cfg.stripe);
+        let boundary = (r.next / piece + 1) * piece;
+        boundary.min(end) - r.next
+    }
+
+    /// The controller's memory wakes for an access at `at`; returns when it can start.
+    fn wake(&mut self, ci: usize, at: u64) -> u64 {
+        let (wake, after) = (self.wake, self.powerdown_after);
+        let c = &mut self.ctrls[ci];
+        if !c.woken {
+            c.woken = true;
+            c.awake_since = at;
+            return at + wake;
+        }
+        if at > c.last_end + after {
+            // It powered down `after` past its last access.
+            c.awake_total += c.last_end + after - c.awake_since;
+            c.awake_since = at;
+            return at + wake;
+        }
+        at
+    }
+
+    /// Rows of `[local, local + len)` on a controller: (row, bytes of it).
+    fn rows(&self, local: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+        let row = self.cfg.row;
+        let end = local + len;
+        let mut at = local;
+        std::iter::from_fn(move || {
+            if at >= end {
+                return None;
+            }
+            let r = at / row;
+            let n = ((r + 1) * row).min(end) - at;
+            at += n;
+            Some((r, n))
+        })
+    }
+
+    /// The controller's work on one transfer, booked from `ready`: opens, moves and (for
+    /// writes) writes back each row; returns (start, when the data has left or entered the
+    /// queue, end).
+    fn controller_work(
+        &mut self,
+        ci: usize,
+        local: u64,
+        len: u64,
+        write: bool,
+        ready: u64,
+    ) -> (u64, u64, u64) {
+        let rows: Vec<(u64, u64)> = self.rows(local, len).collect();
+        let row = self.cfg.row;
+        let row_bits = row * 8;
+        let selective = self.cfg.power.selective_writes;
+        let banks = self.ctrls[ci].open.len() as u64;
+        // The time the work takes, and its effect on rows, wear and energy.
+        let mut d = 0u64;
+        let mut moved = 0u64;
+        for (r, n) in rows {
+            let c = &mut self.ctrls[ci];
+            let p = c.wear_level.map(r);
+            let bank = (p % banks) as usize;
+            let open = c.open[bank] == Some(p);
+            if write {
+                if n < row && !open {
+                    // A partial row is read in before it is written back whole.
+                    c.row_misses += 1;
+                    d += self.read_lat;
+                    self.work.bits.array_read += row_bits;
+                } else {
+                    c.row_hits += u64::from(open);
+                }
+                d += dur(n, self.ctrl_ps);
+                moved = d;
+                self.work.bits.buffer_written += n * 8;
+                d += self.write_lat;
+                self.work.bits.array_written += if selective { n * 8 } else { row_bits };
+                c.open[bank] = None;
+                c.wear[p as usize] = c.wear[p as usize].saturating_add(1);
+                if let Some(m) = c.wear_level.wrote() {
+                    // The gap move copies one row inside the memory: read it, write it back.
+                    c.gap_moves += 1;
+                    d += self.read_lat + self.write_lat;
+                    self.work.bits.array_read += row_bits;
+                    self.work.bits.array_written += row_bits;
+                    c.wear[m.to as usize] = c.wear[m.to as usize].saturating_add(1);
+                    for slot in c.open.iter_mut() {
+                        if *slot == Some(m.from) || *slot == Some(m.to) {
+                            *slot = None;
+                        }
+                    }
+                }
+            } else {
+                if open {
+                    c.row_hits += 1;
+                } else {
+                    c.row_misses += 1;
+                    c.open[bank] = Some(p);
+                    d += self.read_lat;
+                    self.work.bits.array_read += row_bits;
+                }
+                d += dur(n, self.ctrl_ps);
+                moved = d;
+                self.work.bits.buffer_read += n * 8;
+            }
+        }
+        let mut start = self.ctrls[ci].core.fit(ready, d);
+        let wake = self.wake(ci, start);
+        if wake > start {
+            start = self.ctrls[ci].core.fit(wake, d);
+        }
+        let c = &mut self.ctrls[ci];
+        let end = c.core.book(start, d);
+        c.queue_wait += start - ready;
+        c.transfers += 1;
+        c.last_end = c.last_end.max(end);
+        (start, start + moved, end)
+    }
+
+    /// A read transfer issued at `t` (its controller's outgoing queue has room): returns when
+    /// it ends, its data in the host.
+    fn read_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
+        let (_, data, _) = self.controller_work(ci, local, len, false, t);
+        let (ring_d, link_d) = self.wire(len);
+        let (x, b, span) = self.find_buffer(data, Model::read_stages(ring_d, link_d));
+        self.hold_buffer(b, span);
+        let (_, ring_end) = self.ring.run(x, ring_d);
+        let (_, link_end) = self.link_up.run(ring_end, link_d);
+        self.ctrls[ci].outq_free = ring_end;
+        link_end
+    }
+
+    /// A write transfer issued at `t`: returns when it ends, its row written back (durable).
+    fn write_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
+        let (ring_d, link_d) = self.wire(len);
+        let inq = self.ctrls[ci].inq_free;
+        let (x, b, span) = self.find_buffer(t, Model::write_stages(ring_d, link_d, inq));
+        self.hold_buffer(b, span);
+        let (_, link_end) = self.link_down.run(x, link_d);
+        let (_, ring_end) = self.ring.run(link_end.max(inq), ring_d);
+        let (_, drained, end) = self.controller_work(ci, local, len, true, ring_end);
+        self.ctrls[ci].inq_free = drained;
+        end
+    }
+
+    /// What the model has done up to `now_ns`: utilisation, energy, wear.
+    pub fn stats(&self, now_ns: u64) -> ModelStats {
+        let now = (now_ns * PS).max(self.now);
+        let origin = self.origin.unwrap_or(now);
+        let elapsed = now.saturating_sub(origin);
+        let secs = |ps: u64| ps as f64 * 1e-12;
+        let t = secs(elapsed);
+        let p = &self.cfg.power;
+        let comp = |(idle, peak): (f64, f64), busy: u64| idle * t + (peak - idle) * secs(busy);
+        let nctrl = self.ctrls.len() as u64;
+        let dies_per_ctrl = (self.size.div_ceil(nctrl) * 8).div_ceil(p.die_bits) as f64;
+        let mut controllers = Vec::with_capacity(self.ctrls.len());
+        let mut e_ctrl = 0.0;
+        let mut e_background = 0.0;
+        for c in &self.ctrls {
+            let mut awake = c.awake_total;
+            if c.woken {
+                let end = now
+                    .min(c.last_end + self.powerdown_after)
+                    .max(c.awake_since);
+                awake += end - c.awake_since;
+            }
+            e_ctrl += comp(p.controller_w, c.core.busy) + comp(p.ctrl_buffer_w, c.core.busy);
+            e_background += dies_per_ctrl
+                * (p.idle_die_w * t + (p.active_die_w - p.idle_die_w) * secs(awake.min(elapsed)));
+            controllers.push(ControllerStats {
+                busy_ns: c.core.busy / PS,
+                transfers: c.transfers,
+                queue_wait_ns: c.queue_wait / PS,
+                row_hits: c.row_hits,
+                row_misses: c.row_misses,
+                gap_moves: c.gap_moves,
+                utilisation: if elapsed > 0 {
+                    (c.core.busy as f64 / elapsed as f64).min(1.0)
+                } else {
+                    0.0
+                },
+            });
+        }
+        let b = self.work.bits;
+        let e_array = (b.array_read as f64 * p.array_read_pj
+            + b.array_written as f64 * p.array_write_pj
+            + b.buffer_read as f64 * p.buffer_read_pj
+            + b.buffer_written as f64 * p.buffer_write_pj)
+            * 1e-12;
+        let link_busy = (self.link_up.busy + self.link_down.busy) / 2;
+        let energy = Energy {
+            scheduler_j: comp(p.scheduler_w, self.sched_busy),
+            buffers_j: self.cfg.sched_buffers as f64 * p.sched_buffer_w.0 * t
+                + (p.sched_buffer_w.1 - p.sched_buffer_w.0) * secs(self.buffer_busy),
+            ring_j: comp(p.ring_w, self.ring.busy),
+            link_j: comp(p.link_w, link_busy),
+            controllers_j: e_ctrl,
+            array_j: e_array,
+            background_j: e_background,
+        };
+        ModelStats {
+            elapsed_ns: elapsed / PS,
+            reads: self.work.reads,
+            writes: self.work.writes,
+            bytes_read: self.work.bytes_read,
+            bytes_written: self.work.bytes_written,
+            transfers: self.work.transfers,
+            link_up_busy_ns: self.link_up.busy / PS,
+            link_down_busy_ns: self.link_down.busy / PS,
+            ring_busy_ns: self.ring.busy / PS,
+            controllers,
+            energy,
+            wear: self.wear(),
+        }
+    }
+
+    /// The wear of every row so far.
+    pub fn wear(&self) -> Wear {
+        let mut max = 0u32;
+        let mut total = 0u64;
+        let mut rows = 0u64;
+        let mut hist = [0u64; 16];
+        for c in &self.ctrls {
+            for &w in &c.wear {
+                max = max.max(w);
+                total += u64::from(w);
+                rows += 1;
+            }
+        }
+        for c in &self.ctrls {
+            for &w in &c.wear {
+                let bucket = if max == 0 {
+                    0
+                } else {
+                    ((u64::from(w) * 15).div_ceil(u64::from(max))) as usize
+                };
+                hist[bucket.min(15)] += 1;
+            }
+        }
+        Wear {
+            rows,
+            max,
+            mean: if rows == 0 {
+                0.0
+            } else {
+                total as f64 / rows as f64
+            },
+            total,
+            histogram: hist,
+        }
+    }
+
+    /// Each controller's start-gap registers and row wear, to persist.
+    pub fn wear_state(&self) -> Vec<ControllerWear> {
+        self.ctrls
+            .iter()
+            .map(|c| {
+                let (start, gap, writes) = c.wear_level.registers();
+                ControllerWear {
+                    start,
+                    gap,
+                    writes,
+                    rows: c.wear.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Restores what [`Model::wear_state`] gave (of a model with the same configuration,
+    /// array size and seed); `false`, changing nothing, if it does not fit.
+    pub fn restore_wear(&mut self, state: &[ControllerWear]) -> bool {
+        let fits = state.len() == self.ctrls.len()
+            && state.iter().zip(&self.ctrls).all(|(w, c)| {
+                w.rows.len() == c.wear.len()
+                    && w.start < c.wear_level.lines()
+                    && w.gap <= c.wear_level.lines()
+            });
+        if !fits {
+            return false;
+        }
+        for (w, c) in state.iter().zip(&mut self.ctrls) {
+            c.wear_level.restore(w.start, w.gap, w.writes);
+            c.wear.clone_from(&w.rows);
+        }
+        true
+    }
+}
+
+/// One controller's wear-leveling registers and the writes each of its rows has taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerWear {
+    /// Start-gap's start register.
+    pub start: u64,
+    /// Its gap register.
+    pub gap: u64,
+    /// Writes since the gap last moved.
+    pub writes: u64,
+    /// Writes per physical row.
+    pub rows: Vec<u32>,
+}
+
+/// Energy by part of the device (joules), integrated from idle and peak power over what each
+/// part did (Moneta Table I).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Energy {
+    /// Scheduler and DMA engine.
+    pub scheduler_j: f64,
+    /// Scheduler buffers.
+    pub buffers_j: f64,
+    /// The ring.
+    pub ring_j: f64,
+    /// The host link.
+    pub link_j: f64,
+    /// Memory controllers and their queues.
+    pub controllers_j: f64,
+    /// Array and row-buffer reads and writes.
+    pub array_j: f64,
+    /// Memory background power.
+    pub background_j: f64,
+}
+
+impl Energy {
+    /// Everything.
+    pub fn total_j(&self) -> f64 {
+        self.scheduler_j
+            + self.buffers_j
+            + self.ring_j
+            + self.link_j
+            + self.controllers_j
+            + self.array_j
+            + self.background_j
+    }
+}
+
+/// Wear of the array's rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Wear {
+    /// Rows (with each controller's gap row).
+    pub rows: u64,
+    /// Most writes of any row.
+    pub max: u32,
+    /// Mean writes per row.
+    pub mean: f64,
+    /// All row writes.
+    pub total: u64,
+    /// Rows by wear in sixteen buckets: bucket 0 holds rows never written, bucket k rows
+    /// written up to k/15 of the maximum.
+    pub histogram: [u64; 16],
+}
+
+/// One controller's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ControllerStats {
+    /// Time the controller was busy.
+    pub busy_ns: u64,
+    /// Transfers it served.
+    pub transfers: u64,
+    /// Time transfers waited for it.
+    pub queue_wait_ns: u64,
+    /// Accesses that found their row open.
+    pub row_hits: u64,
+    /// Accesses that opened a row.
+    pub row_misses: u64,
+    /// Start-gap moves.
+    pub gap_moves: u64,
+    /// Busy time over elapsed time.
+    pub utilisation: f64,
+}
+
+/// What the model has done.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelStats {
+    /// From the first request to now.
+    pub elapsed_ns: u64,
+    /// Read requests issued.
+    pub reads: u64,
+    /// Write requests issued.
+    pub writes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Transfers issued.
+    pub transfers: u64,
+    /// Link busy towards the host.
+    pub link_up_busy_ns: u64,
+    /// Link busy from the host.
+    pub link_down_busy_ns: u64,
+    /// Ring busy.
+    pub ring_busy_ns: u64,
+    /// Per controller.
+    pub controllers: Vec<ControllerStats>,
+    /// Energy so far.
+    pub energy: Energy,
+    /// Row wear.
+    pub wear: Wear,
+}
+
+impl ModelStats {
+    /// Average power (W) over the elapsed time.
+    pub fn watts(&self) -> f64 {
+        if self.elapsed_ns == 0 {
+            0.0
+        } else {
+            self.energy.total_j() / (self.elapsed_ns as f64 * 1e-9)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
