@@ -142,6 +142,16 @@ fn listen_here(args: &[String]) -> i32 {
     0
 }
 
+/// A child process killed and reaped however the test ends.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn wait_line(child: &mut Child, prefix: &str) -> String {
     let out = child.stdout.as_mut().unwrap();
     let mut r = std::io::BufReader::new(out);
@@ -257,7 +267,7 @@ fn a_client_refuses_a_daemon_it_does_not_trust() {
     // that user had made it first).
     let theirs = dir_of(&top, "theirs", 1001, 0o700);
     let socket = theirs.join("monetad.sock");
-    let mut daemon = {
+    let mut daemon = KillOnDrop({
         use std::os::unix::process::CommandExt;
         Command::new(reachable_copy(Path::new(env!("CARGO_BIN_EXE_monetad"))))
             .args(["--volatile", "--size", "64M", "--socket"])
@@ -268,11 +278,11 @@ fn a_client_refuses_a_daemon_it_does_not_trust() {
             .stdin(Stdio::null())
             .spawn()
             .unwrap()
-    };
+    });
     let named = Trust::own().with_named("1001").unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while Control::connect_trusting(&socket, &named).is_err() {
-        assert!(daemon.try_wait().unwrap().is_none(), "monetad exited");
+        assert!(daemon.0.try_wait().unwrap().is_none(), "monetad exited");
         assert!(Instant::now() < deadline, "monetad did not come up");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -288,16 +298,19 @@ fn a_client_refuses_a_daemon_it_does_not_trust() {
         }
         other => panic!("an untrusted daemon was used: {:?}", other.map(|_| ())),
     }
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
 
     // A socket that looks like ours (root's file, in root's directory) but whose listener runs
     // as another user: the daemon's credentials give it away.
     let ours = dir_of(&top, "ours", 0, 0o755);
     let fake = ours.join("monetad.sock");
     std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut listener = spawn_piped_as(1001, "listen", &[fake.display().to_string()]);
-    wait_line(&mut listener, "LISTENING");
+    let mut listener = KillOnDrop(spawn_piped_as(
+        1001,
+        "listen",
+        &[fake.display().to_string()],
+    ));
+    wait_line(&mut listener.0, "LISTENING");
     std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&fake, Some(0), Some(0)).unwrap();
     match Control::connect_trusting(&fake, &Trust::own()) {
@@ -307,8 +320,7 @@ fn a_client_refuses_a_daemon_it_does_not_trust() {
         }
         other => panic!("a foreign listener was used: {:?}", other.map(|_| ())),
     }
-    drop(listener.stdin.take());
-    let _ = listener.wait();
+    drop(listener);
 
     // A directory others may write is refused before anything is sent.
     let open = dir_of(&top, "open", 0, 0o777);
@@ -353,23 +365,20 @@ fn the_daemon_never_deletes_or_overwrites_what_it_did_not_make() {
     // A stale pid file of an earlier daemon is replaced, and a stopped daemon removes its
     // socket and pid file.
     std::fs::write(&beside, b"12345\n").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_monetad"))
-        .args(["--volatile", "--size", "16M", "--socket"])
-        .arg(&socket)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_socket(&socket, &mut child);
+    let mut d = Daemon {
+        child: None,
+        socket: socket.clone(),
+        dir: TempDir(dir.0.join("unused")),
+        args: vec!["--volatile".into(), "--size".into(), "16M".into()],
+    };
+    d.spawn();
     assert_eq!(
         std::fs::read_to_string(&beside).unwrap().trim(),
-        child.id().to_string()
+        d.pid().to_string()
     );
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    assert!(child.wait().unwrap().success());
+    let pid = rustix::process::Pid::from_raw(d.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = d.wait_exit(Duration::from_secs(20)).expect("monetad stops");
+    assert!(status.success());
     assert!(!socket.exists() && !beside.exists());
 }
