@@ -112,9 +112,22 @@ fn exports_match_the_header_and_the_shim() {
             name.starts_with("moneta_").then(|| name.to_string())
         })
         .collect();
-    // The shim's Rust hooks: every `#[no_mangle]` function under src/shim.
-    for entry in std::fs::read_dir(krate.join("src/shim")).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+    // The shim's Rust hooks: every `#[no_mangle]` function under src/shim, in its
+    // subdirectories too.
+    let mut sources = Vec::new();
+    let mut dirs = vec![krate.join("src/shim")];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                sources.push(path);
+            }
+        }
+    }
+    for path in sources {
+        let text = std::fs::read_to_string(path).unwrap();
         let mut lines = text.lines().peekable();
         while let Some(l) = lines.next() {
             if l.trim() == "#[no_mangle]" {

@@ -1,0 +1,425 @@
+//! Data: `read`, `write`, the positioned and vectored forms, `lseek`.
+
+use super::*;
+
+pub(super) fn data_io(n: usize, write: bool) {
+    count(&COUNTERS.direct_ios, 1);
+    if write {
+        count(&COUNTERS.bytes_written, n as u64);
+    } else {
+        count(&COUNTERS.bytes_read, n as u64);
+    }
+}
+
+/// `read(2)`.
+///
+/// # Safety
+///
+/// As `read(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: per the caller.
+            let b = unsafe { slice_mut(buf, n) };
+            let r = d.file.read(b).map_err(eno)?;
+            data_io(r, false);
+            Ok(r as ssize_t)
+        },
+        real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n)
+    )
+}
+
+/// `write(2)`.
+///
+/// # Safety
+///
+/// As `write(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: per the caller.
+            let b = unsafe { slice(buf, n) };
+            let r = d.file.write(b).map_err(eno)?;
+            data_io(r, true);
+            Ok(r as ssize_t)
+        },
+        real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n)
+    )
+}
+
+pub(super) fn pread_impl(d: &Desc, buf: *mut c_void, n: usize, off: i64) -> Result<ssize_t, i32> {
+    // SAFETY: the caller passes `n` writable bytes.
+    let b = unsafe { slice_mut(buf, n) };
+    let r = d.file.read_at(b, offset(off)?).map_err(eno)?;
+    data_io(r, false);
+    Ok(r as ssize_t)
+}
+
+pub(super) fn pwrite_impl(
+    d: &Desc,
+    buf: *const c_void,
+    n: usize,
+    off: i64,
+) -> Result<ssize_t, i32> {
+    // SAFETY: the caller passes `n` readable bytes.
+    let b = unsafe { slice(buf, n) };
+    let r = d.file.write_at(b, offset(off)?).map_err(eno)?;
+    data_io(r, true);
+    Ok(r as ssize_t)
+}
+
+/// `pread(2)`.
+///
+/// # Safety
+///
+/// As `pread(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| pread_impl(&d, buf, n, off),
+        real!(pread64: fn(c_int, *mut c_void, size_t, off64_t) -> ssize_t)(fd, buf, n, off)
+    )
+}
+
+/// `pread64(2)`.
+///
+/// # Safety
+///
+/// As `pread(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t {
+    // SAFETY: per the caller.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+/// `pwrite(2)`.
+///
+/// # Safety
+///
+/// As `pwrite(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| pwrite_impl(&d, buf, n, off),
+        real!(pwrite64: fn(c_int, *const c_void, size_t, off64_t) -> ssize_t)(fd, buf, n, off)
+    )
+}
+
+/// `pwrite64(2)`.
+///
+/// # Safety
+///
+/// As `pwrite(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    off: off64_t,
+) -> ssize_t {
+    // SAFETY: per the caller.
+    unsafe { pwrite(fd, buf, n, off) }
+}
+
+pub(super) unsafe fn iov<'a>(v: *const libc::iovec, cnt: c_int) -> Result<&'a [libc::iovec], i32> {
+    if !(0..=1024).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt == 0 {
+        return Ok(&[]);
+    }
+    if v.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes `cnt` iovecs.
+    Ok(unsafe { std::slice::from_raw_parts(v, cnt as usize) })
+}
+
+pub(super) fn gather(v: &[libc::iovec]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.iter().map(|i| i.iov_len).sum());
+    for i in v {
+        // SAFETY: each iovec describes readable memory of the caller.
+        out.extend_from_slice(unsafe { slice(i.iov_base, i.iov_len) });
+    }
+    out
+}
+
+/// Reads into the buffers in order: from `off`, or at the position (advancing it).
+pub(super) fn readv_impl(d: &Desc, v: &[libc::iovec], off: Option<u64>) -> Result<ssize_t, i32> {
+    let total: usize = v.iter().map(|i| i.iov_len).sum();
+    let mut tmp = vec![0u8; total];
+    let n = match off {
+        Some(o) => d.file.read_at(&mut tmp, o),
+        None => d.file.read(&mut tmp),
+    }
+    .map_err(eno)?;
+    let mut at = 0;
+    for i in v {
+        if at >= n {
+            break;
+        }
+        let k = i.iov_len.min(n - at);
+        // SAFETY: each iovec describes writable memory of the caller.
+        unsafe { slice_mut(i.iov_base, k) }.copy_from_slice(&tmp[at..at + k]);
+        at += k;
+    }
+    data_io(n, false);
+    Ok(n as ssize_t)
+}
+
+pub(super) fn writev_impl(d: &Desc, v: &[libc::iovec], off: Option<u64>) -> Result<ssize_t, i32> {
+    let data = gather(v);
+    let n = match off {
+        Some(o) => d.file.write_at(&data, o),
+        None => d.file.write(&data),
+    }
+    .map_err(eno)?;
+    data_io(n, true);
+    Ok(n as ssize_t)
+}
+
+/// `readv(2)`.
+///
+/// # Safety
+///
+/// As `readv(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, v: *const libc::iovec, cnt: c_int) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: the caller passes `cnt` iovecs.
+            readv_impl(&d, unsafe { iov(v, cnt) }?, None)
+        },
+        real!(readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, v, cnt)
+    )
+}
+
+/// `writev(2)`.
+///
+/// # Safety
+///
+/// As `writev(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, v: *const libc::iovec, cnt: c_int) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: the caller passes `cnt` iovecs.
+            writev_impl(&d, unsafe { iov(v, cnt) }?, None)
+        },
+        real!(writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, v, cnt)
+    )
+}
+
+/// `preadv(2)`.
+///
+/// # Safety
+///
+/// As `preadv(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off_t,
+) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: the caller passes `cnt` iovecs.
+            readv_impl(&d, unsafe { iov(v, cnt) }?, Some(offset(off)?))
+        },
+        real!(preadv64: fn(c_int, *const libc::iovec, c_int, off64_t) -> ssize_t)(fd, v, cnt, off)
+    )
+}
+
+/// `preadv64(2)`.
+///
+/// # Safety
+///
+/// As `preadv(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
+    // SAFETY: per the caller.
+    unsafe { preadv(fd, v, cnt, off) }
+}
+
+/// `pwritev(2)`.
+///
+/// # Safety
+///
+/// As `pwritev(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off_t,
+) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            // SAFETY: the caller passes `cnt` iovecs.
+            writev_impl(&d, unsafe { iov(v, cnt) }?, Some(offset(off)?))
+        },
+        real!(pwritev64: fn(c_int, *const libc::iovec, c_int, off64_t) -> ssize_t)(fd, v, cnt, off)
+    )
+}
+
+/// `pwritev64(2)`.
+///
+/// # Safety
+///
+/// As `pwritev(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off64_t,
+) -> ssize_t {
+    // SAFETY: per the caller.
+    unsafe { pwritev(fd, v, cnt, off) }
+}
+
+/// `preadv2(2)`: offset -1 means the position; flags are hints a memory device has no use for,
+/// except unknown ones (`EOPNOTSUPP`).
+///
+/// # Safety
+///
+/// As `preadv2(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off_t,
+    flags: c_int,
+) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            rwf_ok(flags)?;
+            let at = if off == -1 { None } else { Some(offset(off)?) };
+            // SAFETY: the caller passes `cnt` iovecs.
+            readv_impl(&d, unsafe { iov(v, cnt) }?, at)
+        },
+        real!(preadv64v2: fn(c_int, *const libc::iovec, c_int, off64_t, c_int) -> ssize_t)(
+            fd, v, cnt, off, flags
+        )
+    )
+}
+
+/// `pwritev2(2)`.
+///
+/// # Safety
+///
+/// As `pwritev2(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    v: *const libc::iovec,
+    cnt: c_int,
+    off: off_t,
+    flags: c_int,
+) -> ssize_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| {
+            rwf_ok(flags)?;
+            let at = if off == -1 { None } else { Some(offset(off)?) };
+            // SAFETY: the caller passes `cnt` iovecs.
+            let r = writev_impl(&d, unsafe { iov(v, cnt) }?, at)?;
+            if flags & (libc::RWF_DSYNC | libc::RWF_SYNC) != 0 {
+                d.file.sync_data().map_err(eno)?;
+            }
+            Ok(r)
+        },
+        real!(pwritev64v2: fn(c_int, *const libc::iovec, c_int, off64_t, c_int) -> ssize_t)(
+            fd, v, cnt, off, flags
+        )
+    )
+}
+
+pub(super) fn rwf_ok(flags: c_int) -> Result<(), i32> {
+    let known =
+        libc::RWF_HIPRI | libc::RWF_DSYNC | libc::RWF_SYNC | libc::RWF_NOWAIT | libc::RWF_APPEND;
+    if flags & !known != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+pub(super) fn lseek_impl(d: &Desc, off: i64, whence: c_int) -> Result<off_t, i32> {
+    use std::io::SeekFrom;
+    if d.is_dir {
+        // Directory positions are readdir cookies.
+        return match whence {
+            libc::SEEK_SET if off >= 0 => {
+                *d.dir_cookie.lock().unwrap_or_else(|e| e.into_inner()) = off as u64;
+                Ok(off)
+            }
+            libc::SEEK_CUR if off == 0 => {
+                Ok(*d.dir_cookie.lock().unwrap_or_else(|e| e.into_inner()) as off_t)
+            }
+            _ => Err(libc::EINVAL),
+        };
+    }
+    let to = match whence {
+        libc::SEEK_SET => SeekFrom::Start(offset(off)?),
+        libc::SEEK_CUR => SeekFrom::Current(off),
+        libc::SEEK_END => SeekFrom::End(off),
+        libc::SEEK_DATA | libc::SEEK_HOLE => {
+            // Data everywhere before the end (holes read as zeros and are not reported).
+            let size = d.file.len().map_err(eno)?;
+            let o = offset(off)?;
+            if o >= size {
+                return Err(libc::ENXIO);
+            }
+            let at = if whence == libc::SEEK_DATA { o } else { size };
+            d.file.seek(SeekFrom::Start(at)).map_err(eno)?;
+            return Ok(at as off_t);
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    Ok(d.file.seek(to).map_err(eno)? as off_t)
+}
+
+/// `lseek(2)`.
+#[no_mangle]
+pub extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    with_fd!(
+        fd,
+        -1,
+        |d| lseek_impl(&d, off, whence),
+        real!(lseek64: fn(c_int, off64_t, c_int) -> off64_t)(fd, off, whence)
+    )
+}
+
+/// `lseek64(2)`.
+#[no_mangle]
+pub extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t {
+    lseek(fd, off, whence)
+}
