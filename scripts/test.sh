@@ -13,6 +13,7 @@ command -v make >/dev/null || need_apt+=(make)
 # on the machine already).
 command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v fio >/dev/null || need_apt+=(fio)
+command -v rsync >/dev/null || need_apt+=(rsync)
 # The applications benchmark (crates/moneta/src/apps.rs, tests/apps.rs): Berkeley DB's headers
 # for examples/apps/bdb_bench.c, and mkfs.xfs for the XFS loop-device target.
 [ -f /usr/include/db.h ] || need_apt+=(libdb-dev)

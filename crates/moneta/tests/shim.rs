@@ -554,7 +554,8 @@ for t in ts: t.join()
 }
 
 /// Without a daemon: `moneta run --no-start` refuses with a clear message; a preloaded
-/// program says once that the daemon is not running and leaves the prefix to the C library.
+/// program says once that the daemon is not running, and calls on paths under the prefix fail
+/// with `EIO` rather than reach the host's files of the same name.
 #[test]
 fn no_daemon() {
     let t = TempDir::new("nod");
@@ -576,7 +577,9 @@ fn no_daemon() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(String::from_utf8_lossy(&o.stdout).contains("done"));
     assert_eq!(err.matches("is not running").count(), 1, "{err}");
-    assert!(err.contains("No such file or directory"), "{err}");
+    // The calls fail with EIO: never the host's /moneta/x, were there one.
+    assert!(err.contains("fail with EIO"), "{err}");
+    assert_eq!(err.matches(": Input/output error").count(), 2, "{err}");
 }
 
 /// Programs the shim cannot reach are refused, not run without it: a statically linked one
@@ -606,4 +609,120 @@ fn unreachable_programs_are_refused() {
     let o = d.run(&[script.to_str().unwrap()], None);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+}
+
+/// The working directory: a Moneta one survives `exec` (the shell's children, `make -C`), and
+/// nothing that resolves relative paths without the shim (a statically linked program) reaches
+/// the host directory the shell started in; `..` leaves the prefix for the host's `/`; paths
+/// that reach the prefix from a kernel directory (`cd / && cat moneta/x`, a descriptor of `/`)
+/// are Moneta's, so rsync works into `/moneta`.
+#[test]
+fn working_directory_and_paths_into_the_prefix() {
+    let d = Daemon::start("64M");
+    let t = TempDir::new("cwd");
+    let host = t.0.display().to_string();
+    std::fs::write(t.0.join("victim"), "host").unwrap();
+    d.sh("mkdir -p /moneta/d && echo m > /moneta/d/victim");
+    let out = d.sh(&format!(
+        "cd {host} && sh -c 'cd /moneta/d && rm victim; touch new; echo r > rel; /bin/pwd; \
+         cat rel'"
+    ));
+    assert_eq!(out, "/moneta/d\nr\n");
+    assert_eq!(std::fs::read_to_string(t.0.join("victim")).unwrap(), "host");
+    assert!(!t.0.join("new").exists() && !t.0.join("rel").exists());
+    assert_eq!(d.sh("ls /moneta/d"), "new\nrel\n");
+    // make -C runs its recipes in the Moneta directory.
+    d.sh("printf 'all:\\n\\techo made > out\\n' > /moneta/d/Makefile");
+    d.sh(&format!("cd {host} && make -s -C /moneta/d"));
+    assert_eq!(d.sh("cat /moneta/d/out"), "made\n");
+    assert!(!t.0.join("out").exists());
+    // A statically linked program started from a Moneta directory cannot see it, and its
+    // relative paths fail instead of landing in the host directory.
+    let src = t.0.join("create.c");
+    std::fs::write(
+        &src,
+        "#include <fcntl.h>\n#include <errno.h>\n#include <stdio.h>\n\
+         int main(void) { int fd = open(\"created\", O_CREAT | O_WRONLY, 0644);\n\
+         printf(\"%d %d\\n\", fd, fd < 0 ? errno : 0); return 0; }\n",
+    )
+    .unwrap();
+    let stat = t.0.join("create");
+    cc(&src, &stat, &["-static"]);
+    let out = d.sh(&format!("cd {host} && cd /moneta/d && {}", stat.display()));
+    assert_eq!(out, format!("-1 {}\n", libc::ENOENT));
+    assert!(!t.0.join("created").exists());
+    // `..` out of the prefix is the host's root, for directories and for names.
+    assert_eq!(
+        d.sh("cd /moneta/d && cd ../.. && /bin/pwd && ls -d etc"),
+        "/\netc\n"
+    );
+    let out = d.sh("ls -lad /moneta/.. | cut -c1");
+    assert_eq!(out, "d\n");
+    // Relative to a kernel directory, into the prefix.
+    assert_eq!(d.sh("cd / && cat moneta/d/out"), "made\n");
+    let out = d.sh("python3 -c \"import os; fd = os.open('/', os.O_PATH); \
+         print(os.stat('moneta/d/out', dir_fd=fd).st_size)\"");
+    assert_eq!(out, "5\n");
+    // rsync into and out of /moneta.
+    need("rsync");
+    std::fs::create_dir_all(t.0.join("src/sub")).unwrap();
+    std::fs::write(t.0.join("src/a"), "alpha").unwrap();
+    std::fs::write(t.0.join("src/sub/b"), vec![7u8; 300_000]).unwrap();
+    d.sh(&format!("rsync -a {host}/src/ /moneta/copy/"));
+    d.sh(&format!("rsync -a /moneta/copy/ {host}/back/"));
+    assert_eq!(std::fs::read(t.0.join("back/a")).unwrap(), b"alpha");
+    assert_eq!(
+        std::fs::read(t.0.join("back/sub/b")).unwrap(),
+        vec![7u8; 300_000]
+    );
+}
+
+/// `chdir` into a Moneta directory the caller may not search fails with `EACCES`, as the
+/// kernel's does (needs root to run the shell as another user; CI has it).
+#[test]
+fn chdir_needs_search_permission() {
+    assert!(
+        rustix::process::geteuid().is_root() || std::env::var("CI").as_deref() != Ok("true"),
+        "this test needs root, and CI must run it"
+    );
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED chdir_needs_search_permission: needs root");
+        return;
+    }
+    let d = Daemon::start_with("64M", &["--socket-mode", "666"]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d.dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.sh("mkdir -m 700 /moneta/private && mkdir -m 755 /moneta/open && chmod 755 /moneta");
+    // The library where the other user can load it.
+    let t = TempDir::new("perm");
+    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let lib = t.0.join("libmoneta.so");
+    std::fs::copy(library(), &lib).unwrap();
+    let src = t.0.join("cd.c");
+    std::fs::write(
+        &src,
+        "#include <errno.h>\n#include <stdio.h>\n#include <unistd.h>\n\
+         int main(int c, char **v) { char b[256];\n\
+         for (int i = 1; i < c; i++) { if (chdir(v[i])) { printf(\"%s %d\\n\", v[i], errno); }\n\
+         else { printf(\"%s\\n\", getcwd(b, sizeof b)); } } return 0; }\n",
+    )
+    .unwrap();
+    let exe = t.0.join("cd");
+    cc(&src, &exe, &[]);
+    let o = Command::new("setpriv")
+        .args(["--reuid=1001", "--regid=1001", "--clear-groups"])
+        .arg(&exe)
+        .args(["/moneta/open", "/moneta/private"])
+        .env("LD_PRELOAD", &lib)
+        .env("MONETA_SOCKET", &d.socket)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        out,
+        format!("/moneta/open\n/moneta/private {}\n", libc::EACCES),
+        "{err}"
+    );
 }

@@ -112,6 +112,17 @@ fn new_stream(fd: c_int, cookie: u64) -> Result<*mut MDir, i32> {
 /// As `opendir(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut c_void {
+    // A path that leaves the prefix lexically goes to the C library rewritten.
+    let host = if hooked() {
+        // SAFETY: per the caller.
+        match unsafe { crate::shim::paths::classify(libc::AT_FDCWD, path) } {
+            crate::shim::paths::Where::Host(c) => Some(c),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     if hooked() {
         if let super::paths::Where::Moneta(_) =
             // SAFETY: per the caller.
@@ -422,6 +433,17 @@ pub unsafe extern "C" fn scandir(
     filter: Filter,
     compar: Compar,
 ) -> c_int {
+    // A path that leaves the prefix lexically goes to the C library rewritten.
+    let host = if hooked() {
+        // SAFETY: per the caller.
+        match unsafe { crate::shim::paths::classify(libc::AT_FDCWD, path) } {
+            crate::shim::paths::Where::Host(c) => Some(c),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     if hooked() {
         if let super::paths::Where::Moneta(_) =
             // SAFETY: per the caller.

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use libmoneta::{File, FileState, Moneta};
 
 use super::fds::{self, Desc};
+use super::paths;
 use super::{config, conn, hooked, log, real, DEBUG, ERROR};
 
 const VERSION: u32 = 1;
@@ -133,6 +134,70 @@ fn library_path() -> Option<Vec<u8>> {
     )
 }
 
+/// The environment a new program image gets: the caller's `envp`, with the hand-over record
+/// named when there is one (`memfd`), `MONETA_CWD` naming the Moneta working directory (or
+/// removed when there is none) and `LD_PRELOAD` put back when the new image needs the shim
+/// for either. `None` when the caller's environment needs no change.
+///
+/// # Safety
+///
+/// `envp` is NULL or a NULL-terminated array of NUL-terminated strings.
+unsafe fn child_env(
+    envp: *const *const c_char,
+    memfd: Option<c_int>,
+) -> Option<(Vec<CString>, Vec<*const c_char>)> {
+    let cwd = paths::cwd();
+    let var = paths::CWD_VAR.to_bytes();
+    let named = |b: &[u8], name: &[u8]| b.starts_with(name) && b.get(name.len()) == Some(&b'=');
+    let mut env: Vec<CString> = Vec::new();
+    let mut has_preload = false;
+    let mut had_cwd = false;
+    if !envp.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: per the caller: a NULL-terminated array.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: per the caller.
+            let s = unsafe { CStr::from_ptr(p) };
+            let b = s.to_bytes();
+            if named(b, var) {
+                had_cwd = true;
+            } else if !named(b, ENV.as_bytes()) {
+                has_preload |= b.starts_with(b"LD_PRELOAD=");
+                env.push(s.to_owned());
+            }
+            i += 1;
+        }
+    }
+    if memfd.is_none() && cwd.is_none() && !had_cwd {
+        return None;
+    }
+    if !has_preload && (memfd.is_some() || cwd.is_some()) {
+        if let Some(lib) = library_path() {
+            let mut v = b"LD_PRELOAD=".to_vec();
+            v.extend_from_slice(&lib);
+            env.push(CString::new(v).expect("no NUL in a path"));
+        }
+    }
+    if let Some(dir) = &cwd {
+        let mut v = var.to_vec();
+        v.push(b'=');
+        v.extend_from_slice(&paths::outer(dir));
+        if let Ok(c) = CString::new(v) {
+            env.push(c);
+        }
+    }
+    if let Some(fd) = memfd {
+        env.push(CString::new(format!("{ENV}={fd}")).expect("no NUL"));
+    }
+    let mut ptrs: Vec<*const c_char> = env.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    Some((env, ptrs))
+}
+
 /// Builds the hand-over for the Moneta descriptors that survive `exec`, and the environment
 /// that names it; `None` when there is nothing to hand over.
 ///
@@ -241,36 +306,8 @@ unsafe fn prepare(envp: *const *const c_char) -> Option<Prepared> {
     };
     // SAFETY: writing our buffer to our memfd.
     let wrote = unsafe { libc::syscall(libc::SYS_pwrite64, memfd, w.0.as_ptr(), w.0.len(), 0) };
-    let mut env: Vec<CString> = Vec::new();
-    let mut has_preload = false;
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: per the caller: a NULL-terminated array.
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: per the caller.
-            let s = unsafe { CStr::from_ptr(p) };
-            let b = s.to_bytes();
-            if !b.starts_with(ENV.as_bytes()) || b.get(ENV.len()) != Some(&b'=') {
-                has_preload |= b.starts_with(b"LD_PRELOAD=");
-                env.push(s.to_owned());
-            }
-            i += 1;
-        }
-    }
-    if !has_preload {
-        if let Some(lib) = library_path() {
-            let mut v = b"LD_PRELOAD=".to_vec();
-            v.extend_from_slice(&lib);
-            env.push(CString::new(v).expect("no NUL in a path"));
-        }
-    }
-    env.push(CString::new(format!("{ENV}={memfd}")).expect("no NUL"));
-    let mut ptrs: Vec<*const c_char> = env.iter().map(|c| c.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
+    // SAFETY: per the caller.
+    let (env, ptrs) = unsafe { child_env(envp, Some(memfd)) }.expect("an environment");
     let p = Prepared {
         env,
         ptrs,
@@ -317,6 +354,11 @@ unsafe fn with_handover(
             p.undo();
             super::set_errno(e);
             return r;
+        }
+        // No descriptors to hand over, but perhaps a working directory.
+        // SAFETY: per the caller.
+        if let Some((_env, ptrs)) = unsafe { child_env(envp, None) } {
+            return call(ptrs.as_ptr());
         }
     }
     call(envp)
@@ -457,6 +499,11 @@ unsafe fn spawn(
             p.undo();
             return r;
         }
+        // SAFETY: per the caller.
+        if let Some((_env, ptrs)) = unsafe { child_env(envp, None) } {
+            // SAFETY: forwarding with the working directory named.
+            return unsafe { real(pid, path, actions, attr, argv, ptrs.as_ptr()) };
+        }
     }
     // SAFETY: forwarding.
     unsafe { real(pid, path, actions, attr, argv, envp) }
@@ -514,8 +561,12 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { spawn(f, pid, file, actions, attr, argv, envp) }
 }
 
-/// The previous image's hand-over, taken at load time (before `main`).
+/// The previous image's hand-over and working directory, taken at load time (before
+/// `main`).
 extern "C" fn take_over() {
+    if super::active() {
+        paths::inherit_cwd();
+    }
     // SAFETY: reading the environment at load time, before any thread exists.
     let v = unsafe { libc::getenv(c"MONETA_HANDOVER".as_ptr()) };
     if v.is_null() {

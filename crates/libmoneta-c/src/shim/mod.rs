@@ -224,7 +224,7 @@ pub(crate) fn count(c: &AtomicU64, n: u64) {
 extern "C" fn report_at_exit() {
     let c = &COUNTERS;
     let (soft, hard, extends, device) = match CONN.get() {
-        Some(Ok(m)) => {
+        Some(m) => {
             let s = m.stats();
             let device = match s.device_cpu {
                 Some(cpu) => format!(
@@ -254,22 +254,31 @@ extern "C" fn report_at_exit() {
     unsafe { libc::syscall(libc::SYS_write, 2, text.as_ptr(), text.len()) };
 }
 
-static CONN: OnceLock<Result<Moneta, String>> = OnceLock::new();
+static CONN: OnceLock<Moneta> = OnceLock::new();
 
-/// The process's connection, made on first use. `None` when the daemon cannot be reached:
-/// the caller then falls back to the C library, after one message.
+/// The process's connection, made on first use. `None` when the daemon cannot be reached (or
+/// is not one this process trusts): the caller fails the call with `EIO`, and the first time
+/// a message says why. A Moneta path never falls through to the host's file of the same
+/// name. Later calls try again, so a daemon started afterwards is found; once connected,
+/// libmoneta reconnects by itself after a restart of the daemon.
 pub(crate) fn conn() -> Option<&'static Moneta> {
-    match CONN
-        .get_or_init(|| inside(|| Moneta::connect(&config().socket).map_err(|e| e.to_string())))
-    {
-        Ok(m) => Some(m),
+    if let Some(m) = CONN.get() {
+        return Some(m);
+    }
+    match inside(|| Moneta::connect(&config().socket)) {
+        Ok(m) => {
+            // Another thread may have connected first: keep that one.
+            let _ = CONN.set(m);
+            CONN.get()
+        }
         Err(e) => {
             static TOLD: std::sync::Once = std::sync::Once::new();
             TOLD.call_once(|| {
                 log(
                     ERROR,
                     format_args!(
-                        "{e}; paths under {} go to the C library",
+                        "{e}; calls on paths under {} fail with EIO (Input/output error) until \
+                         a daemon answers (start one with `moneta start`)",
                         String::from_utf8_lossy(&config().prefix)
                     ),
                 )
@@ -279,9 +288,45 @@ pub(crate) fn conn() -> Option<&'static Moneta> {
     }
 }
 
+/// What a hook does with a path.
+pub(crate) enum Route {
+    /// A Moneta file: the connection and the nvfs path.
+    Moneta(&'static Moneta, Vec<u8>),
+    /// The C library's, with the caller's path (`None`) or this one instead.
+    Host(Option<std::ffi::CString>),
+    /// A Moneta path that cannot be served: fail with this errno.
+    Fail(i32),
+}
+
+/// Routes `path` (relative to `dirfd`): Moneta's, the C library's, or a failure when the
+/// daemon cannot be reached.
+///
+/// # Safety
+///
+/// `path` is NULL or a NUL-terminated string.
+pub(crate) unsafe fn route(dirfd: libc::c_int, path: *const libc::c_char) -> Route {
+    // SAFETY: per the caller.
+    match unsafe { paths::classify(dirfd, path) } {
+        paths::Where::Moneta(np) => match conn() {
+            Some(m) => Route::Moneta(m, np),
+            None => Route::Fail(libc::EIO),
+        },
+        paths::Where::Libc => Route::Host(None),
+        paths::Where::Host(c) => Route::Host(Some(c)),
+    }
+}
+
+/// Fails a hooked call with `e`.
+#[inline]
+pub(crate) fn fail<T>(failed: T, e: i32) -> T {
+    count(&COUNTERS.intercepted, 1);
+    set_errno(e);
+    failed
+}
+
 /// Installs the connection the previous program image handed over (see [`exec`]).
 pub(crate) fn set_conn(m: Moneta) {
-    let _ = CONN.set(Ok(m));
+    let _ = CONN.set(m);
 }
 
 /// Sets `errno`.

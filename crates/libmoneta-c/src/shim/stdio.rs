@@ -76,6 +76,17 @@ fn cookie(fd: c_int, mode: *const c_char) -> *mut c_void {
 /// As `fopen(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut c_void {
+    // A path that leaves the prefix lexically goes to the C library rewritten.
+    let host = if hooked() {
+        // SAFETY: per the caller.
+        match unsafe { crate::shim::paths::classify(libc::AT_FDCWD, path) } {
+            crate::shim::paths::Where::Host(c) => Some(c),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     if hooked() && !mode.is_null() {
         // SAFETY: per the caller.
         if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {
@@ -147,6 +158,17 @@ pub unsafe extern "C" fn freopen(
     mode: *const c_char,
     stream: *mut c_void,
 ) -> *mut c_void {
+    // A path that leaves the prefix lexically goes to the C library rewritten.
+    let host = if hooked() {
+        // SAFETY: per the caller.
+        match unsafe { crate::shim::paths::classify(libc::AT_FDCWD, path) } {
+            crate::shim::paths::Where::Host(c) => Some(c),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     if hooked() && !path.is_null() && !mode.is_null() {
         // SAFETY: per the caller.
         if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {

@@ -55,7 +55,7 @@ pub(super) fn moneta_stat(
     dirfd: c_int,
     path: *const c_char,
     flags: c_int,
-) -> Option<Result<FsStat, i32>> {
+) -> Result<Result<FsStat, i32>, Option<std::ffi::CString>> {
     // SAFETY: a non-NULL path is a NUL-terminated string (the hook's caller's promise).
     let empty = !path.is_null() && unsafe { *path } == 0;
     if empty && flags & libc::AT_EMPTY_PATH != 0 {
@@ -63,23 +63,25 @@ pub(super) fn moneta_stat(
             None
         } else {
             fds::get(dirfd)
-        }?;
-        return Some(d.file.stat().map_err(eno));
+        };
+        return match d {
+            Some(d) => Ok(d.file.stat().map_err(eno)),
+            None => Err(None),
+        };
     }
     // SAFETY: per the hook's caller.
-    let Where::Moneta(np) = (unsafe { classify(dirfd, path) }) else {
-        return None;
+    let (m, np) = match unsafe { crate::shim::route(dirfd, path) } {
+        crate::shim::Route::Moneta(m, np) => (m, np),
+        crate::shim::Route::Fail(e) => return Ok(Err(e)),
+        crate::shim::Route::Host(h) => return Err(h),
     };
-    let m = conn()?;
     let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-    Some(
-        if follow {
-            m.stat(p(&np))
-        } else {
-            m.lstat(p(&np))
-        }
-        .map_err(eno),
-    )
+    Ok(if follow {
+        m.stat(p(&np))
+    } else {
+        m.lstat(p(&np))
+    }
+    .map_err(eno))
 }
 
 /// `fstatat(2)`.
@@ -94,16 +96,21 @@ pub unsafe extern "C" fn fstatat(
     out: *mut libc::stat,
     flags: c_int,
 ) -> c_int {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
-        if let Some(r) = crate::shim::inside(|| moneta_stat(dirfd, path, flags)) {
-            return run(-1, || {
-                let s = r?;
-                // SAFETY: the caller passes a writable struct stat.
-                fill_stat(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
-                Ok(0)
-            });
+        match crate::shim::inside(|| moneta_stat(dirfd, path, flags)) {
+            Ok(r) => {
+                return run(-1, || {
+                    let s = r?;
+                    // SAFETY: the caller passes a writable struct stat.
+                    fill_stat(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
+                    Ok(0)
+                });
+            }
+            Err(h) => host = h,
         }
     }
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe {
         real!(fstatat64: fn(c_int, *const c_char, *mut libc::stat, c_int) -> c_int)(
@@ -324,16 +331,21 @@ pub unsafe extern "C" fn statx(
     mask: c_uint,
     out: *mut libc::statx,
 ) -> c_int {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
-        if let Some(r) = crate::shim::inside(|| moneta_stat(dirfd, path, flags)) {
-            return run(-1, || {
-                let s = r?;
-                // SAFETY: the caller passes a writable struct statx.
-                fill_statx(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
-                Ok(0)
-            });
+        match crate::shim::inside(|| moneta_stat(dirfd, path, flags)) {
+            Ok(r) => {
+                return run(-1, || {
+                    let s = r?;
+                    // SAFETY: the caller passes a writable struct statx.
+                    fill_statx(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
+                    Ok(0)
+                });
+            }
+            Err(h) => host = h,
         }
     }
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe {
         real!(statx: fn(c_int, *const c_char, c_int, c_uint, *mut libc::statx) -> c_int)(
@@ -356,34 +368,37 @@ pub unsafe extern "C" fn faccessat(
     amode: c_int,
     flags: c_int,
 ) -> c_int {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
-        if let Some(r) =
-            crate::shim::inside(|| moneta_stat(dirfd, path, flags & libc::AT_SYMLINK_NOFOLLOW))
-        {
-            return run(-1, || {
-                let s = r?;
-                if amode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
-                    return Err(libc::EINVAL);
-                }
-                if amode == libc::F_OK {
-                    return Ok(0);
-                }
-                // SAFETY: plain system calls.
-                let (uid, gid) = unsafe {
-                    if flags & libc::AT_EACCESS != 0 {
-                        (libc::geteuid(), libc::getegid())
-                    } else {
-                        (libc::getuid(), libc::getgid())
+        match crate::shim::inside(|| moneta_stat(dirfd, path, flags & libc::AT_SYMLINK_NOFOLLOW)) {
+            Ok(r) => {
+                return run(-1, || {
+                    let s = r?;
+                    if amode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+                        return Err(libc::EINVAL);
                     }
-                };
-                if may_access(&s, uid, gid, amode) {
-                    Ok(0)
-                } else {
-                    Err(libc::EACCES)
-                }
-            });
+                    if amode == libc::F_OK {
+                        return Ok(0);
+                    }
+                    // SAFETY: plain system calls.
+                    let (uid, gid) = unsafe {
+                        if flags & libc::AT_EACCESS != 0 {
+                            (libc::geteuid(), libc::getegid())
+                        } else {
+                            (libc::getuid(), libc::getgid())
+                        }
+                    };
+                    if may_access(&s, uid, gid, amode) {
+                        Ok(0)
+                    } else {
+                        Err(libc::EACCES)
+                    }
+                });
+            }
+            Err(h) => host = h,
         }
     }
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe {
         real!(faccessat: fn(c_int, *const c_char, c_int, c_int) -> c_int)(dirfd, path, amode, flags)

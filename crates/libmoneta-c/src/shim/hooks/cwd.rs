@@ -2,34 +2,50 @@
 
 use super::*;
 
-/// `chdir(2)`: into a Moneta directory, the shim keeps the current directory itself.
+/// `chdir(2)`: into a Moneta directory, the shim keeps the current directory itself (and the
+/// kernel's becomes a removed directory, see [`paths::enter`]).
 ///
 /// # Safety
 ///
 /// As `chdir(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(np) = unsafe { classify(libc::AT_FDCWD, path) } {
-            if let Some(m) = conn() {
+        match unsafe { crate::shim::route(libc::AT_FDCWD, path) } {
+            crate::shim::Route::Moneta(m, np) => {
                 return run(-1, || {
                     let s = m.stat(p(&np)).map_err(eno)?;
-                    if s.mode & libc::S_IFMT != libc::S_IFDIR {
-                        return Err(libc::ENOTDIR);
-                    }
-                    paths::set_cwd(Some(paths::normalize(&np)));
-                    Ok(0)
-                });
+                    enter_dir(&s, paths::normalize(&np))
+                })
             }
+            crate::shim::Route::Fail(e) => return crate::shim::fail(-1, e),
+            crate::shim::Route::Host(h) => host = h,
         }
     }
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding.
     let r = unsafe { real!(chdir: fn(*const c_char) -> c_int)(path) };
     if r == 0 && active() {
-        paths::set_cwd(None);
+        paths::leave();
     }
     r
+}
+
+/// Changes into the nvfs directory `dir` whose attributes are `s`: it must be a directory the
+/// caller may search (`EACCES` otherwise, as the kernel says).
+fn enter_dir(s: &FsStat, dir: Vec<u8>) -> Result<c_int, i32> {
+    if s.mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(libc::ENOTDIR);
+    }
+    // SAFETY: plain system calls.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if !may_access(s, uid, gid, libc::X_OK) {
+        return Err(libc::EACCES);
+    }
+    paths::enter(dir);
+    Ok(0)
 }
 
 use crate::shim::active;
@@ -43,15 +59,15 @@ pub extern "C" fn fchdir(fd: c_int) -> c_int {
                 if !d.is_dir {
                     return Err(libc::ENOTDIR);
                 }
-                paths::set_cwd(Some(paths::normalize(&d.path)));
-                Ok(0)
+                let s = d.file.stat().map_err(eno)?;
+                enter_dir(&s, paths::normalize(&d.path))
             });
         }
     }
     // SAFETY: forwarding.
     let r = unsafe { real!(fchdir: fn(c_int) -> c_int)(fd) };
     if r == 0 && active() {
-        paths::set_cwd(None);
+        paths::leave();
     }
     r
 }
@@ -117,10 +133,13 @@ pub extern "C" fn get_current_dir_name() -> *mut c_char {
 /// As `realpath(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(np) = unsafe { classify(libc::AT_FDCWD, path) } {
-            if let Some(m) = conn() {
+        match unsafe { crate::shim::route(libc::AT_FDCWD, path) } {
+            crate::shim::Route::Fail(e) => return crate::shim::fail(std::ptr::null_mut(), e),
+            crate::shim::Route::Host(h) => host = h,
+            crate::shim::Route::Moneta(m, np) => {
                 return run(std::ptr::null_mut(), || {
                     m.stat(p(&np)).map_err(eno)?;
                     let mut full = paths::outer(&paths::normalize(&np));
@@ -147,6 +166,7 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
             }
         }
     }
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe { real!(realpath: fn(*const c_char, *mut c_char) -> *mut c_char)(path, resolved) }
 }

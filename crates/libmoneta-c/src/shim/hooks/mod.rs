@@ -120,40 +120,74 @@ macro_rules! with_fd {
     }};
 }
 
-macro_rules! with_path {
-    ($path:expr, $failed:expr, |$m:ident, $np:ident| $body:expr, $real:expr) => {{
+/// How a call on two paths goes.
+pub(super) enum Pair {
+    /// Both are Moneta paths.
+    Moneta(&'static libmoneta::Moneta, Vec<u8>, Vec<u8>),
+    /// It cannot be made: `EXDEV` between Moneta and another file system, `EIO` without a
+    /// daemon.
+    Fail(i32),
+    /// The C library's, with the paths it must see instead of the caller's (`None`: the
+    /// caller's).
+    Host(Option<std::ffi::CString>, Option<std::ffi::CString>),
+}
+
+/// Routes a call on two paths (rename, link).
+///
+/// # Safety
+///
+/// Both paths are NULL or NUL-terminated strings.
+pub(super) unsafe fn route_pair(
+    d1: c_int,
+    p1: *const c_char,
+    d2: c_int,
+    p2: *const c_char,
+) -> Pair {
+    // SAFETY: per the caller.
+    let (a, b) = unsafe { (classify(d1, p1), classify(d2, p2)) };
+    let host = |w: Where| match w {
+        Where::Host(c) => Some(c),
+        _ => None,
+    };
+    match (a, b) {
+        (Where::Moneta(a), Where::Moneta(b)) => match conn() {
+            Some(m) => Pair::Moneta(m, a, b),
+            None => Pair::Fail(libc::EIO),
+        },
+        (Where::Moneta(_), _) | (_, Where::Moneta(_)) => Pair::Fail(libc::EXDEV),
+        (a, b) => Pair::Host(host(a), host(b)),
+    }
+}
+
+/// Routes a path call: a Moneta path runs `$body` with the connection `$m` and the nvfs path
+/// `$np`; a Moneta path that cannot be served (no daemon) fails with `EIO`; anything else
+/// runs `$real`, the C library's call, in which `$path` names the path the C library must see
+/// (the caller's, or its rewriting when it left the prefix lexically).
+macro_rules! with_path_at {
+    ($dirfd:expr, $path:ident, $failed:expr, |$m:ident, $np:ident| $body:expr, $real:expr) => {{
+        let mut host: Option<std::ffi::CString> = None;
         if hooked() {
             // SAFETY: the hook's caller passes a NUL-terminated path.
-            if let Where::Moneta($np) = unsafe { classify(libc::AT_FDCWD, $path) } {
-                if let Some($m) = conn() {
-                    return run($failed, || $body);
-                }
+            match unsafe { crate::shim::route($dirfd, $path) } {
+                crate::shim::Route::Moneta($m, $np) => return run($failed, || $body),
+                crate::shim::Route::Fail(e) => return crate::shim::fail($failed, e),
+                crate::shim::Route::Host(h) => host = h,
             }
         }
+        let $path = host.as_ref().map_or($path, |c| c.as_ptr());
         #[allow(unused_unsafe)]
-        // SAFETY: forwarding the caller's arguments to the C library.
+        // SAFETY: forwarding the caller's arguments (or their rewritten path) to the C library.
         unsafe {
             $real
         }
     }};
 }
 
-macro_rules! with_path_at {
-    ($dirfd:expr, $path:expr, $failed:expr, |$m:ident, $np:ident| $body:expr, $real:expr) => {{
-        if hooked() {
-            // SAFETY: the hook's caller passes a NUL-terminated path.
-            if let Where::Moneta($np) = unsafe { classify($dirfd, $path) } {
-                if let Some($m) = conn() {
-                    return run($failed, || $body);
-                }
-            }
-        }
-        #[allow(unused_unsafe)]
-        // SAFETY: forwarding the caller's arguments to the C library.
-        unsafe {
-            $real
-        }
-    }};
+/// [`with_path_at!`] relative to the current directory.
+macro_rules! with_path {
+    ($path:ident, $failed:expr, |$m:ident, $np:ident| $body:expr, $real:expr) => {
+        with_path_at!(libc::AT_FDCWD, $path, $failed, |$m, $np| $body, $real)
+    };
 }
 
 mod attrs;

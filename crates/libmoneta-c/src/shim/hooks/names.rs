@@ -93,30 +93,26 @@ pub unsafe extern "C" fn renameat2(
     new: *const c_char,
     flags: c_uint,
 ) -> c_int {
+    let (mut h1, mut h2) = (None, None);
     if hooked() {
         // SAFETY: per the caller.
-        let (a, b) = unsafe { (classify(olddir, old), classify(newdir, new)) };
-        match (a, b) {
-            (Where::Moneta(a), Where::Moneta(b)) => {
-                if let Some(m) = conn() {
-                    return run(-1, || {
-                        if flags & !libc::RENAME_NOREPLACE != 0 {
-                            return Err(libc::EINVAL);
-                        }
-                        m.rename(p(&a), p(&b), flags & libc::RENAME_NOREPLACE != 0)
-                            .map(|_| 0)
-                            .map_err(eno)
-                    });
-                }
+        match unsafe { route_pair(olddir, old, newdir, new) } {
+            Pair::Moneta(m, a, b) => {
+                return run(-1, || {
+                    if flags & !libc::RENAME_NOREPLACE != 0 {
+                        return Err(libc::EINVAL);
+                    }
+                    m.rename(p(&a), p(&b), flags & libc::RENAME_NOREPLACE != 0)
+                        .map(|_| 0)
+                        .map_err(eno)
+                })
             }
-            (Where::Moneta(_), Where::Libc) | (Where::Libc, Where::Moneta(_))
-                if conn().is_some() =>
-            {
-                return run(-1, || Err(libc::EXDEV));
-            }
-            _ => {}
+            Pair::Fail(e) => return crate::shim::fail(-1, e),
+            Pair::Host(a, b) => (h1, h2) = (a, b),
         }
     }
+    let old = h1.as_ref().map_or(old, |c| c.as_ptr());
+    let new = h2.as_ref().map_or(new, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe {
         real!(renameat2: fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int)(
@@ -165,23 +161,19 @@ pub unsafe extern "C" fn linkat(
     new: *const c_char,
     flags: c_int,
 ) -> c_int {
+    let (mut h1, mut h2) = (None, None);
     if hooked() {
         // SAFETY: per the caller.
-        let (a, b) = unsafe { (classify(olddir, old), classify(newdir, new)) };
-        match (a, b) {
-            (Where::Moneta(a), Where::Moneta(b)) => {
-                if let Some(m) = conn() {
-                    return run(-1, || m.link(p(&a), p(&b)).map(|_| 0).map_err(eno));
-                }
+        match unsafe { route_pair(olddir, old, newdir, new) } {
+            Pair::Moneta(m, a, b) => {
+                return run(-1, || m.link(p(&a), p(&b)).map(|_| 0).map_err(eno))
             }
-            (Where::Moneta(_), Where::Libc) | (Where::Libc, Where::Moneta(_))
-                if conn().is_some() =>
-            {
-                return run(-1, || Err(libc::EXDEV));
-            }
-            _ => {}
+            Pair::Fail(e) => return crate::shim::fail(-1, e),
+            Pair::Host(a, b) => (h1, h2) = (a, b),
         }
     }
+    let old = h1.as_ref().map_or(old, |c| c.as_ptr());
+    let new = h2.as_ref().map_or(new, |c| c.as_ptr());
     // SAFETY: forwarding.
     unsafe {
         real!(linkat: fn(c_int, *const c_char, c_int, *const c_char, c_int) -> c_int)(

@@ -64,15 +64,19 @@ pub unsafe extern "C" fn moneta_shim_openat(
     flags: c_int,
     mode: mode_t,
 ) -> c_int {
+    let mut host: Option<std::ffi::CString> = None;
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(np) = unsafe { classify(dirfd, path) } {
-            if let Some(m) = conn() {
-                return run(-1, || open_moneta(m, np, flags, mode));
+        match unsafe { crate::shim::route(dirfd, path) } {
+            crate::shim::Route::Moneta(m, np) => {
+                return run(-1, || open_moneta(m, np, flags, mode))
             }
+            crate::shim::Route::Fail(e) => return crate::shim::fail(-1, e),
+            crate::shim::Route::Host(h) => host = h,
         }
     }
-    // SAFETY: forwarding the caller's arguments.
+    let path = host.as_ref().map_or(path, |c| c.as_ptr());
+    // SAFETY: forwarding the caller's arguments (or the rewritten path).
     unsafe {
         real!(openat64: fn(c_int, *const c_char, c_int, mode_t) -> c_int)(dirfd, path, flags, mode)
     }

@@ -228,7 +228,7 @@ pub(super) unsafe fn tv_to_ts(tv: *const libc::timeval) -> Option<[libc::timespe
 pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {
+        if !matches!(unsafe { classify(libc::AT_FDCWD, path) }, Where::Libc) {
             // SAFETY: per the caller.
             let ts = unsafe { tv_to_ts(tv) };
             let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
@@ -249,7 +249,7 @@ pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -
 pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {
+        if !matches!(unsafe { classify(libc::AT_FDCWD, path) }, Where::Libc) {
             // SAFETY: per the caller.
             let ts = unsafe { tv_to_ts(tv) };
             let ptr = ts.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
@@ -288,7 +288,7 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
 pub unsafe extern "C" fn utime(path: *const c_char, t: *const libc::utimbuf) -> c_int {
     if hooked() {
         // SAFETY: per the caller.
-        if let Where::Moneta(_) = unsafe { classify(libc::AT_FDCWD, path) } {
+        if !matches!(unsafe { classify(libc::AT_FDCWD, path) }, Where::Libc) {
             // SAFETY: per the caller.
             let ts = unsafe { t.as_ref() }.map(|u| {
                 [
