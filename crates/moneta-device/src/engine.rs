@@ -427,6 +427,7 @@ impl Device {
             sched: Scheduler::new(),
             channels: (0..config.max_channels).map(|_| None).collect(),
             active: Vec::new(),
+            deaf: Vec::new(),
             media,
             clock,
             rx,
@@ -707,6 +708,10 @@ struct Chan {
     last_active: u64,
     parked: bool,
     closing: bool,
+    /// The client closed every copy of the kick pipe's write end: the pipe is out of the
+    /// epoll set (it would report the hang-up on every wait, keeping the poller awake), and
+    /// the doorbell of this channel, when parked, is looked at whenever the poller wakes.
+    deaf: bool,
 }
 
 struct Pending {
@@ -735,6 +740,8 @@ struct Poller<M, C> {
     sched: Scheduler<Issued>,
     channels: Vec<Option<Chan>>,
     active: Vec<u32>,
+    /// Channels whose kick pipe has no writer left (see `Chan::deaf`).
+    deaf: Vec<u32>,
     rx: mpsc::Receiver<Control>,
     post_rx: mpsc::Receiver<Vec<TableOp>>,
     /// Posted batches applied (compared with `shared.posted`).
@@ -959,6 +966,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             last_active: now,
             parked: false,
             closing: false,
+            deaf: false,
         });
         self.active.push(id);
         self.shared.channels_open.fetch_add(1, Ordering::Relaxed);
@@ -1615,10 +1623,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
         let Ok((events, _)) = epoll::wait(&self.epoll, &mut space, ts.as_ref()) else {
             return;
         };
-        let keys: Vec<u64> = events.iter().map(|ev| ev.data.u64()).collect();
+        let keys: Vec<(u64, bool)> = events
+            .iter()
+            .map(|ev| {
+                let flags = ev.flags;
+                let gone = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR);
+                (ev.data.u64(), gone)
+            })
+            .collect();
         let now = self.tick();
         let mut buf = [0u8; 8];
-        for key in keys {
+        for (key, mut gone) in keys {
             if key == WAKER {
                 let _ = rustix::io::read(&self.waker, &mut buf);
                 continue;
@@ -1632,8 +1647,20 @@ impl<M: Media, C: Clock> Poller<M, C> {
             for _ in 0..16 {
                 match rustix::io::read(ch.kick.as_fd(), &mut drain) {
                     Ok(n) if n == drain.len() => continue,
+                    // End of file: no writer is left.
+                    Ok(0) => {
+                        gone = true;
+                        break;
+                    }
                     _ => break,
                 }
+            }
+            if gone && !ch.deaf {
+                // Level-triggered, a pipe without writers is ready forever: stop watching it,
+                // or a client could keep the poller from ever sleeping.
+                let _ = epoll::delete(&self.epoll, &ch.kick);
+                ch.deaf = true;
+                self.deaf.push(id);
             }
             if ch.parked && !ch.closing {
                 ch.parked = false;
@@ -1641,6 +1668,35 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
                 self.active.push(id);
             }
+        }
+        self.look_at_deaf(now);
+    }
+
+    /// Takes parked channels without a kick pipe back into the active set when their doorbell
+    /// changed: they cannot wake the poller, so they are looked at whenever it wakes.
+    fn look_at_deaf(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.deaf.len() {
+            let id = self.deaf[i];
+            let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+                // Closed: its id may be reused by a channel with a pipe of its own.
+                self.deaf.swap_remove(i);
+                continue;
+            };
+            if !ch.deaf {
+                self.deaf.swap_remove(i);
+                continue;
+            }
+            if ch.parked
+                && !ch.closing
+                && ch.mem.header().doorbell.load(Ordering::SeqCst) != ch.seen
+            {
+                ch.parked = false;
+                ch.last_active = now;
+                ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+                self.active.push(id);
+            }
+            i += 1;
         }
     }
 

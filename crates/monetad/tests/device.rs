@@ -872,6 +872,46 @@ fn an_idle_daemon_sleeps() {
     assert_eq!(b, [1; 64]);
 }
 
+/// A client that closes its end of the kick pipe cannot keep the daemon awake (a pipe without
+/// writers reports a hang-up on every wait); its parked channel is still served when the
+/// device wakes for something else.
+#[test]
+fn a_closed_kick_pipe_does_not_keep_the_daemon_awake() {
+    let d = Daemon::start(&["--park-after-us", "1000"]);
+    let ch = d.channel();
+    let ctl = d.control();
+    grant(&ctl, ch.id(), 0, 4096, true, 1);
+    ch.write(0, &[7; 64], Completion::Dma).unwrap();
+    // Closes the pipe's only write end (the number now names /dev/null).
+    {
+        use std::os::fd::AsRawFd;
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: replaces a descriptor the channel owns with another open file.
+        assert!(unsafe { libc::dup2(null.as_raw_fd(), ch.kick_fd().as_raw_fd()) } >= 0);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let t1 = d.cpu_ticks();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t2 = d.cpu_ticks();
+    // 1.5 s is 150 ticks of 10 ms; a spinning poller takes nearly all of them.
+    assert!(t2 - t1 <= 15, "the daemon used {} ticks in 1.5 s", t2 - t1);
+    assert_eq!(
+        ch.header().parked.load(Ordering::Relaxed),
+        moneta_abi::PARKED
+    );
+    // A command rung now cannot kick the poller awake; the next control request does, and
+    // the channel is looked at then.
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut b = [0u8; 64];
+            ch.read(0, &mut b, Completion::Dma).map(|()| b)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        grant(&ctl, ch.id(), 4096, 4096, true, 1);
+        assert_eq!(reader.join().unwrap().unwrap(), [7; 64]);
+    });
+}
+
 #[test]
 fn a_killed_daemon_restarts_with_every_completed_write() {
     let dir = TempDir::new("persist");
