@@ -128,6 +128,8 @@ pub struct MappedArray {
     size: u64,
     persistent: bool,
     file: File,
+    /// Mapped for reading only ([`MappedArray::open_read_only`]).
+    read_only: bool,
 }
 
 /// Largest array we accept: 64 TiB.
@@ -189,6 +191,46 @@ impl MappedArray {
         Self::map(file, size, true)
     }
 
+    /// Opens an existing backing file for reading only: the file is neither written, nor
+    /// extended, nor allocated (a check must not change what it checks, and must work on a
+    /// file the caller may only read). It takes a shared lock, so it fails with
+    /// [`MediaError::Busy`] while a daemon serves the file. Writing to the array is a
+    /// programming error and panics.
+    pub fn open_read_only(path: &Path) -> Result<Self, MediaError> {
+        let err = |source| MediaError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new().read(true).open(path).map_err(err)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared)
+            .map_err(|_| MediaError::Busy(path.to_owned()))?;
+        let size = file.metadata().map_err(err)?.len();
+        check_size(size)?;
+        let len = usize::try_from(size).map_err(|_| MediaError::BadSize(size))?;
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw_read_only(&file)
+            .map_err(MediaError::Map)?;
+        Ok(Self {
+            map,
+            size,
+            persistent: true,
+            file,
+            read_only: true,
+        })
+    }
+
+    /// Whether the file holds any data at all: `false` for a file that is one hole (as made
+    /// by `truncate -s`), which holds nothing anyone could lose.
+    pub fn has_data(path: &Path) -> io::Result<bool> {
+        let file = File::open(path)?;
+        match rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(0)) {
+            Ok(_) => Ok(true),
+            Err(rustix::io::Errno::NXIO) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// A volatile array of `size` bytes in a memfd, sparse.
     pub fn volatile(size: u64) -> Result<Self, MediaError> {
         check_size(size)?;
@@ -225,7 +267,14 @@ impl MappedArray {
             size,
             persistent,
             file,
+            read_only: false,
         })
+    }
+
+    /// A pointer for writing: never into a read-only mapping.
+    fn ptr_mut(&self, addr: u64, len: usize) -> *mut u8 {
+        assert!(!self.read_only, "write to an array opened read-only");
+        self.ptr(addr, len)
     }
 
     fn ptr(&self, addr: u64, len: usize) -> *mut u8 {
@@ -256,7 +305,7 @@ impl Media for MappedArray {
     }
 
     unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
-        let dst = self.ptr(addr, len);
+        let dst = self.ptr_mut(addr, len);
         // SAFETY: as in `read`, with the roles of the two ranges swapped.
         unsafe { stream_copy(dst, src, len) }
     }
@@ -276,7 +325,7 @@ impl Media for MappedArray {
         if len == 0 {
             return Ok(());
         }
-        let _ = self.ptr(addr, len as usize);
+        let _ = self.ptr_mut(addr, len as usize);
         // Whole pages are punched out (they read as zeros through the mapping at once) and, on
         // a backing file, reserved again so a later store cannot meet a full file system; the
         // ragged ends are stored.

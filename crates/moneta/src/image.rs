@@ -32,7 +32,8 @@ pub struct MkfsArgs {
     /// Owner of the root directory as UID:GID [default: the caller].
     #[arg(long)]
     pub root_owner: Option<String>,
-    /// Overwrite an image that already holds a file system.
+    /// Overwrite an existing file that holds a file system or any other data (without it, an
+    /// existing file is formatted only if it holds no data at all).
     #[arg(long)]
     pub force: bool,
 }
@@ -44,7 +45,7 @@ pub struct FsckArgs {
     /// be in use by a running monetad.
     pub device: Option<PathBuf>,
     /// Make the safe repairs (leaked or unmarked chunks, link counts, orphans, dangling
-    /// entries) through the journal.
+    /// entries) through the journal. Without it the image is opened for reading only.
     #[arg(long)]
     pub repair: bool,
     /// List every finding, notes included.
@@ -58,26 +59,8 @@ fn open(path: &Path, size: Option<u64>) -> Result<Arc<MappedArray>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Formats a device.
-pub fn mkfs(a: MkfsArgs) -> Result<(), String> {
-    let path = a.device.unwrap_or_else(libmoneta::paths::default_device);
-    let size = if path.exists() {
-        a.size
-    } else {
-        Some(a.size.unwrap_or(monetad::config::DEFAULT_SIZE))
-    };
-    let media = open(&path, size)?;
-    if !a.force {
-        match moneta_fs::tables::load(&*media) {
-            Err(moneta_fs::FormatError::NotFormatted) => {}
-            _ => {
-                return Err(format!(
-                    "{} already holds an nvfs file system; add --force to overwrite it",
-                    path.display()
-                ))
-            }
-        }
-    }
+/// The options of `moneta mkfs`, checked before anything is opened or created.
+fn mkfs_options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
     let mode = u32::from_str_radix(&a.root_mode, 8)
         .ok()
         .filter(|m| *m <= 0o7777)
@@ -97,15 +80,86 @@ pub fn mkfs(a: MkfsArgs) -> Result<(), String> {
             rustix::process::getegid().as_raw(),
         ),
     };
-    let o = MkfsOptions {
-        chunk_size: a.chunk_size.unwrap_or(moneta_fs::layout::DEFAULT_CHUNK),
+    let chunk_size = a.chunk_size.unwrap_or(moneta_fs::layout::DEFAULT_CHUNK);
+    if !chunk_size.is_power_of_two() || chunk_size < 4096 {
+        return Err(format!(
+            "chunk size {chunk_size} is not a power of two of at least 4K"
+        ));
+    }
+    if let Some(size) = a.size {
+        if size < 4096 || !size.is_multiple_of(4096) {
+            return Err(format!(
+                "size {size} is not a multiple of 4K of at least 4K"
+            ));
+        }
+    }
+    Ok(MkfsOptions {
+        chunk_size,
         inode_count: a.inodes,
         dirent_count: a.dirents,
         root_uid: uid,
         root_gid: gid,
         root_mode: mode,
+    })
+}
+
+/// Formats a device. An existing file is formatted only if it holds nvfs already and
+/// `--force` is given, or holds no data at all (a file of holes); anything else at the path is
+/// someone's data and is left alone. A file this call created is removed again if formatting
+/// fails.
+pub fn mkfs(a: MkfsArgs) -> Result<(), String> {
+    let path = a
+        .device
+        .clone()
+        .unwrap_or_else(libmoneta::paths::default_device);
+    let o = mkfs_options(&a)?;
+    let exists = std::fs::symlink_metadata(&path).is_ok();
+    if exists {
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            return Err(format!("{} is not a regular file", path.display()));
+        }
+        let holds_nvfs = {
+            let ro = MappedArray::open_read_only(&path).map_err(|e| e.to_string())?;
+            !matches!(
+                moneta_fs::tables::load(&ro),
+                Err(moneta_fs::FormatError::NotFormatted)
+            )
+        };
+        let has_data = MappedArray::has_data(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if !a.force && holds_nvfs {
+            return Err(format!(
+                "{} already holds an nvfs file system; add --force to overwrite it",
+                path.display()
+            ));
+        }
+        if !a.force && has_data {
+            return Err(format!(
+                "{} exists and holds data that is not an nvfs file system; formatting would \
+                 destroy it: pick another path, or add --force if it really is to be overwritten",
+                path.display()
+            ));
+        }
+    }
+    let size = if exists {
+        a.size
+    } else {
+        Some(a.size.unwrap_or(monetad::config::DEFAULT_SIZE))
     };
-    let g = moneta_fs::mkfs(&*media, &o).map_err(|e| e.to_string())?;
+    let made = |r: Result<(), String>| {
+        if r.is_err() && !exists {
+            let _ = std::fs::remove_file(&path);
+        }
+        r
+    };
+    let media = match open(&path, size) {
+        Ok(m) => m,
+        Err(e) => return made(Err(e)),
+    };
+    let g = match moneta_fs::mkfs(&*media, &o) {
+        Ok(g) => g,
+        Err(e) => return made(Err(e.to_string())),
+    };
     println!(
         "nvfs on {}: {} bytes, {} chunks of {} bytes, {} inodes, {} directory entries, {} bytes of metadata",
         path.display(),
@@ -123,7 +177,15 @@ pub fn mkfs(a: MkfsArgs) -> Result<(), String> {
 /// errors left uncorrected, 8 could not check.
 pub fn fsck(a: FsckArgs) -> ExitCode {
     let path = a.device.unwrap_or_else(libmoneta::paths::default_device);
-    let media = match open(&path, None) {
+    // Only a repair writes: a check opens the image for reading and changes nothing.
+    let opened = if a.repair {
+        open(&path, None)
+    } else {
+        MappedArray::open_read_only(&path)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    };
+    let media = match opened {
         Ok(m) => m,
         Err(e) => {
             eprintln!("moneta fsck: {e}");

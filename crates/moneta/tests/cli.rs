@@ -348,3 +348,99 @@ fn mkfs_and_fsck_an_image() {
     let o = moneta(&["fsck", d.0.join("junk").to_str().unwrap()], &[]);
     assert_eq!(o.status.code(), Some(8), "{}", text(&o));
 }
+
+/// `moneta mkfs` and `moneta fsck` never destroy or change what they were not asked to: a
+/// file holding other data is refused without `--force`, rejected arguments leave nothing
+/// behind, and a check opens the image for reading only (it works on an image the caller
+/// may only read, and leaves it as it was).
+#[test]
+fn image_commands_never_destroy_what_they_did_not_make() {
+    let d = tempdir("keep");
+    // Someone's data.
+    let precious = d.0.join("precious");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&precious, &data).unwrap();
+    let o = moneta(&["mkfs", precious.to_str().unwrap()], &[]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("holds data"), "{}", text(&o));
+    assert!(text(&o).contains("--force"), "{}", text(&o));
+    assert_eq!(std::fs::read(&precious).unwrap(), data);
+    let o = moneta(
+        &[
+            "mkfs",
+            precious.to_str().unwrap(),
+            "--force",
+            "--chunk-size",
+            "64K",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // A file of holes holds nothing to lose.
+    let holes = d.0.join("holes");
+    std::fs::File::create(&holes)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let o = moneta(&["mkfs", holes.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Rejected arguments, or a format that fails, leave no file behind.
+    for args in [
+        vec!["--root-mode", "999"],
+        vec!["--root-owner", "nobody"],
+        vec!["--chunk-size", "3000"],
+        vec!["--size", "8K"],
+    ] {
+        let fresh = d.0.join("fresh");
+        let mut all = vec!["mkfs", fresh.to_str().unwrap()];
+        all.extend(args.iter().copied());
+        let o = moneta(&all, &[]);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(!fresh.exists(), "{args:?} left {}", fresh.display());
+    }
+    // A check changes nothing, and needs only read access.
+    let img = d.0.join("img");
+    let o = moneta(&["mkfs", img.to_str().unwrap(), "--size", "16M"], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = (
+        std::fs::read(&img).unwrap(),
+        std::fs::metadata(&img).unwrap().modified().unwrap(),
+    );
+    let o = moneta(&["fsck", img.to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let after = (
+        std::fs::read(&img).unwrap(),
+        std::fs::metadata(&img).unwrap().modified().unwrap(),
+    );
+    assert!(before == after, "fsck changed the image");
+    assert!(
+        rustix::process::geteuid().is_root() || std::env::var("CI").as_deref() != Ok("true"),
+        "this test needs root, and CI must run it"
+    );
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let o = Command::new("setpriv")
+            .args(["--reuid=1001", "--regid=1001", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_moneta"))
+            .args(["fsck", img.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = Command::new("setpriv")
+            .args(["--reuid=1001", "--regid=1001", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_moneta"))
+            .args(["fsck", img.to_str().unwrap(), "--repair"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(8),
+            "a repair needs write access: {}",
+            text(&o)
+        );
+    } else {
+        eprintln!("SKIPPED the read-only fsck as another user: needs root");
+    }
+}
