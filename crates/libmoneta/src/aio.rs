@@ -609,6 +609,12 @@ impl<'f> State<'f> {
 
     /// Puts commands on free tags (without ringing: the caller rings `bits`).
     fn issue(&mut self, bits: &mut u64) {
+        self.issue_from(None, bits);
+    }
+
+    /// [`State::issue`], the first command on `first` when given (a tag the caller waited
+    /// for; released if nothing is left to issue).
+    fn issue_from(&mut self, mut first: Option<Tag>, bits: &mut u64) {
         let ch = self.ch();
         let opcode = if self.write {
             Opcode::Write
@@ -619,7 +625,9 @@ impl<'f> State<'f> {
             && !self.stopped()
             && self.inflight.len() < TAGS_PER_REQUEST
         {
-            let Some(tag) = ch.try_tag() else { break };
+            let Some(tag) = first.take().or_else(|| ch.try_tag()) else {
+                break;
+            };
             let seg = self.prep.segs[self.next];
             if self.write {
                 ch.write_dma(tag, 0, &self.bytes()[seg.at..seg.at + seg.len]);
@@ -631,6 +639,9 @@ impl<'f> State<'f> {
             *bits |= 1u64 << tag.0;
             self.inflight.push_back((tag, self.next));
             self.next += 1;
+        }
+        if let Some(t) = first {
+            ch.release(t);
         }
     }
 
@@ -701,10 +712,10 @@ impl<'f> State<'f> {
             self.ended = true;
             return true;
         }
-        let mut idle = 0u32;
+        let mut waited: Option<Tag> = None;
         loop {
             let mut bits = 0u64;
-            self.issue(&mut bits);
+            self.issue_from(waited.take(), &mut bits);
             if bits != 0 {
                 self.ch().ring(bits);
             }
@@ -719,18 +730,9 @@ impl<'f> State<'f> {
                 return false;
             }
             if !issued && self.inflight.is_empty() {
-                // No free tag: other requests may hold completed ones.
-                if pump(self.ch) {
-                    continue;
-                }
-                idle += 1;
-                if idle < 64 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(20));
-                }
-            } else {
-                idle = 0;
+                // No free tag: wait for one (moving the channel's other requests along, whose
+                // completed commands hold some).
+                waited = Some(self.ch.tag());
             }
         }
     }

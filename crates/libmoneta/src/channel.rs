@@ -62,6 +62,14 @@ pub struct Channel {
     seqs: [AtomicU32; TAGS_PER_CHANNEL],
     /// Serializes consumers of the error queue (rare, off the data path).
     err_lock: std::sync::Mutex<()>,
+    /// Threads spinning for a DMA completion now, and how many may (see [`Channel::wait`]).
+    spinners: AtomicU32,
+    max_spinners: u32,
+    /// Threads asleep until a tag is released, the futex word a release rings, and the tags
+    /// released while some slept, which only they may take (see [`Channel::tag`]).
+    tag_waiters: AtomicU32,
+    tag_event: AtomicU32,
+    handoff: AtomicU64,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -113,6 +121,11 @@ impl Channel {
             free: AtomicU64::new(u64::MAX),
             pinned: AtomicUsize::new(0),
             requests: std::sync::Mutex::new(Default::default()),
+            spinners: AtomicU32::new(0),
+            max_spinners: spinner_limit(),
+            tag_waiters: AtomicU32::new(0),
+            tag_event: AtomicU32::new(0),
+            handoff: AtomicU64::new(0),
             seqs: std::array::from_fn(|_| AtomicU32::new(0)),
             err_lock: std::sync::Mutex::new(()),
         };
@@ -188,27 +201,16 @@ impl Channel {
 
     /// Takes a free tag, if any.
     pub fn try_tag(&self) -> Option<Tag> {
-        let mut m = self.free.load(Ordering::Relaxed);
-        loop {
-            if m == 0 {
-                return None;
-            }
-            let bit = m.trailing_zeros();
-            match self.free.compare_exchange_weak(
-                m,
-                m & !(1u64 << bit),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(Tag(bit as u8)),
-                Err(now) => m = now,
-            }
-        }
+        take_bit(&self.free)
     }
 
-    /// Takes a free tag, waiting (spinning briefly, then sleeping with back-off) until one is.
-    /// While it waits, it moves this thread's asynchronous requests along, which frees the
-    /// tags of their completed commands.
+    /// Takes a free tag, waiting until one is. While it waits it moves the process's
+    /// asynchronous requests along, which frees the tags of their completed commands; after a
+    /// short spin it sleeps, and a tag released while threads sleep is handed to them (each
+    /// release wakes one, the one that has slept longest) rather than freed for whoever looks
+    /// first. Timed sleeps kept every waiting thread runnable, and with more threads than CPUs
+    /// a thread that woke found its tag taken by one that had not slept, again and again:
+    /// some requests waited for seconds.
     pub fn tag(&self) -> Tag {
         let mut spins = 0u32;
         loop {
@@ -219,20 +221,69 @@ impl Channel {
                 continue;
             }
             spins += 1;
-            if spins < 100 {
-                std::hint::spin_loop();
-            } else if spins < 200 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
+            if spins >= 64 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        // Dekker with `release`: count ourselves, then look again; a releaser frees its bit,
+        // then looks for sleepers.
+        self.tag_waiters.fetch_add(1, Ordering::SeqCst);
+        let t = loop {
+            let ev = self.tag_event.load(Ordering::SeqCst);
+            if let Some(t) = take_bit(&self.handoff).or_else(|| self.try_tag()) {
+                break t;
+            }
+            if crate::aio::pump(self) {
+                continue;
+            }
+            let _ = rustix::thread::futex::wait(
+                &self.tag_event,
+                rustix::thread::futex::Flags::PRIVATE,
+                ev,
+                // Bounded, so requests that nobody else moves along are looked at again.
+                Some(&rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 10_000_000,
+                }),
+            );
+        };
+        if self.tag_waiters.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // The last sleeper leaves: tags handed to sleepers go back to everyone.
+            let h = self.handoff.swap(0, Ordering::SeqCst);
+            if h != 0 {
+                self.free.fetch_or(h, Ordering::SeqCst);
             }
         }
+        t
     }
 
-    /// Returns a tag to the free mask.
+    /// Returns a tag: to a sleeping waiter if there is one, else to the free mask.
     pub fn release(&self, tag: Tag) {
-        let prev = self.free.fetch_or(1u64 << tag.0, Ordering::Release);
-        debug_assert!(prev & (1u64 << tag.0) == 0, "tag released twice");
+        let bit = 1u64 << tag.0;
+        if self.tag_waiters.load(Ordering::SeqCst) > 0 {
+            let prev = self.handoff.fetch_or(bit, Ordering::SeqCst);
+            debug_assert!(prev & bit == 0, "tag released twice");
+            self.tag_event.fetch_add(1, Ordering::SeqCst);
+            let _ = rustix::thread::futex::wake(
+                &self.tag_event,
+                rustix::thread::futex::Flags::PRIVATE,
+                1,
+            );
+            return;
+        }
+        let prev = self.free.fetch_or(bit, Ordering::SeqCst);
+        debug_assert!(prev & bit == 0, "tag released twice");
+        if self.tag_waiters.load(Ordering::SeqCst) > 0 {
+            // A sleeper counted itself while we freed: it looks at the free mask before it
+            // sleeps, but may have looked just before; wake it to look again.
+            self.tag_event.fetch_add(1, Ordering::SeqCst);
+            let _ = rustix::thread::futex::wake(
+                &self.tag_event,
+                rustix::thread::futex::Flags::PRIVATE,
+                1,
+            );
+        }
     }
 
     fn dma_ptr(&self, tag: Tag, off: usize, len: usize) -> *mut u8 {
@@ -441,14 +492,30 @@ impl Channel {
         let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
         match mode {
             Completion::Dma => {
+                // Spinning threads beyond the CPUs there are only take turns with each other
+                // and with the device's poller, which on a machine with few CPUs is what
+                // they wait for: past the limit, a thread sleeps instead (the device wakes a
+                // sleeper of a DMA completion too).
+                if self.spinners.fetch_add(1, Ordering::Relaxed) >= self.max_spinners {
+                    self.spinners.fetch_sub(1, Ordering::Relaxed);
+                    self.sleep_until(tag, want)?;
+                    return Ok(self.take_completion(tag));
+                }
                 let mut spins = 0u32;
                 let mut since = None;
-                while st.state.load(Ordering::Acquire) != want {
+                let r = loop {
+                    if st.state.load(Ordering::Acquire) == want {
+                        break Ok(());
+                    }
                     spins = spin_once(spins);
                     if spins.is_multiple_of(4096) {
-                        self.check_alive(&mut since)?;
+                        if let Err(e) = self.check_alive(&mut since) {
+                            break Err(e);
+                        }
                     }
-                }
+                };
+                self.spinners.fetch_sub(1, Ordering::Relaxed);
+                r?;
             }
             Completion::Forward => {
                 let count = &self.header().completion_count;
@@ -470,42 +537,47 @@ impl Channel {
                     }
                 }
             }
-            Completion::Sleep => {
-                st.waiter.store(1, Ordering::SeqCst);
-                let timeout = rustix::time::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 100_000_000,
-                };
-                let mut since = None;
-                // Pairs with the device's store of `state` before it reads the waiter flag.
-                loop {
-                    let now = st.state.load(Ordering::SeqCst);
-                    if now == want {
-                        break;
-                    }
-                    match rustix::thread::futex::wait(
-                        &st.state,
-                        rustix::thread::futex::Flags::empty(),
-                        now,
-                        Some(&timeout),
-                    ) {
-                        Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                        Err(rustix::io::Errno::TIMEDOUT) => {
-                            if let Err(e) = self.check_alive(&mut since) {
-                                st.waiter.store(0, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                        Err(e) => {
-                            st.waiter.store(0, Ordering::Relaxed);
-                            return Err(e.into());
-                        }
-                    }
-                }
-                st.waiter.store(0, Ordering::Relaxed);
-            }
+            Completion::Sleep => self.sleep_until(tag, want)?,
         }
         Ok(self.take_completion(tag))
+    }
+
+    /// Sleeps on `tag`'s status word until it shows `want` (issue-sleep, §7.3 of the ABI).
+    fn sleep_until(&self, tag: Tag, want: u32) -> Result<(), ClientError> {
+        let st = &self.slot(tag).status;
+        st.waiter.store(1, Ordering::SeqCst);
+        let timeout = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        let mut since = None;
+        // Pairs with the device's store of `state` before it reads the waiter flag.
+        loop {
+            let now = st.state.load(Ordering::SeqCst);
+            if now == want {
+                break;
+            }
+            match rustix::thread::futex::wait(
+                &st.state,
+                rustix::thread::futex::Flags::empty(),
+                now,
+                Some(&timeout),
+            ) {
+                Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::TIMEDOUT) => {
+                    if let Err(e) = self.check_alive(&mut since) {
+                        st.waiter.store(0, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    st.waiter.store(0, Ordering::Relaxed);
+                    return Err(e.into());
+                }
+            }
+        }
+        st.waiter.store(0, Ordering::Relaxed);
+        Ok(())
     }
 
     fn check_alive(&self, since: &mut Option<Instant>) -> Result<(), ClientError> {
@@ -743,6 +815,35 @@ const SPINS_PER_YIELD: u32 = 64;
 /// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
 /// for this thread's time slice to end, milliseconds later. With nothing else runnable the
 /// yield returns at once.
+/// Takes one set bit of `mask`, if any.
+fn take_bit(mask: &AtomicU64) -> Option<Tag> {
+    let mut m = mask.load(Ordering::Relaxed);
+    loop {
+        if m == 0 {
+            return None;
+        }
+        let bit = m.trailing_zeros();
+        match mask.compare_exchange_weak(
+            m,
+            m & !(1u64 << bit),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Some(Tag(bit as u8)),
+            Err(now) => m = now,
+        }
+    }
+}
+
+/// How many of a process's threads may spin for DMA completions at once: one fewer than the
+/// CPUs it may run on (the device's poller needs one), and at least one.
+fn spinner_limit() -> u32 {
+    let n = rustix::thread::sched_getaffinity(None)
+        .map(|set| set.count())
+        .unwrap_or(1);
+    n.saturating_sub(1).max(1)
+}
+
 fn spin_once(spins: u32) -> u32 {
     let spins = spins.wrapping_add(1);
     if spins >= SPINS_BEFORE_YIELD && spins.is_multiple_of(SPINS_PER_YIELD) {

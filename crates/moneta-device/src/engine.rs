@@ -1521,7 +1521,18 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         match mode {
-            Completion::Dma => st.state.store(cmd.seq, Ordering::Release),
+            Completion::Dma => {
+                st.state.store(cmd.seq, Ordering::SeqCst);
+                // A client may sleep on a DMA completion too (one of more waiting threads
+                // than it has CPUs): the same Dekker pairing as for issue-sleep.
+                if st.waiter.load(Ordering::SeqCst) != 0 {
+                    let _ = rustix::thread::futex::wake(
+                        &st.state,
+                        rustix::thread::futex::Flags::empty(),
+                        i32::MAX as u32,
+                    );
+                }
+            }
             Completion::Forward => {
                 h.tag_status_register
                     .fetch_or(1u64 << tag, Ordering::Release);

@@ -872,6 +872,52 @@ fn an_idle_daemon_sleeps() {
     assert_eq!(b, [1; 64]);
 }
 
+/// Threads waiting for a tag get the tags released while they sleep, each one, none lost:
+/// every tag taken, eight threads waiting, and the tags given back one at a time.
+#[test]
+fn tags_released_while_threads_wait_reach_every_waiter() {
+    let d = Daemon::start(&[]);
+    let ch = d.channel();
+    let held: Vec<Tag> = (0..64).map(|_| ch.try_tag().expect("a free tag")).collect();
+    assert!(ch.try_tag().is_none());
+    let got = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let t = ch.tag();
+                got.lock().unwrap().push(t);
+            });
+        }
+        // Let them go to sleep, then release one tag at a time.
+        std::thread::sleep(Duration::from_millis(50));
+        for (i, t) in held.iter().take(8).enumerate() {
+            ch.release(*t);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while got.lock().unwrap().len() <= i {
+                assert!(
+                    Instant::now() < deadline,
+                    "a released tag reached no waiter"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    let mut got = got.into_inner().unwrap();
+    got.sort_by_key(|t| t.0);
+    let mut want: Vec<Tag> = held[..8].to_vec();
+    want.sort_by_key(|t| t.0);
+    assert_eq!(got, want);
+    // Nothing is stranded: with no waiter left, released tags are free again.
+    for t in got.into_iter().chain(held[8..].iter().copied()) {
+        ch.release(t);
+    }
+    let again: Vec<Tag> = std::iter::from_fn(|| ch.try_tag()).collect();
+    assert_eq!(again.len(), 64);
+    for t in again {
+        ch.release(t);
+    }
+}
+
 /// A client that closes its end of the kick pipe cannot keep the daemon awake (a pipe without
 /// writers reports a hang-up on every wait); its parked channel is still served when the
 /// device wakes for something else.

@@ -522,6 +522,48 @@ fn size_coherence_between_connections() {
     }
 }
 
+/// Many more threads than CPUs share one channel and its 64 tags: each makes progress (tags
+/// go to waiting threads in turn, and threads beyond the CPUs sleep instead of spinning, so
+/// the device's poller keeps a CPU). Before, some threads did nothing for seconds.
+#[test]
+fn many_threads_on_one_channel_all_make_progress() {
+    let d = Daemon::start_fs("256M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/shared", &rw()).unwrap();
+    f.write_at(&vec![3u8; 16 << 20], 0).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let counts: Vec<std::sync::atomic::AtomicU64> = (0..32)
+        .map(|_| std::sync::atomic::AtomicU64::new(0))
+        .collect();
+    std::thread::scope(|s| {
+        for (i, c) in counts.iter().enumerate() {
+            let (f, stop) = (&f, &stop);
+            s.spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut off = (i as u64 * 977 * 4096) % (15 << 20);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(f.read_at(&mut buf, off).unwrap(), buf.len());
+                    assert!(buf.iter().all(|&b| b == 3));
+                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    off = (off + 64 * 4096 + 4096) % (15 << 20);
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let n: Vec<u64> = counts
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    let mean = n.iter().sum::<u64>() as f64 / n.len() as f64;
+    let min = *n.iter().min().unwrap();
+    assert!(
+        min as f64 >= mean / 10.0 && min > 0,
+        "a thread starved: {min} reads against a mean of {mean:.0} ({n:?})"
+    );
+}
+
 /// `fallocate` takes the space at once: a full device answers `ENOSPC` then, not at a later
 /// write, and space taken stays writable whatever else fills the device.
 #[test]
