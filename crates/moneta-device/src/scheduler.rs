@@ -18,6 +18,8 @@ pub struct Timing {
 pub struct Scheduler<T> {
     in_flight: Vec<(u64, u64, T)>,
     next_seq: u64,
+    /// Places in the issue order taken by requests not issued yet (still moving their data).
+    reserved: Vec<u64>,
 }
 
 impl<T> Default for Scheduler<T> {
@@ -32,6 +34,7 @@ impl<T> Scheduler<T> {
         Self {
             in_flight: Vec::new(),
             next_seq: 0,
+            reserved: Vec::new(),
         }
     }
 
@@ -43,15 +46,37 @@ impl<T> Scheduler<T> {
         seq
     }
 
+    /// Takes a place in the issue order for a request that will be issued later (with
+    /// [`Scheduler::issue_reserved`], or dropped with [`Scheduler::forget`]): it counts as in
+    /// flight for fences from now on.
+    pub fn reserve(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.reserved.push(seq);
+        seq
+    }
+
+    /// Issues a request in the place `seq` reserved; it completes at `ready_ns`.
+    pub fn issue_reserved(&mut self, ready_ns: u64, seq: u64, req: T) {
+        self.forget(seq);
+        self.in_flight.push((ready_ns, seq, req));
+    }
+
+    /// Gives up a reserved place (the request completed without the scheduler).
+    pub fn forget(&mut self, seq: u64) {
+        self.reserved.retain(|&s| s != seq);
+    }
+
     /// The sequence number the next issued request will get: a revocation applied now is
     /// safe once every request with a lower number has completed.
     pub fn fence(&self) -> u64 {
         self.next_seq
     }
 
-    /// True when no request issued before `fence` is still in flight.
+    /// True when no request issued (or reserved) before `fence` is still in flight.
     pub fn passed(&self, fence: u64) -> bool {
         self.in_flight.iter().all(|&(_, seq, _)| seq >= fence)
+            && self.reserved.iter().all(|&seq| seq >= fence)
     }
 
     /// Removes and hands to `f`, in issue order, every request ready at `now_ns`.
@@ -121,5 +146,18 @@ mod tests {
         assert_eq!(s.next_ready(), Some(100));
         s.complete_ready(100, |r| out.push(r));
         assert!(s.passed(f) && s.is_empty());
+        // A reserved place holds a fence until it is issued and completes, or is forgotten.
+        let r = s.reserve();
+        let f = s.fence();
+        let g = s.fence();
+        assert!(!s.passed(f));
+        s.issue_reserved(300, r, 'c');
+        assert!(!s.passed(f));
+        s.complete_ready(300, |_| {});
+        assert!(s.passed(f));
+        let r = s.reserve();
+        assert!(!s.passed(s.fence()));
+        s.forget(r);
+        assert!(s.passed(g));
     }
 }

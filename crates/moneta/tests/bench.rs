@@ -421,3 +421,28 @@ fn loop_backings() -> Vec<String> {
     v.sort();
     v
 }
+
+/// `--neighbour`: each Moneta configuration alone and beside another process reading 1 MiB at a
+/// time, both recorded; kernel paths are refused with it.
+#[test]
+fn bench_beside_a_neighbour() {
+    let recs = bench(&[
+        "--path",
+        "moneta",
+        "--size",
+        "4K",
+        "--duration",
+        "0.3",
+        "--neighbour",
+    ]);
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    let alone = recs.iter().find(|r| r["neighbour"] == false).unwrap();
+    let beside = recs.iter().find(|r| r["neighbour"] == true).unwrap();
+    for r in [alone, beside] {
+        assert_eq!(r["path"], "moneta");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+    }
+    let o = moneta(&["bench", "--path", "kernel-psync", "--neighbour"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--neighbour"), "{}", text(&o));
+}

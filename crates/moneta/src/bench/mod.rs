@@ -220,6 +220,12 @@ pub struct BenchArgs {
     /// Print CSV (a header, then one row per configuration) instead of tables.
     #[arg(long, conflicts_with = "json")]
     pub csv: bool,
+    /// Measure the Moneta paths twice in every run, alone and beside a neighbour: another
+    /// process on the same daemon reading 1 MiB at a time as 64 commands on all of its tags
+    /// (`moneta bench --path moneta-raw --op read --size 1M`, in a child process). The records
+    /// say which (`neighbour`: false alone, true beside it).
+    #[arg(long)]
+    pub neighbour: bool,
     /// Print nothing (the records are returned to the caller: `moneta report`).
     #[arg(skip)]
     pub quiet: bool,
@@ -315,6 +321,9 @@ pub struct Record {
     /// Mean time per stage (`--breakdown`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<Vec<breakdown::Component>>,
+    /// Measured beside the `--neighbour` (true) or alone (false).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neighbour: Option<bool>,
 }
 
 struct RunResult {
@@ -902,6 +911,7 @@ fn summarize(
         instructions_per_op,
         instructions_note,
         breakdown,
+        neighbour: None,
     }
 }
 
@@ -978,6 +988,79 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
         instructions_per_op: None,
         instructions_note: None,
         breakdown: None,
+        neighbour: None,
+    }
+}
+
+/// The `--neighbour`: another `moneta bench` process on the same daemon, reading 1 MiB at a
+/// time through all 64 of its tags for `seconds`.
+struct Neighbour {
+    child: Option<std::process::Child>,
+}
+
+impl Neighbour {
+    /// Starts it and returns once its reads are flowing (the daemon has read more than the
+    /// region the neighbour wrote first).
+    fn start(socket: &std::path::Path, seconds: f64) -> Result<Neighbour, String> {
+        let ctl = Control::connect(socket).map_err(|e| e.to_string())?;
+        let before = ctl.status().map_err(|e| e.to_string())?.bytes_read;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let child = std::process::Command::new(exe)
+            .args([
+                "bench",
+                "--path",
+                "moneta-raw",
+                "--op",
+                "read",
+                "--size",
+                "1M",
+            ])
+            .args(["--warmup", "0", "--runs", "1", "--json"])
+            .args(["--region", "64M", "--duration", &format!("{seconds:.3}")])
+            .arg("--socket")
+            .arg(socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the neighbour: {e}"))?;
+        let mut n = Neighbour { child: Some(child) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let c = n.child.as_mut().expect("started");
+            if let Some(st) = c.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!("the neighbour stopped early ({st})"));
+            }
+            let read = ctl.status().map_err(|e| e.to_string())?.bytes_read;
+            if read.saturating_sub(before) > 256 << 20 {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                return Err("the neighbour did not start reading within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for it to end (it removes its files).
+    fn finish(mut self) -> Result<(), String> {
+        let child = self.child.take().expect("started");
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "the neighbour failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -1367,6 +1450,14 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         );
     }
     validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE, &io_paths)?;
+    if a.neighbour
+        && (io_paths.is_empty()
+            || io_paths
+                .iter()
+                .any(|p| !matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw)))
+    {
+        return Err("--neighbour shares a Moneta daemon: use it with the moneta paths only".into());
+    }
     let mut out = Vec::new();
     let daemon = if io_paths
         .iter()
@@ -1454,6 +1545,12 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                     run_threads(&w, size, t, cfg.warmup, None)?;
                 }
             }
+            // Beside the neighbour: the same runs again with it reading, alternating.
+            let mut beside: Vec<(Path, Vec<RunResult>)> = if cfg.neighbour {
+                io_paths.iter().map(|&p| (p, Vec::new())).collect()
+            } else {
+                Vec::new()
+            };
             for _ in 0..cfg.runs {
                 for (p, rs) in results.iter_mut() {
                     let t = target_for(*p, &targets);
@@ -1463,11 +1560,28 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                     }
                     rs.push(run_threads(&w, size, t, cfg.duration, cfg.ops)?);
                 }
+                for (p, rs) in beside.iter_mut() {
+                    let t = target_for(*p, &targets);
+                    let d = daemon.as_ref().expect("the neighbour needs the daemon");
+                    let n = Neighbour::start(&d.socket, cfg.duration + 2.0)?;
+                    rs.push(run_threads(&cfg, size, t, cfg.duration, cfg.ops)?);
+                    n.finish()?;
+                }
             }
-            for (p, rs) in results {
+            let results: Vec<(Path, Vec<RunResult>, Option<bool>)> = if cfg.neighbour {
+                results
+                    .into_iter()
+                    .map(|(p, r)| (p, r, Some(false)))
+                    .chain(beside.into_iter().map(|(p, r)| (p, r, Some(true))))
+                    .collect()
+            } else {
+                results.into_iter().map(|(p, r)| (p, r, None)).collect()
+            };
+            for (p, rs, neighbour) in results {
                 let completion =
                     matches!(p, Path::MonetaRaw | Path::Moneta).then_some(cfg.completion);
                 let mut rec = summarize(&cfg, p, size, rs, completion);
+                rec.neighbour = neighbour;
                 if matches!(p, Path::Moneta | Path::MonetaZeroCopy) {
                     rec.extents = moneta_files.as_ref().map(|f| f.extents);
                 }
@@ -1610,9 +1724,11 @@ fn print_table(recs: &[Record]) {
         } else {
             String::new()
         };
-        let what = match r.records {
-            Some(n) => format!("{} ({n} rec)", r.path),
-            None => r.path.to_string(),
+        let what = match (r.records, r.neighbour) {
+            (Some(n), _) => format!("{} ({n} rec)", r.path),
+            (None, Some(true)) => format!("{} beside 1M reader", r.path),
+            (None, Some(false)) => format!("{} alone", r.path),
+            (None, None) => r.path.to_string(),
         };
         t.add_row([
             what,
