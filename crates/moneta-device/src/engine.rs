@@ -1073,13 +1073,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 }
             };
             match r {
-                Ok(ev) => {
-                    for victim in ev.channels {
-                        if let Some(Some(c)) = self.channels.get(victim as usize) {
-                            c.mem.header().evictions.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
+                Ok(ev) => count_evictions(&self.channels, &ev),
                 Err(e) => {
                     let _ = ack.send(Err(e.into()));
                     return;
@@ -1271,12 +1265,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
         for &(_, len, dev) in &answer.runs {
             if let Some(dev) = dev {
-                if self
-                    .table
-                    .insert(id, dev, len, answer.rights, answer.file)
-                    .is_err()
-                {
-                    return Status::Refer;
+                match self.table.insert(id, dev, len, answer.rights, answer.file) {
+                    Ok(ev) => count_evictions(&self.channels, &ev),
+                    Err(_) => return Status::Refer,
                 }
             }
         }
@@ -1844,6 +1835,16 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 }
 
+/// Counts each evicted record in its channel's `evictions` word (ABI §3.3), whichever way the
+/// insert that evicted it came (an administrative grant, a posted soft miss, a LOOKUP).
+fn count_evictions(channels: &[Option<Chan>], ev: &crate::permission::Evictions) {
+    for &victim in &ev.channels {
+        if let Some(Some(c)) = channels.get(victim as usize) {
+            c.mem.header().evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Applies the posted batches waiting in `rx` ([`Device::post`]); whether there were any.
 fn drain_posts(
     rx: &mpsc::Receiver<Vec<TableOp>>,
@@ -1871,7 +1872,9 @@ fn drain_posts(
                     .is_some_and(|c| !c.closing);
                 if open {
                     // A full table evicts; nothing else can fail for a valid insert.
-                    let _ = table.insert(channel, start, len, rights, file);
+                    if let Ok(ev) = table.insert(channel, start, len, rights, file) {
+                        count_evictions(channels, &ev);
+                    }
                     if let Some(t) = touched.as_deref_mut() {
                         if !t.contains(&channel) {
                             t.push(channel);

@@ -6,6 +6,7 @@ mod common;
 
 use std::io::{IoSlice, IoSliceMut, Read, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
@@ -445,6 +446,14 @@ fn a_hard_miss_looks_up_only_the_missing_extent() {
     );
     // The table is full, so every record installed evicted one: one record per lookup.
     assert_eq!(ev1 - ev0, lookups, "records installed by {lookups} lookups");
+    // The channel's own `evictions` word counts its records evicted by installs of every kind
+    // (here the lookups of soft misses): all the table's evictions, as it is the only channel
+    // with records once the writer has gone.
+    let own = m.channel().header().evictions.load(Ordering::Relaxed);
+    assert!(
+        own >= ev1 - ev0 && own > 0,
+        "channel evictions {own}, table {ev0}..{ev1}"
+    );
 }
 
 /// Sizes between connections: a reader that cached a larger size sees a truncate by another
