@@ -59,6 +59,10 @@ pub struct DeviceConfig {
     /// core of its own never makes the threads it serves (a client between two commands, the
     /// daemon's connection threads answering a soft miss) wait for that core.
     pub poller_cpu: Option<usize>,
+    /// Most permission records the channels of one user may hold together (channels opened
+    /// with an owner, see [`Device::open_channel_for`]); the rest of the table stays for
+    /// others.
+    pub user_records: usize,
 }
 
 impl Default for DeviceConfig {
@@ -76,6 +80,7 @@ impl Default for DeviceConfig {
             timing: Timing::default(),
             trace: false,
             poller_cpu: None,
+            user_records: 8 << 10,
         }
     }
 }
@@ -112,6 +117,13 @@ impl DeviceConfig {
                     "poller CPU {cpu} is not one this process may run on ({list})"
                 ));
             }
+        }
+        if self.user_records == 0 || self.user_records > self.table_entries {
+            return Err(format!(
+                "a user's share of permission records ({}) must be between 1 and the table's \
+                 {} entries",
+                self.user_records, self.table_entries
+            ));
         }
         if self.timing.read_ns > MAX_LATENCY_NS || self.timing.write_ns > MAX_LATENCY_NS {
             return Err(format!(
@@ -290,6 +302,8 @@ enum Control {
         id: u32,
         mem: Box<ChannelMem>,
         kick: OwnedFd,
+        /// The user whose share of records the channel counts against.
+        owner: Option<u32>,
         ack: Ack,
     },
     RemoveChannel {
@@ -422,7 +436,12 @@ impl Device {
         let media = Arc::new(media);
         let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?)?;
         let poller = Poller {
-            table: PermissionTable::new(config.table_entries, config.max_channels, config.merge),
+            table: {
+                let mut t =
+                    PermissionTable::new(config.table_entries, config.max_channels, config.merge);
+                t.set_share(config.user_records);
+                t
+            },
             retag: Retag::new(config.phys_tags),
             sched: Scheduler::new(),
             channels: (0..config.max_channels).map(|_| None).collect(),
@@ -516,6 +535,13 @@ impl Device {
     /// Creates a channel and starts polling it. Fails with [`DeviceError::TooManyChannels`]
     /// when all slots are taken.
     pub fn open_channel(&self) -> Result<OpenedChannel, DeviceError> {
+        self.open_channel_for(None)
+    }
+
+    /// [`Device::open_channel`] for a channel of user `owner`, whose channels together hold at
+    /// most `user_records` permission records (`None`: no share, as for the daemon's own
+    /// user).
+    pub fn open_channel_for(&self, owner: Option<u32>) -> Result<OpenedChannel, DeviceError> {
         let id = self
             .free_ids
             .lock()
@@ -539,6 +565,7 @@ impl Device {
                 id,
                 mem: Box::new(mem),
                 kick,
+                owner,
                 ack,
             })?;
             Ok(OpenedChannel {
@@ -937,8 +964,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let now = self.tick();
             self.last_control = now;
             match c {
-                Control::AddChannel { id, mem, kick, ack } => {
+                Control::AddChannel {
+                    id,
+                    mem,
+                    kick,
+                    owner,
+                    ack,
+                } => {
                     let r = self.add_channel(id, mem, kick, now);
+                    if r.is_ok() {
+                        self.table.set_owner(id, owner);
+                    }
                     let _ = ack.send(r);
                 }
                 Control::RemoveChannel { id, ack } => self.remove_channel(id, ack),

@@ -157,7 +157,16 @@ pub struct PermissionTable {
     merge: bool,
     hand: usize,
     counters: TableCounters,
+    /// The user each channel belongs to, for shares (`NO_OWNER`: not held to one).
+    owners: Vec<u32>,
+    /// Records each user holds.
+    held: std::collections::HashMap<u32, usize>,
+    /// Most records one user may hold.
+    share: usize,
 }
+
+/// Owner of a channel that is not held to a share.
+const NO_OWNER: u32 = u32::MAX;
 
 impl PermissionTable {
     /// A table of `capacity` records for channels `0..channels`, merging adjacent records when
@@ -173,7 +182,37 @@ impl PermissionTable {
             merge,
             hand: 0,
             counters: TableCounters::default(),
+            owners: vec![NO_OWNER; channels],
+            held: std::collections::HashMap::new(),
+            share: capacity,
         }
+    }
+
+    /// Holds each user to at most `records` records (at least 1): a user that would hold more
+    /// gives up one of its own records (in clock order) for each new one, so one user's files
+    /// cannot push every other user's records out of the table.
+    pub fn set_share(&mut self, records: usize) {
+        self.share = records.max(1);
+    }
+
+    /// Says which user `channel` belongs to (`None`: no share applies, as for the daemon's own
+    /// user). Call it when the channel is opened, before its records are installed.
+    pub fn set_owner(&mut self, channel: u32, owner: Option<u32>) {
+        if let Some(o) = self.owners.get_mut(channel as usize) {
+            *o = owner.unwrap_or(NO_OWNER);
+        }
+    }
+
+    /// Records `owner` holds now.
+    pub fn held_by(&self, owner: u32) -> usize {
+        self.held.get(&owner).copied().unwrap_or(0)
+    }
+
+    fn owner_of(&self, channel: u32) -> u32 {
+        self.owners
+            .get(channel as usize)
+            .copied()
+            .unwrap_or(NO_OWNER)
     }
 
     /// Capacity in records.
@@ -473,6 +512,13 @@ impl PermissionTable {
         file: u64,
         ev: &mut Evictions,
     ) {
+        let owner = self.owner_of(channel);
+        if owner != NO_OWNER && self.held_by(owner) >= self.share {
+            // At its share: the user's own oldest record makes room.
+            if let Some(victim) = self.evict_own(owner) {
+                ev.channels.push(victim);
+            }
+        }
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -489,6 +535,9 @@ impl PermissionTable {
             rights,
         };
         self.counters.used += 1;
+        if owner != NO_OWNER {
+            *self.held.entry(owner).or_default() += 1;
+        }
         let root = self.roots[channel as usize];
         let root = if root == NIL {
             self.new_node(true)
@@ -547,6 +596,22 @@ impl PermissionTable {
         Some((self.nodes[right as usize].keys[0], right))
     }
 
+    /// Evicts the next record of `owner`'s channels in clock order; returns its channel.
+    fn evict_own(&mut self, owner: u32) -> Option<u32> {
+        let cap = self.recs.len();
+        for _ in 0..cap {
+            let i = self.hand;
+            self.hand = (self.hand + 1) % cap;
+            let rec = self.recs[i];
+            if rec.channel != FREE && self.owner_of(rec.channel) == owner {
+                self.delete(rec.channel, rec.start);
+                self.counters.evictions += 1;
+                return Some(rec.channel);
+            }
+        }
+        None
+    }
+
     /// Evicts the next record in clock order; returns its channel.
     fn evict_one(&mut self) -> u32 {
         let cap = self.recs.len();
@@ -564,6 +629,15 @@ impl PermissionTable {
     }
 
     fn release(&mut self, i: u32) {
+        let owner = self.owner_of(self.recs[i as usize].channel);
+        if owner != NO_OWNER {
+            if let Some(h) = self.held.get_mut(&owner) {
+                *h -= 1;
+                if *h == 0 {
+                    self.held.remove(&owner);
+                }
+            }
+        }
         self.recs[i as usize] = EMPTY;
         self.free.push(i);
         self.counters.used -= 1;
@@ -647,6 +721,18 @@ impl PermissionTable {
         assert_eq!(seen as u64, self.counters.used);
         assert_eq!(seen + self.free.len(), self.recs.len());
         assert_eq!(nodes + self.free_nodes.len(), self.nodes.len());
+        let mut held = std::collections::HashMap::<u32, usize>::new();
+        for r in self.recs.iter().filter(|r| r.channel != FREE) {
+            let o = self.owner_of(r.channel);
+            if o != NO_OWNER {
+                *held.entry(o).or_default() += 1;
+            }
+        }
+        assert_eq!(held, self.held, "records held per user");
+        assert!(
+            self.held.values().all(|&h| h <= self.share),
+            "a user over its share"
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -720,6 +806,41 @@ fn first_start(first: u32, recs: &[Rec]) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_user_holds_at_most_its_share() {
+        let mut t = PermissionTable::new(16, 4, false);
+        t.set_share(6);
+        t.set_owner(0, Some(1000));
+        t.set_owner(1, Some(1001));
+        t.set_owner(2, None);
+        // The other user and the unlimited channel have records first.
+        for i in 0..4u64 {
+            t.insert(1, i * 100, 10, READ, 1).unwrap();
+            t.insert(2, i * 100, 10, READ, 1).unwrap();
+        }
+        // User 1000 installs 20 records: it keeps 6, giving up its own oldest each time.
+        let mut evicted_others = 0;
+        for i in 0..20u64 {
+            let ev = t.insert(0, i * 100, 10, READ, 1).unwrap();
+            evicted_others += ev.channels.iter().filter(|&&c| c != 0).count();
+            t.validate();
+        }
+        assert_eq!(t.held_by(1000), 6);
+        assert_eq!(evicted_others, 0, "no other user's records went");
+        assert_eq!(t.records(1).len(), 4);
+        assert_eq!(t.records(2).len(), 4);
+        // Its latest records are the ones kept.
+        assert!(t.check(0, 1900, 10, READ).is_ok());
+        assert_eq!(t.check(0, 0, 10, READ), Err(Status::PermissionMiss));
+        // Freed records count down; a reused channel id takes its new owner.
+        t.remove_channel(0).unwrap();
+        assert_eq!(t.held_by(1000), 0);
+        t.set_owner(0, Some(1002));
+        t.insert(0, 0, 10, READ, 1).unwrap();
+        assert_eq!((t.held_by(1000), t.held_by(1002)), (0, 1));
+        t.validate();
+    }
 
     #[test]
     fn check_covers_and_denies() {

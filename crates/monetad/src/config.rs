@@ -156,6 +156,11 @@ pub struct Args {
     /// [default: --user-channels plus 16].
     #[arg(long)]
     pub user_connections: Option<usize>,
+    /// Permission records the channels of one user other than the daemon's own and root may
+    /// hold together; past it, the user's own records make room for its new ones
+    /// [default: half of --table-entries].
+    #[arg(long)]
+    pub user_records: Option<usize>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -178,6 +183,7 @@ struct FileConfig {
     socket_mode: Option<String>,
     user_channels: Option<usize>,
     user_connections: Option<usize>,
+    user_records: Option<usize>,
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
     poller_cpu: Option<toml::Value>,
@@ -292,7 +298,14 @@ impl Config {
                 },
             }
             .resolve(),
+            user_records: 0,
         };
+        let mut device = device;
+        device.user_records = args
+            .user_records
+            .or(file.user_records)
+            .unwrap_or(device.table_entries / 2)
+            .max(1);
         device.validate()?;
         let mode = args
             .socket_mode

@@ -486,7 +486,9 @@ impl Server {
                     tracing::info!(pid = c.pid, uid = c.uid, "channel refused: {}", f.message);
                     return empty(Err(f));
                 }
-                match self.device.open_channel() {
+                // The daemon's own user and root are not held to a share of the table.
+                let owner = (!self.is_admin(c.uid)).then_some(c.uid);
+                match self.device.open_channel_for(owner) {
                     Ok(opened) => {
                         c.channel = Some(opened.id);
                         tracing::debug!(pid = c.pid, channel = opened.id, "channel opened");

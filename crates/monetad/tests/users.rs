@@ -27,6 +27,8 @@ fn child_process_entry() {
         "channels" => open_channels(&args),
         "connect" => connect_refused(&args),
         "listen" => listen_here(&args),
+        "keeper" => keeper(&args),
+        "flood" => flood(&args),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -152,6 +154,53 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Reads a file of its own (installing its records), says so, waits for its standard input
+/// to close, reads it again and prints its hard misses (records it lost meanwhile).
+fn keeper(args: &[String]) -> i32 {
+    let m = libmoneta::Moneta::connect(Path::new(&args[0])).unwrap();
+    let mut o = libmoneta::OpenOptions::new();
+    o.read(true).write(true).create(true);
+    let f = m
+        .open(format!("/keeper-{}", std::process::id()), &o)
+        .unwrap();
+    f.write_at(&[5u8; 4 << 20], 0).unwrap();
+    let mut buf = vec![0u8; 4 << 20];
+    f.read_at(&mut buf, 0).unwrap();
+    let before = m.stats().hard_misses;
+    println!("READY");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    f.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    println!("MISSES {}", m.stats().hard_misses - before);
+    0
+}
+
+/// Writes two files a chunk at a time in turn (so each is made of many extents), then reads
+/// them: far more records than its share.
+fn flood(args: &[String]) -> i32 {
+    let m = libmoneta::Moneta::connect(Path::new(&args[0])).unwrap();
+    let mut o = libmoneta::OpenOptions::new();
+    o.read(true).write(true).create(true);
+    let a = m.open("/flood-a", &o).unwrap();
+    let b = m.open("/flood-b", &o).unwrap();
+    for i in 0..96u64 {
+        a.write_at(&[1u8; 4096], i * 4096).unwrap();
+        b.write_at(&[2u8; 4096], i * 4096).unwrap();
+    }
+    // Requests of 16 extents each, well within its share; the files need 192 records.
+    let mut buf = vec![0u8; 16 * 4096];
+    for _ in 0..3 {
+        for at in (0..96u64).step_by(16) {
+            a.read_at(&mut buf, at * 4096).unwrap();
+            assert!(buf.iter().all(|&x| x == 1));
+            b.read_at(&mut buf, at * 4096).unwrap();
+            assert!(buf.iter().all(|&x| x == 2));
+        }
+    }
+    0
+}
+
 fn wait_line(child: &mut Child, prefix: &str) -> String {
     let out = child.stdout.as_mut().unwrap();
     let mut r = std::io::BufReader::new(out);
@@ -230,6 +279,51 @@ fn wait_channels(d: &Daemon, n: u64) {
         assert!(Instant::now() < deadline, "channels not reclaimed");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// One user's records cannot push another's out of the permission table: past its share a
+/// user's own records make room for its new ones.
+#[test]
+fn each_user_gets_a_share_of_the_permission_table() {
+    if !can_setuid("each_user_gets_a_share_of_the_permission_table") {
+        return;
+    }
+    let d = shared_daemon(&[
+        "--chunk-size",
+        "4K",
+        "--no-merge",
+        "--table-entries",
+        "128",
+        "--user-records",
+        "32",
+    ]);
+    d.control()
+        .fs(moneta_abi::fsproto::FsRequest::Chmod {
+            target: moneta_abi::fsproto::Target::Path {
+                path: b"/".to_vec(),
+                follow: true,
+            },
+            mode: 0o1777,
+        })
+        .unwrap();
+    let socket = d.socket.display().to_string();
+    let mut keeper = KillOnDrop(spawn_piped_as(
+        1002,
+        "keeper",
+        std::slice::from_ref(&socket),
+    ));
+    wait_line(&mut keeper.0, "READY");
+    let mut flood = spawn_role_as(1001, "flood", std::slice::from_ref(&socket));
+    assert!(flood.wait().unwrap().success());
+    let s = d.control().status().unwrap();
+    assert!(s.table_evictions > 0, "the flood overflowed its share");
+    drop(keeper.0.stdin.take());
+    let line = wait_line(&mut keeper.0, "MISSES");
+    assert_eq!(
+        line.trim(),
+        "MISSES 0",
+        "the keeper lost records to the flood"
+    );
 }
 
 #[test]
