@@ -726,3 +726,70 @@ fn chdir_needs_search_permission() {
         "{err}"
     );
 }
+
+/// Temporary files under the prefix: `mkstemp` and its family are the C library's own calls
+/// of its internal `open`, out of the hooks' reach, so the shim makes them itself: `sort -T`,
+/// `ar` and `mktemp` work in `/moneta`.
+#[test]
+fn temporary_files_under_the_prefix() {
+    // Many small files: a small allocation unit.
+    let d = Daemon::start_with("256M", &["--chunk-size", "64K"]);
+    let t = TempDir::new("tmp");
+    // A C program: mkstemp, mkostemps with a suffix, mkdtemp, and a malformed template.
+    let src = t.0.join("tmp.c");
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+int main(void) {
+    char a[] = "/moneta/t/aXXXXXX", b[] = "/moneta/t/bXXXXXX.txt", c[] = "/moneta/t/dXXXXXX";
+    char bad[] = "/moneta/t/nope";
+    int fa = mkstemp(a), fb = mkostemps(b, 4, O_CLOEXEC);
+    if (fa < 0 || fb < 0) { perror("mkstemp"); return 1; }
+    if (write(fa, "hello", 5) != 5) return 2;
+    struct stat st;
+    if (fstat(fa, &st) || (st.st_mode & 0777) != 0600) return 3;
+    if (strncmp(a, "/moneta/t/a", 11) || strstr(a, "XXXXXX") || strcmp(b + strlen(b) - 4, ".txt")) return 4;
+    if (!(fcntl(fb, F_GETFD) & FD_CLOEXEC)) return 5;
+    char *dir = mkdtemp(c);
+    if (!dir || stat(dir, &st) || !S_ISDIR(st.st_mode) || (st.st_mode & 0777) != 0700) return 6;
+    errno = 0;
+    if (mkstemp(bad) != -1 || errno != EINVAL) return 7;
+    printf("%s\n", a);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = t.0.join("tmp");
+    cc(&src, &exe, &[]);
+    d.sh("mkdir -p /moneta/t");
+    let o = d.run(&[exe.to_str().unwrap()], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let name = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert_eq!(d.sh(&format!("cat {name}")), "hello");
+    // sort spilling to temporary files under /moneta.
+    let lines: String = (0..20_000).rev().map(|i| format!("{i:06}\n")).collect();
+    std::fs::write(t.0.join("in"), &lines).unwrap();
+    let host = t.0.display();
+    let out = d.sh(&format!(
+        "mkdir -p /moneta/sorttmp && sort -S 4K -T /moneta/sorttmp {host}/in | head -2; \
+         ls /moneta/sorttmp | wc -l"
+    ));
+    assert_eq!(out, "000000\n000001\n0\n");
+    // ar writes its archive through a temporary file beside it; mktemp makes files and
+    // directories there.
+    std::fs::write(t.0.join("one.txt"), "one").unwrap();
+    let out = d.sh(&format!(
+        "cd {host} && ar rc /moneta/t/lib.a one.txt && ar t /moneta/t/lib.a && \
+         f=$(mktemp -p /moneta/t) && echo x > $f && cat $f && \
+         dd=$(mktemp -d -p /moneta/t) && test -d $dd && echo dir"
+    ));
+    assert_eq!(out, "one.txt\nx\ndir\n");
+}

@@ -200,9 +200,10 @@ mod open;
 mod perms;
 mod size;
 mod statfs;
+mod tmp;
 mod xattr;
 
 pub use self::{
     attrs::*, copies::*, cwd::*, data::*, descriptors::*, names::*, open::*, perms::*, size::*,
-    statfs::*, xattr::*,
+    statfs::*, tmp::*, xattr::*,
 };
