@@ -38,6 +38,7 @@ pub mod lock;
 pub mod paths;
 pub mod policy;
 mod position;
+pub mod program;
 pub mod trace;
 pub mod trust;
 

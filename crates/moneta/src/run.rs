@@ -96,7 +96,7 @@ fn refusal(file: &Path, depth: u32) -> Result<Option<String>, String> {
         }
         return refusal(Path::new(interp), depth + 1);
     }
-    if head.starts_with(b"\x7fELF") && !has_interp(head) {
+    if libmoneta::program::is_elf(head) && !libmoneta::program::has_interp(head) {
         return Ok(Some(format!(
             "{} is statically linked: LD_PRELOAD cannot reach it, so its Moneta files would \
              not be Moneta's",
@@ -104,38 +104,6 @@ fn refusal(file: &Path, depth: u32) -> Result<Option<String>, String> {
         )));
     }
     Ok(None)
-}
-
-/// Whether a 64-bit little-endian ELF file (its first bytes) has a `PT_INTERP` program header:
-/// a dynamically linked executable.
-fn has_interp(h: &[u8]) -> bool {
-    let u16at = |o: usize| h.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32at = |o: usize| {
-        h.get(o..o + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-    };
-    let u64at = |o: usize| {
-        h.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-    };
-    if h.get(4) != Some(&2) || h.get(5) != Some(&1) {
-        // Not ELF64 little-endian: leave the judgement to the linker.
-        return true;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64at(0x20), u16at(0x36), u16at(0x38))
-    else {
-        return true;
-    };
-    for i in 0..phnum as usize {
-        let at = phoff as usize + i * phentsize as usize;
-        match u32at(at) {
-            Some(3) => return true, // PT_INTERP
-            Some(_) => {}
-            // The table lies beyond the bytes read: assume a normal executable.
-            None => return true,
-        }
-    }
-    false
 }
 
 /// Runs the program (does not return on success).

@@ -376,6 +376,24 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     // SAFETY: per the caller.
+    match unsafe { super::launch::prepare(path, argv) } {
+        None => {}
+        Some(Err(e)) => return super::fail(-1, e),
+        Some(Ok(mut img)) => {
+            let args = img.argv_ptr();
+            // SAFETY: the image's path and arguments live until the call returns.
+            return unsafe {
+                with_handover(envp, |env| {
+                    real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int)(
+                        img.path.as_ptr(),
+                        args,
+                        env,
+                    )
+                })
+            };
+        }
+    }
+    // SAFETY: per the caller.
     unsafe {
         with_handover(envp, |env| {
             real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int)(
@@ -407,6 +425,15 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    if hooked() && !file.is_null() {
+        // A search that reaches a directory under the prefix is ours to make.
+        // SAFETY: per the caller.
+        let found = super::inside(|| super::launch::search_path(unsafe { CStr::from_ptr(file) }));
+        if let Some(full) = found {
+            // SAFETY: per the caller; `full` lives until the call returns.
+            return unsafe { execve(full.as_ptr(), argv, envp) };
+        }
+    }
     // SAFETY: per the caller.
     unsafe {
         with_handover(envp, |env| {
@@ -491,6 +518,18 @@ unsafe fn spawn(
     envp: *const *const c_char,
 ) -> c_int {
     if hooked() {
+        // A Moneta program runs from a copy (its memfd is inherited by the child, which
+        // executes it by its /proc path).
+        // SAFETY: per the caller.
+        let mut img = match unsafe { super::launch::prepare(path, argv) } {
+            None => None,
+            Some(Err(e)) => return e,
+            Some(Ok(img)) => Some(img),
+        };
+        let (path, argv) = match img.as_mut() {
+            Some(i) => (i.path.as_ptr(), i.argv_ptr()),
+            None => (path, argv),
+        };
         // SAFETY: per the caller.
         if let Some(p) = unsafe { prepare(envp) } {
             // SAFETY: forwarding with the hand-over's environment.
@@ -504,6 +543,10 @@ unsafe fn spawn(
             // SAFETY: forwarding with the working directory named.
             return unsafe { real(pid, path, actions, attr, argv, ptrs.as_ptr()) };
         }
+        // SAFETY: forwarding (the image, if any, lives until here).
+        let r = unsafe { real(pid, path, actions, attr, argv, envp) };
+        drop(img);
+        return r;
     }
     // SAFETY: forwarding.
     unsafe { real(pid, path, actions, attr, argv, envp) }
@@ -549,6 +592,14 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    if hooked() && !file.is_null() {
+        // SAFETY: per the caller.
+        let found = super::inside(|| super::launch::search_path(unsafe { CStr::from_ptr(file) }));
+        if let Some(full) = found {
+            // SAFETY: per the caller; `full` lives until the call returns.
+            return unsafe { posix_spawn(pid, full.as_ptr(), actions, attr, argv, envp) };
+        }
+    }
     let f: SpawnFn = real!(posix_spawnp: fn(
         *mut libc::pid_t,
         *const c_char,

@@ -19,6 +19,7 @@ pub mod dir;
 pub mod exec;
 pub mod fds;
 pub mod hooks;
+mod launch;
 pub mod locks;
 pub mod paths;
 pub mod stdio;

@@ -412,7 +412,7 @@ pub(super) fn in_groups(gid: u32) -> bool {
     n > 0 && groups[..n as usize].contains(&gid)
 }
 
-pub(super) fn may_access(s: &FsStat, uid: u32, gid: u32, amode: c_int) -> bool {
+pub(crate) fn may_access(s: &FsStat, uid: u32, gid: u32, amode: c_int) -> bool {
     let mode = s.mode;
     if uid == 0 {
         // Root: read and write always; execute if anyone may, or a directory.

@@ -168,6 +168,25 @@ pub extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     )
 }
 
+/// Says once, on standard error, why a Moneta file cannot be mapped and what to do: the
+/// program itself usually reports only an I/O error (SQLite: "disk I/O error").
+fn refuse_map(path: &[u8]) {
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    TOLD.call_once(|| {
+        log(
+            crate::shim::ERROR,
+            format_args!(
+                "mmap of {} refused (ENODEV): Moneta files cannot be mapped into memory yet. \
+                 SQLite in WAL mode maps its -shm file: keep databases under the prefix in \
+                 another journal mode; one already in WAL mode opens with \
+                 `PRAGMA locking_mode=EXCLUSIVE;` (which needs no map), and \
+                 `PRAGMA journal_mode=DELETE;` then turns it back",
+                String::from_utf8_lossy(&crate::shim::paths::outer(path))
+            ),
+        )
+    });
+}
+
 /// `mmap(2)` of a Moneta file: not offered yet (`ENODEV`, as for a file system without
 /// `mmap`); anonymous and other mappings go to the C library.
 ///
@@ -183,8 +202,11 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if hooked() && flags & libc::MAP_ANONYMOUS == 0 && fds::is_moneta(fd) {
-        return run(libc::MAP_FAILED, || Err(libc::ENODEV));
+    if hooked() && flags & libc::MAP_ANONYMOUS == 0 {
+        if let Some(d) = fds::get(fd) {
+            refuse_map(&d.path);
+            return run(libc::MAP_FAILED, || Err(libc::ENODEV));
+        }
     }
     // SAFETY: forwarding.
     unsafe {
