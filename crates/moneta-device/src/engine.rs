@@ -61,8 +61,8 @@ pub struct DeviceConfig {
     pub poller_cpu: Option<usize>,
     /// Most permission records the channels of one user may hold together (channels opened
     /// with an owner, see [`Device::open_channel_for`]); the rest of the table stays for
-    /// others.
-    pub user_records: usize,
+    /// others. `None`: half the table.
+    pub user_records: Option<usize>,
 }
 
 impl Default for DeviceConfig {
@@ -80,7 +80,7 @@ impl Default for DeviceConfig {
             timing: Timing::default(),
             trace: false,
             poller_cpu: None,
-            user_records: 8 << 10,
+            user_records: None,
         }
     }
 }
@@ -118,11 +118,12 @@ impl DeviceConfig {
                 ));
             }
         }
-        if self.user_records == 0 || self.user_records > self.table_entries {
+        let share = self.user_share();
+        if share == 0 || share > self.table_entries {
             return Err(format!(
-                "a user's share of permission records ({}) must be between 1 and the table's \
-                 {} entries",
-                self.user_records, self.table_entries
+                "a user's share of permission records ({share}) must be between 1 and the \
+                 table's {} entries",
+                self.table_entries
             ));
         }
         if self.timing.read_ns > MAX_LATENCY_NS || self.timing.write_ns > MAX_LATENCY_NS {
@@ -131,6 +132,11 @@ impl DeviceConfig {
             ));
         }
         self.geometry.validate()
+    }
+
+    /// The records one user's channels may hold together: the setting, or half the table.
+    pub fn user_share(&self) -> usize {
+        self.user_records.unwrap_or((self.table_entries / 2).max(1))
     }
 }
 
@@ -439,7 +445,7 @@ impl Device {
             table: {
                 let mut t =
                     PermissionTable::new(config.table_entries, config.max_channels, config.merge);
-                t.set_share(config.user_records);
+                t.set_share(config.user_share());
                 t
             },
             retag: Retag::new(config.phys_tags),
@@ -1921,4 +1927,37 @@ fn drain_posts(
         }
     }
     any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_users_share_follows_the_table_it_is_given() {
+        // Unset, the share is half of whatever table the device gets, so a small table (as
+        // tests and fuzz targets use) is valid without naming a share.
+        let small = DeviceConfig {
+            table_entries: 64,
+            ..Default::default()
+        };
+        assert_eq!(small.validate(), Ok(()));
+        assert_eq!(small.user_share(), 32);
+        assert_eq!(DeviceConfig::default().user_share(), 8 << 10);
+        // A share named explicitly must fit the table.
+        let too_big = DeviceConfig {
+            table_entries: 64,
+            user_records: Some(65),
+            ..Default::default()
+        };
+        assert!(too_big
+            .validate()
+            .unwrap_err()
+            .contains("share of permission records"));
+        let zero = DeviceConfig {
+            user_records: Some(0),
+            ..Default::default()
+        };
+        assert!(zero.validate().is_err());
+    }
 }

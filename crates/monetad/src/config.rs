@@ -298,14 +298,8 @@ impl Config {
                 },
             }
             .resolve(),
-            user_records: 0,
+            user_records: args.user_records.or(file.user_records),
         };
-        let mut device = device;
-        device.user_records = args
-            .user_records
-            .or(file.user_records)
-            .unwrap_or(device.table_entries / 2)
-            .max(1);
         device.validate()?;
         let mode = args
             .socket_mode
