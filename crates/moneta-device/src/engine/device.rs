@@ -1,0 +1,332 @@
+//! The device's control interface: what the daemon calls to open and close channels, change
+//! the permission table, read the counters and stop. Each call is a message to the poller,
+//! answered once the poller has applied it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+use moneta_abi::control::{ChannelInfo, StatusReport};
+use moneta_abi::TAGS_PER_CHANNEL;
+use rustix::event::epoll;
+use rustix::event::{eventfd, EventfdFlags};
+
+use super::poller::spawn_flusher;
+use super::*;
+use crate::clock::Clock;
+use crate::media::Media;
+
+impl Device {
+    /// Starts the poller over `media` with `clock`.
+    pub fn start<M: Media, C: Clock>(
+        config: DeviceConfig,
+        media: M,
+        clock: C,
+    ) -> Result<Device, DeviceError> {
+        config.validate().map_err(DeviceError::Config)?;
+        let poller_cpu = config.poller_cpu;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let waker = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        epoll::add(
+            &ep,
+            &waker,
+            epoll::EventData::new_u64(WAKER),
+            epoll::EventFlags::IN,
+        )?;
+        let (tx, rx) = mpsc::channel();
+        let (post_tx, post_rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let array_size = media.size();
+        let persistent = media.persistent();
+        let media = Arc::new(media);
+        let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?)?;
+        let poller = Poller {
+            table: {
+                let mut t =
+                    PermissionTable::new(config.table_entries, config.max_channels, config.merge);
+                t.set_share(config.user_share());
+                t
+            },
+            retag: Retag::new(config.phys_tags),
+            sched: Scheduler::new(),
+            channels: (0..config.max_channels).map(|_| None).collect(),
+            active: Vec::new(),
+            moving: Vec::new(),
+            deaf: Vec::new(),
+            media,
+            clock,
+            rx,
+            post_rx,
+            applied: 0,
+            epoll: ep,
+            waker: waker.try_clone()?,
+            shared: shared.clone(),
+            fences: Vec::new(),
+            removals: Vec::new(),
+            shutdown: None,
+            local: Local::default(),
+            park_after_ns: config.park_after.as_nanos() as u64,
+            timing: config.timing,
+            trace: config.trace,
+            idle_passes: 0,
+            busy_passes: 0,
+            done: Vec::new(),
+            flushing: Vec::new(),
+            next_flush: 0,
+            flush_jobs,
+            flush_done,
+            now: 0,
+            last_busy: 0,
+            last_control: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("moneta-poller".into())
+            .spawn(move || {
+                if let Some(cpu) = poller_cpu {
+                    let mut set = rustix::thread::CpuSet::new();
+                    set.set(cpu);
+                    // Validated against the allowed set; should the set have changed since,
+                    // the poller runs where the scheduler puts it.
+                    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                        tracing::warn!("cannot pin the poller to CPU {cpu}: {e}");
+                    }
+                }
+                poller.run()
+            })?;
+        Ok(Device {
+            tx: Mutex::new(tx),
+            post_tx: Mutex::new(post_tx),
+            waker,
+            shared,
+            free_ids: Mutex::new((0..config.max_channels as u32).collect()),
+            config,
+            array_size,
+            persistent,
+            started: Instant::now(),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// Bytes in the array.
+    pub fn array_size(&self) -> u64 {
+        self.array_size
+    }
+
+    fn call(&self, make: impl FnOnce(Ack) -> Control) -> Result<(), DeviceError> {
+        let (ack, done) = mpsc::sync_channel(1);
+        self.tx
+            .lock()
+            .expect("control sender lock")
+            .send(make(ack))
+            .map_err(|_| DeviceError::Stopped)?;
+        rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        // The poller answers within microseconds when awake; poll briefly before sleeping.
+        let t = Instant::now();
+        while t.elapsed() < ACK_SPIN {
+            match done.try_recv() {
+                Ok(r) => return r,
+                Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(mpsc::TryRecvError::Disconnected) => return Err(DeviceError::Stopped),
+            }
+        }
+        done.recv().map_err(|_| DeviceError::Stopped)?
+    }
+
+    /// Creates a channel and starts polling it. Fails with [`DeviceError::TooManyChannels`]
+    /// when all slots are taken.
+    pub fn open_channel(&self) -> Result<OpenedChannel, DeviceError> {
+        self.open_channel_for(None)
+    }
+
+    /// [`Device::open_channel`] for a channel of user `owner`, whose channels together hold at
+    /// most `user_records` permission records (`None`: no share, as for the daemon's own
+    /// user).
+    pub fn open_channel_for(&self, owner: Option<u32>) -> Result<OpenedChannel, DeviceError> {
+        let id = self
+            .free_ids
+            .lock()
+            .expect("id pool lock")
+            .pop_front()
+            .ok_or(DeviceError::TooManyChannels(self.config.max_channels))?;
+        let result = (|| {
+            let (mem, memfd) = ChannelMem::create(
+                id,
+                self.config.geometry,
+                self.array_size,
+                self.config.poller_cpu,
+            )?;
+            // A pipe, not an eventfd: the client's end is its own open file description, so
+            // nothing it does to it (clearing O_NONBLOCK, reading) can block the poller, which
+            // alone holds the non-blocking read end.
+            let (kick, client_kick) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )?;
+            self.call(|ack| Control::AddChannel {
+                id,
+                mem: Box::new(mem),
+                kick,
+                owner,
+                ack,
+            })?;
+            Ok(OpenedChannel {
+                id,
+                memfd,
+                kick: client_kick,
+                info: ChannelInfo {
+                    channel: id,
+                    tags: TAGS_PER_CHANNEL as u32,
+                    slice_size: self.config.geometry.slice_size as u32,
+                    dma_offset: moneta_abi::DMA_OFFSET as u64,
+                    dma_size: self.config.geometry.dma_size as u64,
+                    array_size: self.array_size,
+                    channel_size: moneta_abi::channel_size(self.config.geometry.dma_size) as u64,
+                },
+            })
+        })();
+        if result.is_err() {
+            self.free_ids.lock().expect("id pool lock").push_back(id);
+        }
+        result
+    }
+
+    /// Reclaims a channel: waits for its requests in flight, drops its waiting ones, removes its
+    /// permission records, unmaps it. The id may be reused afterwards.
+    pub fn close_channel(&self, id: u32) -> Result<(), DeviceError> {
+        self.call(|ack| Control::RemoveChannel { id, ack })?;
+        self.free_ids.lock().expect("id pool lock").push_back(id);
+        Ok(())
+    }
+
+    /// Applies permission-table updates in order. Returns once they are in force and, for
+    /// removals, once no request issued before them is still in flight.
+    pub fn update(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {
+        for op in &ops {
+            if let TableOp::Insert { start, len, .. }
+            | TableOp::RemoveRange { start, len, .. }
+            | TableOp::RemoveRangeAll { start, len } = *op
+            {
+                if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                    return Err(DeviceError::OutOfRange {
+                        start,
+                        len,
+                        size: self.array_size,
+                    });
+                }
+            }
+        }
+        self.call(|ack| Control::Table { ops, ack })
+    }
+
+    /// Installs records without waiting for the poller: the soft miss's path, which the
+    /// client follows at once with a command on those records. The poller applies posted
+    /// records before any control request it takes afterwards (so a later removal always comes
+    /// after them), and before it refuses a command with `PERMISSION_MISS` while posts are
+    /// outstanding (so a command rung after the post's sender answered always finds them).
+    /// Only inserts; a record for a channel already closed is dropped.
+    pub fn post(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {
+        for op in &ops {
+            match *op {
+                TableOp::Insert { start, len, .. } => {
+                    if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                        return Err(DeviceError::OutOfRange {
+                            start,
+                            len,
+                            size: self.array_size,
+                        });
+                    }
+                }
+                _ => {
+                    return Err(DeviceError::Config(
+                        "only inserts can be posted without waiting".into(),
+                    ))
+                }
+            }
+        }
+        // Counted before it is sent: a poller that sees the count ahead looks for it.
+        self.shared.posted.fetch_add(1, Ordering::SeqCst);
+        self.post_tx
+            .lock()
+            .expect("post sender lock")
+            .send(ops)
+            .map_err(|_| DeviceError::Stopped)?;
+        // A sleeping poller is woken now, while the answer travels to the client, whose
+        // next command on these records then finds it awake (and the channel polled again).
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        }
+        Ok(())
+    }
+
+    /// Lets the poller answer `OP_LOOKUP` commands through `service` (once; later calls are
+    /// ignored). Without it they complete with `Status::Refer`.
+    pub fn set_lookup_service(&self, service: Arc<dyn LookupService>) {
+        let _ = self.shared.lookup.set(service);
+    }
+
+    /// Clean shutdown: intake stops, requests in flight finish, the array is flushed, the
+    /// poller exits.
+    pub fn shutdown(&self) -> Result<(), DeviceError> {
+        let r = self.call(|ack| Control::Shutdown { ack });
+        if let Some(t) = self.thread.lock().expect("thread lock").take() {
+            let _ = t.join();
+        }
+        r
+    }
+
+    /// A snapshot of the counters, current as of every request completed before the call.
+    pub fn report(&self) -> StatusReport {
+        // The poller batches its counters; ask it to publish them (after a stop they are
+        // final already).
+        let _ = self.call(|ack| Control::Publish { ack });
+        let s = &self.shared;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatusReport {
+            pid: std::process::id() as u64,
+            uptime_ns: self.started.elapsed().as_nanos() as u64,
+            array_size: self.array_size,
+            persistent: self.persistent as u64,
+            channels_open: g(&s.channels_open),
+            channels_max: self.config.max_channels as u64,
+            phys_tags: self.config.phys_tags as u64,
+            phys_tags_in_use: g(&s.phys_in_use),
+            retag_stalls: g(&s.retag_stalls),
+            table_capacity: self.config.table_entries as u64,
+            table_used: g(&s.table_used),
+            table_merges: g(&s.table_merges),
+            table_evictions: g(&s.table_evictions),
+            permission_misses: g(&s.permission_misses),
+            permission_denials: g(&s.permission_denials),
+            commands: g(&s.commands),
+            command_errors: g(&s.command_errors),
+            bytes_read: g(&s.bytes_read),
+            bytes_written: g(&s.bytes_written),
+            flushes: g(&s.flushes),
+            error_overflows: g(&s.error_overflows),
+            poller_sleeps: g(&s.poller_sleeps),
+            poller_wakeups: g(&s.poller_wakeups),
+            parks: g(&s.parks),
+            table_updates: g(&s.table_updates),
+            channels_reclaimed: g(&s.channels_reclaimed),
+            traced: g(&s.traced),
+            trace_queue_ns: g(&s.trace_queue_ns),
+            trace_check_ns: g(&s.trace_check_ns),
+            trace_move_ns: g(&s.trace_move_ns),
+            trace_media_ns: g(&s.trace_media_ns),
+            lookups: g(&s.lookups),
+            lookups_referred: g(&s.lookups_referred),
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.thread.lock().map(|t| t.is_some()).unwrap_or(false) {
+            let _ = self.shutdown();
+        }
+    }
+}

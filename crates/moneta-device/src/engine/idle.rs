@@ -1,0 +1,183 @@
+//! Idling: yielding the core, parking quiet channels, sleeping in `epoll_wait` when nothing
+//! is active, and bringing channels back when their kick pipe (or doorbell) says so.
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use moneta_abi::{PARKED, POLLING};
+use rustix::event::epoll;
+
+use super::*;
+use crate::clock::Clock;
+use crate::media::Media;
+
+impl<M: Media, C: Clock> Poller<M, C> {
+    pub(super) fn idle(&mut self) {
+        self.idle_passes = self.idle_passes.wrapping_add(1);
+        if !self.idle_passes.is_multiple_of(IDLE_CHECK_PASSES) {
+            return;
+        }
+        let now = self.tick();
+        if now.saturating_sub(self.last_busy) >= YIELD_AFTER_NS {
+            // Idle for a while (not between two commands of a busy client): let another thread
+            // have the core, since on a machine with few cores the threads this poller waits for
+            // (a client, the daemon's connection threads) may need it. With nothing else
+            // runnable this returns at once.
+            std::thread::yield_now();
+        }
+        if self.idle_passes == IDLE_PUBLISH_PASSES {
+            self.publish();
+        }
+        // Park channels that have been quiet long enough.
+        let park_after = self.park_after_ns;
+        let mut i = 0;
+        while i < self.active.len() {
+            let id = self.active[i];
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
+            if ch.in_flight == 0 && now.saturating_sub(ch.last_active) >= park_after {
+                let h = ch.mem.header();
+                h.parked.store(PARKED, Ordering::SeqCst);
+                // Pairs with the client's doorbell flip before it reads `parked`.
+                if h.doorbell.load(Ordering::SeqCst) != ch.seen {
+                    h.parked.store(POLLING, Ordering::SeqCst);
+                    i += 1;
+                    continue;
+                }
+                ch.parked = true;
+                self.shared.parks.fetch_add(1, Ordering::Relaxed);
+                self.active.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        // Control requests come in bursts (a client's soft misses): stay awake a while after
+        // one, as after channel activity, so the next is not delayed by a wake-up.
+        let quiet = self.active.is_empty()
+            && now.saturating_sub(self.last_control) >= park_after
+            && self.retag.waiting() == 0
+            && self.flushing.is_empty()
+            && self.fences.is_empty()
+            && self.removals.is_empty()
+            && self.shutdown.is_none();
+        if quiet {
+            let timeout = self
+                .sched
+                .next_ready()
+                .map(|t| Duration::from_nanos(t.saturating_sub(now)));
+            self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
+            self.publish();
+            // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees
+            // the flag and writes the waker, or this sees its post.
+            self.shared.sleeping.store(true, Ordering::SeqCst);
+            if self.shared.posted.load(Ordering::SeqCst) == self.applied {
+                self.poll_kicks(timeout);
+            }
+            self.shared.sleeping.store(false, Ordering::SeqCst);
+            self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
+        } else if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
+            self.poll_kicks(Some(Duration::ZERO));
+        }
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for kicks of parked channels or the control
+    /// waker, and brings kicked channels back into the active set.
+    pub(super) fn poll_kicks(&mut self, timeout: Option<Duration>) {
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        });
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        let Ok((events, _)) = epoll::wait(&self.epoll, &mut space, ts.as_ref()) else {
+            return;
+        };
+        let keys: Vec<(u64, bool)> = events
+            .iter()
+            .map(|ev| {
+                let flags = ev.flags;
+                let gone = flags.intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR);
+                (ev.data.u64(), gone)
+            })
+            .collect();
+        let now = self.tick();
+        let mut buf = [0u8; 8];
+        for (key, mut gone) in keys {
+            if key == WAKER {
+                let _ = rustix::io::read(&self.waker, &mut buf);
+                continue;
+            }
+            let id = key as u32;
+            let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+                continue;
+            };
+            // Drain what the client wrote, within a bound; the rest waits for the next look.
+            let mut drain = [0u8; 512];
+            for _ in 0..16 {
+                match rustix::io::read(ch.kick.as_fd(), &mut drain) {
+                    Ok(n) if n == drain.len() => continue,
+                    // End of file: no writer is left.
+                    Ok(0) => {
+                        gone = true;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            if gone && !ch.deaf {
+                // Level-triggered, a pipe without writers is ready forever: stop watching it,
+                // or a client could keep the poller from ever sleeping.
+                let _ = epoll::delete(&self.epoll, &ch.kick);
+                ch.deaf = true;
+                self.deaf.push(id);
+            }
+            if ch.parked && !ch.closing {
+                ch.parked = false;
+                ch.last_active = now;
+                ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+                self.active.push(id);
+            }
+        }
+        self.look_at_deaf(now);
+    }
+
+    /// Takes parked channels without a kick pipe back into the active set when their doorbell
+    /// changed: they cannot wake the poller, so they are looked at whenever it wakes.
+    pub(super) fn look_at_deaf(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.deaf.len() {
+            let id = self.deaf[i];
+            let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+                // Closed: its id may be reused by a channel with a pipe of its own.
+                self.deaf.swap_remove(i);
+                continue;
+            };
+            if !ch.deaf {
+                self.deaf.swap_remove(i);
+                continue;
+            }
+            if ch.parked
+                && !ch.closing
+                && ch.mem.header().doorbell.load(Ordering::SeqCst) != ch.seen
+            {
+                ch.parked = false;
+                ch.last_active = now;
+                ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+                self.active.push(id);
+            }
+            i += 1;
+        }
+    }
+
+    /// Polls a parked channel again.
+    pub(super) fn unpark(&mut self, id: u32, now: u64) {
+        let Some(ch) = self.channels.get_mut(id as usize).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        if ch.parked && !ch.closing {
+            ch.parked = false;
+            ch.last_active = now;
+            ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+            self.active.push(id);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Intake: new commands taken from the doorbells of the active channels, copied out of shared
+//! memory once, decoded and validated, then queued at the retag unit; LOOKUP commands are
+//! answered here, in the pass that takes them.
+
+use std::sync::atomic::Ordering;
+
+use moneta_abi::{ErrorRecord, LookupReply, Opcode};
+
+use super::poller::count_evictions;
+use super::*;
+use crate::clock::Clock;
+use crate::command::validate;
+use crate::media::Media;
+use crate::permission::{READ, WRITE};
+
+impl<M: Media, C: Clock> Poller<M, C> {
+    /// Takes new commands from the doorbells of the active channels.
+    pub(super) fn intake(&mut self) -> bool {
+        let mut busy = false;
+        for i in 0..self.active.len() {
+            let id = self.active[i];
+            let Some(ch) = self.channels[id as usize].as_mut() else {
+                continue;
+            };
+            let bell = ch.mem.header().doorbell.load(Ordering::Acquire);
+            let mut bits = bell ^ ch.seen;
+            if bits == 0 {
+                continue;
+            }
+            ch.seen = bell;
+            let now = if busy { self.now } else { self.clock.now_ns() };
+            self.now = now;
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
+            busy = true;
+            ch.last_active = now;
+            while bits != 0 {
+                let tag = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                self.take_command(id, tag, now);
+            }
+        }
+        busy
+    }
+
+    pub(super) fn take_command(&mut self, id: u32, tag: usize, now: u64) {
+        let ch = self.channels[id as usize].as_mut().expect("active channel");
+        let bit = 1u64 << tag;
+        let slot = ch.mem.slot(tag);
+        // Copy the command out once; nothing below reads the slot again.
+        let mut words = [0u64; 8];
+        for (w, a) in words.iter_mut().zip(slot.command.words.iter()) {
+            *w = a.load(Ordering::Relaxed);
+        }
+        if ch.in_flight & bit != 0 {
+            // The tag's status belongs to the earlier command: report in the error queue only.
+            let rec = ErrorRecord {
+                channel: id,
+                tag: tag as u16,
+                opcode: words[0] as u16,
+                status: Status::TagBusy as u32,
+                cookie: words[3],
+                addr: words[1],
+            };
+            self.local.command_errors += 1;
+            if !ch.mem.push_error(&rec) {
+                self.local.error_overflows += 1;
+            }
+            return;
+        }
+        let cmd = match validate(&words, tag, ch.mem.geometry(), self.media.size()) {
+            Ok(cmd) => cmd,
+            Err(r) => {
+                self.publish_completion(id, tag as u8, r.completion, r.status, &r.cmd, 0, now);
+                return;
+            }
+        };
+        if cmd.opcode == Opcode::Lookup {
+            // Answered in this pass: no data moves, so no physical tag.
+            let status = self.serve_lookup(id, tag, &cmd);
+            if status == Status::Ok {
+                self.local.lookups += 1;
+            } else {
+                self.local.lookups_referred += 1;
+            }
+            self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
+            return;
+        }
+        let ch = self.channels[id as usize].as_mut().expect("active channel");
+        ch.in_flight |= bit;
+        self.retag.enqueue(
+            id,
+            Pending {
+                channel: id,
+                tag: tag as u8,
+                cmd,
+                t0: now,
+            },
+        );
+    }
+
+    /// The soft miss on the channel: asks the permission manager's lookup service, installs
+    /// the records it answers and writes the answer into the tag's slice. `Status::Refer`
+    /// whenever that cannot be done now.
+    pub(super) fn serve_lookup(&mut self, id: u32, tag: usize, cmd: &Decoded) -> Status {
+        let Some(service) = self.shared.lookup.get().cloned() else {
+            return Status::Refer;
+        };
+        let Some(ch) = self.channels[id as usize].as_ref() else {
+            return Status::Refer;
+        };
+        let slice = ch.mem.geometry().slice_size;
+        let max = LookupReply::capacity(slice).min(MAX_LOOKUP_EXTENTS);
+        let Some(answer) = service.try_lookup(id, cmd.file, cmd.addr, cmd.len, max) else {
+            return Status::Refer;
+        };
+        let size = self.media.size();
+        if answer.runs.len() > max
+            || answer.rights & !(READ | WRITE) != 0
+            || answer.runs.iter().any(|&(_, len, dev)| {
+                dev.is_some_and(|d| len == 0 || d.checked_add(len).is_none_or(|e| e > size))
+            })
+        {
+            // The manager's answer is trusted, but not past the array's bounds.
+            return Status::Refer;
+        }
+        for &(_, len, dev) in &answer.runs {
+            if let Some(dev) = dev {
+                match self.table.insert(id, dev, len, answer.rights, answer.file) {
+                    Ok(ev) => count_evictions(&self.channels, &ev),
+                    Err(_) => return Status::Refer,
+                }
+            }
+        }
+        let reply = LookupReply {
+            size: answer.size,
+            rights: u32::from(answer.rights),
+            file: answer.file,
+            extents: answer
+                .runs
+                .iter()
+                .map(|&(off, len, dev)| (off, len, dev.unwrap_or(u64::MAX)))
+                .collect(),
+        }
+        .encode();
+        let ch = self.channels[id as usize].as_ref().expect("checked above");
+        let Some(dst) = ch.mem.dma((tag * slice) as u64, reply.len() as u64) else {
+            return Status::Refer;
+        };
+        // SAFETY: `dst` spans `reply.len()` bytes of the tag's slice inside the sealed channel
+        // mapping (the answer is capped to the slice).
+        unsafe { std::ptr::copy_nonoverlapping(reply.as_ptr(), dst, reply.len()) };
+        Status::Ok
+    }
+}

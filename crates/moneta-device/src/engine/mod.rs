@@ -1,0 +1,385 @@
+//! The device engine: the poller thread that serves every channel (Moneta-D §4, Figure 2).
+//!
+//! One pass of the poller: apply queued control updates (channels, permission-table changes),
+//! take doorbell bits of the *active* channels, copy each command out of shared memory once and
+//! decode it, queue it at the retag unit, give queued requests physical tags, check them against
+//! the permission table, move the data between the array and the DMA buffer, hand them to the
+//! scheduler, and publish the completions the scheduler says are due.
+//!
+//! Idle channels are not scanned: a channel whose doorbell stayed quiet for `park_after` is
+//! parked (its need-wakeup flag is set) and leaves the active set; a client that rings a parked
+//! channel's doorbell writes the channel's kick pipe, which brings the channel back. When
+//! nothing is active or in flight the poller sleeps in `epoll_wait`, so an idle daemon uses no
+//! CPU.
+
+mod completion;
+mod config;
+mod device;
+mod idle;
+mod intake;
+mod issue;
+mod poller;
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use moneta_abi::control::ChannelInfo;
+use moneta_abi::{Decoded, Status};
+
+use crate::channel::ChannelMem;
+use crate::permission::{PermissionTable, TableError};
+use crate::retag::Retag;
+use crate::scheduler::{Scheduler, Timing};
+
+pub use config::{allowed_cpus, cpu_list, default_poller_cpu, DeviceConfig, MAX_LATENCY_NS};
+
+/// Most extents one `OP_LOOKUP` answers, as `FS_LOOKUP` on the control socket.
+pub const MAX_LOOKUP_EXTENTS: usize = 256;
+
+/// What an `OP_LOOKUP` found: the runs of the file from the offset asked for, and how to
+/// install their records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupAnswer {
+    /// The file's size.
+    pub size: u64,
+    /// [`READ`] | [`WRITE`]: the rights to install the records with.
+    pub rights: u8,
+    /// The layout tag the records carry.
+    pub file: u64,
+    /// (file offset, length, array address, or `None` for a hole).
+    pub runs: Vec<(u64, u64, Option<u64>)>,
+}
+
+/// The permission manager's side of `OP_LOOKUP`, which the poller calls with a command in
+/// hand: it must answer at once, without waiting for any lock, and `None` whenever it cannot
+/// (the file system is busy, the handle is unknown): the client then asks on the control
+/// socket. The poller installs the records itself, before it completes the command.
+pub trait LookupService: Send + Sync {
+    /// Maps `[offset, offset + len)` of the file open as `handle` by the connection that owns
+    /// `channel`, at most `max` runs.
+    fn try_lookup(
+        &self,
+        channel: u32,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        max: usize,
+    ) -> Option<LookupAnswer>;
+}
+
+/// A change to the permission table, applied by the poller in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableOp {
+    /// Install a record (replacing the channel's coverage of the range).
+    Insert {
+        /// Channel.
+        channel: u32,
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+        /// [`READ`] | [`WRITE`].
+        rights: u8,
+        /// File id.
+        file: u64,
+    },
+    /// Remove a channel's coverage of a range.
+    RemoveRange {
+        /// Channel.
+        channel: u32,
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Remove every channel's coverage of a range (revocation before the range is reused).
+    RemoveRangeAll {
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Remove a channel's records of one file.
+    RemoveFile {
+        /// Channel.
+        channel: u32,
+        /// File id.
+        file: u64,
+    },
+}
+
+impl TableOp {
+    fn channel(&self) -> Option<u32> {
+        match *self {
+            TableOp::Insert { channel, .. }
+            | TableOp::RemoveRange { channel, .. }
+            | TableOp::RemoveFile { channel, .. } => Some(channel),
+            TableOp::RemoveRangeAll { .. } => None,
+        }
+    }
+}
+
+/// Errors of the device's control interface.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// All channel slots are taken.
+    #[error("all {0} channels are in use; close a client or raise --max-channels")]
+    TooManyChannels(usize),
+    /// No open channel has that id.
+    #[error("no open channel {0}")]
+    NoSuchChannel(u32),
+    /// The record is outside the array.
+    #[error("range {start:#x}+{len:#x} is outside the {size}-byte array")]
+    OutOfRange {
+        /// First byte.
+        start: u64,
+        /// Bytes.
+        len: u64,
+        /// Array size.
+        size: u64,
+    },
+    /// The permission table rejected the update.
+    #[error("permission table: {0}")]
+    Table(#[from] TableError),
+    /// The device is shutting down or has stopped.
+    #[error("the device has stopped")]
+    Stopped,
+    /// A system call failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A system call failed.
+    #[error("{0}")]
+    Errno(#[from] rustix::io::Errno),
+    /// Invalid configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+type Ack = mpsc::SyncSender<Result<(), DeviceError>>;
+
+enum Control {
+    AddChannel {
+        id: u32,
+        mem: Box<ChannelMem>,
+        kick: OwnedFd,
+        /// The user whose share of records the channel counts against.
+        owner: Option<u32>,
+        ack: Ack,
+    },
+    RemoveChannel {
+        id: u32,
+        ack: Ack,
+    },
+    Table {
+        ops: Vec<TableOp>,
+        ack: Ack,
+    },
+    Shutdown {
+        ack: Ack,
+    },
+    Publish {
+        ack: Ack,
+    },
+}
+
+/// Counters the poller publishes for `status`.
+#[derive(Default)]
+struct Shared {
+    /// The permission manager's answer to `OP_LOOKUP`, once it is set.
+    lookup: std::sync::OnceLock<Arc<dyn LookupService>>,
+    commands: AtomicU64,
+    command_errors: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    flushes: AtomicU64,
+    permission_misses: AtomicU64,
+    permission_denials: AtomicU64,
+    error_overflows: AtomicU64,
+    traced: AtomicU64,
+    trace_queue_ns: AtomicU64,
+    trace_check_ns: AtomicU64,
+    trace_move_ns: AtomicU64,
+    trace_media_ns: AtomicU64,
+    lookups: AtomicU64,
+    lookups_referred: AtomicU64,
+    retag_stalls: AtomicU64,
+    phys_in_use: AtomicU64,
+    table_used: AtomicU64,
+    table_merges: AtomicU64,
+    table_evictions: AtomicU64,
+    table_updates: AtomicU64,
+    poller_sleeps: AtomicU64,
+    poller_wakeups: AtomicU64,
+    /// Batches of records posted with [`Device::post`] (counted before they are sent).
+    posted: AtomicU64,
+    /// The poller sleeps (in `epoll_wait`) or is about to.
+    sleeping: AtomicBool,
+    parks: AtomicU64,
+    channels_open: AtomicU64,
+    channels_reclaimed: AtomicU64,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Local {
+    commands: u64,
+    command_errors: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    flushes: u64,
+    permission_misses: u64,
+    permission_denials: u64,
+    error_overflows: u64,
+    traced: u64,
+    trace_queue_ns: u64,
+    trace_check_ns: u64,
+    trace_move_ns: u64,
+    trace_media_ns: u64,
+    lookups: u64,
+    lookups_referred: u64,
+}
+
+/// An opened channel, for the control server to hand to its client.
+pub struct OpenedChannel {
+    /// Channel id.
+    pub id: u32,
+    /// The channel memfd (sealed).
+    pub memfd: OwnedFd,
+    /// The client's end of the kick pipe (write end).
+    pub kick: OwnedFd,
+    /// Geometry to tell the client.
+    pub info: ChannelInfo,
+}
+
+/// The running device: its control interface. The poller thread holds the rest.
+pub struct Device {
+    tx: Mutex<mpsc::Sender<Control>>,
+    /// Records to install without waiting ([`Device::post`]).
+    post_tx: Mutex<mpsc::Sender<Vec<TableOp>>>,
+    waker: OwnedFd,
+    shared: Arc<Shared>,
+    config: DeviceConfig,
+    array_size: u64,
+    persistent: bool,
+    /// Free channel ids, reused oldest-freed first so a dead client's id is not handed to the
+    /// next connection at once.
+    free_ids: Mutex<std::collections::VecDeque<u32>>,
+    started: Instant,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+const WAKER: u64 = u64::MAX;
+/// How long a control call polls for the poller's answer before sleeping.
+const ACK_SPIN: Duration = Duration::from_micros(50);
+
+struct Chan {
+    mem: Box<ChannelMem>,
+    kick: OwnedFd,
+    /// Tags taken from the doorbell and not yet completed.
+    in_flight: u64,
+    /// The doorbell as last read: a bit that differs now is a new command.
+    seen: u64,
+    last_active: u64,
+    parked: bool,
+    closing: bool,
+    /// The client closed every copy of the kick pipe's write end: the pipe is out of the
+    /// epoll set (it would report the hang-up on every wait, keeping the poller awake), and
+    /// the doorbell of this channel, when parked, is looked at whenever the poller wakes.
+    deaf: bool,
+}
+
+struct Pending {
+    channel: u32,
+    tag: u8,
+    cmd: Decoded,
+    t0: u64,
+}
+
+struct Issued {
+    channel: u32,
+    tag: u8,
+    phys: u16,
+    cmd: Decoded,
+    t0: u64,
+    status: Status,
+    /// When the data had moved (traced reads and writes only; else 0).
+    moved: u64,
+}
+
+/// A large read or write whose data moves a piece per pass (see `Poller::dispatch`).
+struct Moving {
+    issued: Issued,
+    /// Bytes moved so far.
+    done: u64,
+    /// Its place in the scheduler's issue order, taken when it started.
+    seq: u64,
+    traced: bool,
+    t_checked: u64,
+}
+
+/// Bytes of a large request moved in one pass.
+const MOVE_PIECE: u64 = 64 << 10;
+
+struct Poller<M, C> {
+    media: Arc<M>,
+    clock: C,
+    table: PermissionTable,
+    retag: Retag<Pending>,
+    sched: Scheduler<Issued>,
+    channels: Vec<Option<Chan>>,
+    active: Vec<u32>,
+    /// Large requests whose data is moving, a piece per pass.
+    moving: Vec<Moving>,
+    /// Channels whose kick pipe has no writer left (see `Chan::deaf`).
+    deaf: Vec<u32>,
+    rx: mpsc::Receiver<Control>,
+    post_rx: mpsc::Receiver<Vec<TableOp>>,
+    /// Posted batches applied (compared with `shared.posted`).
+    applied: u64,
+    epoll: OwnedFd,
+    waker: OwnedFd,
+    shared: Arc<Shared>,
+    /// When the last control request was applied.
+    last_control: u64,
+    fences: Vec<(u64, Ack)>,
+    removals: Vec<(u32, Ack)>,
+    shutdown: Option<Ack>,
+    local: Local,
+    park_after_ns: u64,
+    timing: Timing,
+    trace: bool,
+    idle_passes: u64,
+    busy_passes: u64,
+    done: Vec<Issued>,
+    /// Flushes at the flusher thread, by token.
+    flushing: Vec<(u64, Issued)>,
+    next_flush: u64,
+    flush_jobs: FlushJobs,
+    flush_done: FlushDone,
+    /// The clock as last read.
+    now: u64,
+    /// The clock at the last busy pass.
+    last_busy: u64,
+}
+
+/// Flush jobs: (token, address, length).
+type FlushJobs = mpsc::Sender<(u64, u64, u64)>;
+/// Flush answers: (token, persisted).
+type FlushDone = mpsc::Receiver<(u64, bool)>;
+
+/// How many busy passes between publications of the counters.
+const PUBLISH_PASSES: u64 = 1024;
+
+/// Idle time after which the poller yields its core now and then.
+const YIELD_AFTER_NS: u64 = 2_000;
+
+/// Idle passes between looks at the clock (for parking and sleeping).
+const IDLE_CHECK_PASSES: u64 = 16;
+
+/// Idle passes after which the counters are published.
+const IDLE_PUBLISH_PASSES: u64 = 64;
+
+/// How many passes a busy poller makes between looks at the kick pipes of parked channels.
+const KICK_CHECK_PASSES: u64 = 256;
