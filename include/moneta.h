@@ -164,6 +164,11 @@ int moneta_fsync(const struct moneta_file *f);
 // `fdatasync(2)`.
 int moneta_fdatasync(const struct moneta_file *f);
 
+// A barrier on the connection's channel (Moneta §IV): returns 0 once every request submitted
+// on it before the call (asynchronous ones included) has completed; the device issues no
+// request submitted after the call before then. It orders; `moneta_fsync` persists.
+int moneta_barrier(const struct moneta_file *f);
+
 // `ftruncate(2)`.
 int moneta_ftruncate(const struct moneta_file *f, int64_t len);
 

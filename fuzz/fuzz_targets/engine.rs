@@ -73,7 +73,7 @@ impl Map {
     /// One command on tag 0 with DMA completion, waited for.
     fn run(&self, seq: &mut u32, op: Opcode, addr: u64, len: u64) {
         *seq = seq.wrapping_add(1);
-        let w = Command { opcode: op, completion: Completion::Dma, addr, len, cookie: 0, seq: *seq, file: 0 }
+        let w = Command { opcode: op, completion: Completion::Dma, addr, len, cookie: 0, seq: *seq, file: 0, barrier: false, epoch: 0 }
             .to_words();
         for (a, v) in self.slot(0).command.words.iter().zip(w) {
             a.store(v, Ordering::Relaxed);

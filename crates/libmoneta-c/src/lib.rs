@@ -506,6 +506,14 @@ pub unsafe extern "C" fn moneta_fdatasync(f: *const MonetaFile) -> c_int {
     status(obj!(f, -1).f.sync_data())
 }
 
+/// A barrier on the connection's channel (Moneta §IV): returns 0 once every request submitted
+/// on it before the call (asynchronous ones included) has completed; the device issues no
+/// request submitted after the call before then. It orders; `moneta_fsync` persists.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_barrier(f: *const MonetaFile) -> c_int {
+    status(obj!(f, -1).f.barrier())
+}
+
 /// `ftruncate(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_ftruncate(f: *const MonetaFile, len: i64) -> c_int {

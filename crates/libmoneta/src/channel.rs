@@ -60,6 +60,9 @@ pub struct Channel {
     pub(crate) requests: std::sync::Mutex<crate::aio::Registry>,
     /// Sequence number of the command last submitted on each tag.
     seqs: [AtomicU32; TAGS_PER_CHANNEL],
+    /// The barrier epoch commands are submitted in (`moneta_abi::FLAG_BARRIER`): a barrier
+    /// carries the current one and moves the channel to the next.
+    epoch: std::sync::atomic::AtomicU8,
     /// Serializes consumers of the error queue (rare, off the data path).
     err_lock: std::sync::Mutex<()>,
     /// Threads spinning for a DMA completion now, and how many may (see [`Channel::wait`]).
@@ -127,6 +130,7 @@ impl Channel {
             tag_event: AtomicU32::new(0),
             handoff: AtomicU64::new(0),
             seqs: std::array::from_fn(|_| AtomicU32::new(0)),
+            epoch: std::sync::atomic::AtomicU8::new(0),
             err_lock: std::sync::Mutex::new(()),
         };
         let h = ch.header();
@@ -342,13 +346,22 @@ impl Channel {
     }
 
     /// Writes `cmd` into `tag`'s slot with the tag's next sequence number, without ringing:
-    /// several prepared tags can then be rung at once with [`Channel::ring`].
+    /// several prepared tags can then be rung at once with [`Channel::ring`]. The command goes
+    /// in the channel's current barrier epoch (`cmd.epoch` is ignored); a barrier
+    /// (`cmd.barrier`) moves the channel to the next, so every command prepared after it, by
+    /// any thread, issues only once the barrier and everything before it have completed,
+    /// whatever order the device takes the doorbell bits in.
     pub fn prepare(&self, tag: Tag, cmd: &Command) {
         let seq = self.seqs[tag.0 as usize]
             .load(Ordering::Relaxed)
             .wrapping_add(1);
         let mut c = *cmd;
         c.seq = seq;
+        c.epoch = if c.barrier {
+            self.epoch.fetch_add(1, Ordering::AcqRel)
+        } else {
+            self.epoch.load(Ordering::Acquire)
+        };
         self.write_slot(tag, &c.to_words());
     }
 
@@ -403,6 +416,8 @@ impl Channel {
             cookie: 0,
             seq: 0,
             file: handle,
+            barrier: false,
+            epoch: 0,
         };
         self.submit(tag, &cmd);
         let done = self.wait(tag, Completion::Dma);
@@ -692,6 +707,17 @@ impl Channel {
         r.map(|_| ())
     }
 
+    /// A barrier (Moneta §IV): completes once every command submitted on this channel before
+    /// it has completed, and no command submitted after it issues before then.
+    pub fn barrier(&self, mode: Completion) -> Result<(), ClientError> {
+        let tag = self.tag();
+        let mut cmd = command(Opcode::Nop, mode, 0, 0, 0);
+        cmd.barrier = true;
+        let r = self.run(tag, &cmd).and_then(Self::checked);
+        self.release(tag);
+        r.map(|_| ())
+    }
+
     /// A command that does nothing: the channel's round trip.
     pub fn nop(&self, mode: Completion) -> Result<Completed, ClientError> {
         let tag = self.tag();
@@ -783,15 +809,7 @@ pub(crate) fn command(
     len: u64,
     file: u64,
 ) -> Command {
-    Command {
-        opcode,
-        completion,
-        addr,
-        len,
-        cookie: 0,
-        seq: 0,
-        file,
-    }
+    Command::new(opcode, completion, addr, len, file)
 }
 
 impl Drop for Channel {

@@ -215,6 +215,15 @@ impl Control {
         }
     }
 
+    /// The array model's report: its parameters, what its parts did, energy and wear
+    /// (`model none` without a model).
+    pub fn model(&self) -> Result<control::ModelReport, ClientError> {
+        match self.call(&Request::Model)?.0 {
+            ReplyBody::Model(m) => Ok(m),
+            _ => Err(ClientError::Protocol(control::Error::BadField("model"))),
+        }
+    }
+
     /// Administrative grant of a permission record (daemon's user or root only).
     pub fn grant(&self, g: Grant) -> Result<(), ClientError> {
         self.call(&Request::Grant(g)).map(|_| ())

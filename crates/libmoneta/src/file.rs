@@ -415,6 +415,14 @@ impl File {
         self.sync_all()
     }
 
+    /// A barrier on the process's channel (Moneta §IV): returns once every request submitted
+    /// on it before the call (by any thread, through any file, including asynchronous ones not
+    /// yet reaped) has completed, and the device issues no request submitted after the call
+    /// before then. It orders; it does not persist (that is [`File::sync_all`]).
+    pub fn barrier(&self) -> Result<(), ClientError> {
+        self.channel().barrier(self.policy().mode(0))
+    }
+
     /// `fchmod(2)`.
     pub fn chmod(&self, mode: u32) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Chmod {

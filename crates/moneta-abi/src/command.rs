@@ -1,6 +1,7 @@
 //! Command encoding: what a client writes into a tag slot before ringing the doorbell.
 //!
-//! Word 0: opcode (bits 0-15), flags (bits 16-31), sequence number (bits 32-63).
+//! Word 0: opcode (bits 0-15), flags (bits 16-31: completion mode, barrier, barrier epoch),
+//! sequence number (bits 32-63).
 //! Word 1: array address in bytes. Word 2: length in bytes. Word 3: cookie (echoed back).
 //! Word 4: file tag (0: any). Words 5-7: reserved, zero.
 //!
@@ -46,8 +47,19 @@ pub const LOOKUP_EXTENT: usize = 24;
 
 /// Completion mode field of the flags (bits 0-1).
 pub const FLAG_COMPLETION_MASK: u16 = 0b11;
+/// Flag bit 2: a barrier (Moneta §IV). Requests of the channel in later barrier epochs issue
+/// only once this command and every other command of its epoch have completed.
+pub const FLAG_BARRIER: u16 = 1 << 2;
+/// Flag bits 8-15: the command's barrier epoch, modulo 256. A channel starts in epoch 0 and
+/// moves to the next epoch when a barrier of the current one has completed together with
+/// every command of that epoch. A client that numbers its commands this way (the epoch after
+/// each barrier it submits) gets barrier order whatever order the device takes its doorbell
+/// bits in.
+pub const FLAG_EPOCH_MASK: u16 = 0xff00;
+/// Shift of the barrier epoch within the flags.
+pub const FLAG_EPOCH_SHIFT: u16 = 8;
 /// All flag bits the device understands; others must be zero.
-pub const FLAG_KNOWN: u16 = FLAG_COMPLETION_MASK;
+pub const FLAG_KNOWN: u16 = FLAG_COMPLETION_MASK | FLAG_BARRIER | FLAG_EPOCH_MASK;
 
 /// How the device tells the client a command completed (Moneta-D §4.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,13 +150,40 @@ pub struct Command {
     pub seq: u32,
     /// The tag every record the command uses must carry; 0 for any.
     pub file: u64,
+    /// A barrier: later epochs wait for this command and the rest of its epoch.
+    pub barrier: bool,
+    /// The barrier epoch (0 for a client that never sends barriers).
+    pub epoch: u8,
 }
 
 impl Command {
+    /// A command in epoch 0 without a barrier, cookie or sequence number (the channel driver
+    /// sets the sequence number when it submits).
+    pub fn new(opcode: Opcode, completion: Completion, addr: u64, len: u64, file: u64) -> Self {
+        Command {
+            opcode,
+            completion,
+            addr,
+            len,
+            cookie: 0,
+            seq: 0,
+            file,
+            barrier: false,
+            epoch: 0,
+        }
+    }
+
+    /// The flags field: completion mode, barrier bit and epoch.
+    pub fn flags(&self) -> u16 {
+        self.completion as u16
+            | if self.barrier { FLAG_BARRIER } else { 0 }
+            | (u16::from(self.epoch) << FLAG_EPOCH_SHIFT)
+    }
+
     /// Encodes the command into slot words.
     pub fn to_words(&self) -> CommandWords {
         let w0 = u64::from(self.opcode.to_u16())
-            | (u64::from(self.completion as u16) << 16)
+            | (u64::from(self.flags()) << 16)
             | (u64::from(self.seq) << 32);
         [w0, self.addr, self.len, self.cookie, self.file, 0, 0, 0]
     }
@@ -168,6 +207,10 @@ pub struct Decoded {
     pub seq: u32,
     /// File tag the records must carry, 0 for any.
     pub file: u64,
+    /// A barrier ([`FLAG_BARRIER`]).
+    pub barrier: bool,
+    /// The barrier epoch ([`FLAG_EPOCH_MASK`]).
+    pub epoch: u8,
 }
 
 /// Why a command failed decoding, with the status the device reports for it.
@@ -223,6 +266,8 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
         cookie,
         seq,
         file: w[4],
+        barrier: flags & FLAG_BARRIER != 0,
+        epoch: (flags >> FLAG_EPOCH_SHIFT) as u8,
     })
 }
 
@@ -297,6 +342,8 @@ mod tests {
             cookie: 77,
             seq: 0xdead_beef,
             file: 0,
+            barrier: false,
+            epoch: 0,
         }
     }
 

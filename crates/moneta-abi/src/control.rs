@@ -32,6 +32,9 @@ pub const OP_STATUS: u16 = 5;
 pub const OP_SHUTDOWN: u16 = 6;
 /// Liveness check; empty payloads both ways.
 pub const OP_PING: u16 = 7;
+/// The array model's report: its parameters, what its parts did, energy and wear
+/// ([`ModelReport`]).
+pub const OP_MODEL: u16 = 8;
 
 /// Record right: read.
 pub const RIGHT_READ: u32 = 1;
@@ -158,6 +161,8 @@ pub enum Request {
     Shutdown,
     /// No payload.
     Ping,
+    /// No payload.
+    Model,
     /// A file-system call (ops 16 and up); see [`crate::fsproto`].
     Fs(crate::fsproto::FsRequest),
 }
@@ -173,6 +178,7 @@ impl Request {
             Request::Status => OP_STATUS,
             Request::Shutdown => OP_SHUTDOWN,
             Request::Ping => OP_PING,
+            Request::Model => OP_MODEL,
             Request::Fs(f) => f.op(),
         }
     }
@@ -294,6 +300,52 @@ status_report! {
     lookups_referred,
 }
 
+/// The array model's report ([`OP_MODEL`]): after the result word, a byte count (u32), four
+/// reserved bytes, then that many bytes of UTF-8 text, one `key value` pair per line (the key
+/// has no spaces; the value is the rest of the line). Keys are dotted paths (`energy.total_j`,
+/// `controllers.0.utilisation`); `model none` alone means the daemon runs without a model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelReport {
+    /// The pairs, in the daemon's order.
+    pub pairs: Vec<(String, String)>,
+}
+
+impl ModelReport {
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The text.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut t = String::new();
+        for (k, v) in &self.pairs {
+            t.push_str(k);
+            t.push(' ');
+            t.push_str(v);
+            t.push('\n');
+        }
+        t.into_bytes()
+    }
+
+    /// Parses the text; `None` if it is not UTF-8 or a line has no key.
+    pub fn decode(b: &[u8]) -> Option<ModelReport> {
+        let t = std::str::from_utf8(b).ok()?;
+        let mut pairs = Vec::new();
+        for line in t.lines() {
+            let (k, v) = line.split_once(' ').unwrap_or((line, ""));
+            if k.is_empty() {
+                return None;
+            }
+            pairs.push((k.to_string(), v.to_string()));
+        }
+        Some(ModelReport { pairs })
+    }
+}
+
 /// A reply body, by op.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplyBody {
@@ -303,6 +355,8 @@ pub enum ReplyBody {
     Channel(ChannelInfo),
     /// For [`OP_STATUS`].
     Status(StatusReport),
+    /// For [`OP_MODEL`].
+    Model(ModelReport),
     /// The reply of a file-system call.
     Fs(crate::fsproto::FsReply),
 }
@@ -467,7 +521,7 @@ pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
         Request::RevokeFile { channel, file } => {
             w.u32(*channel).u32(0).u64(*file);
         }
-        Request::Status | Request::Shutdown | Request::Ping => {}
+        Request::Status | Request::Shutdown | Request::Ping | Request::Model => {}
         Request::Fs(f) => f.encode(&mut w),
     }
     w.finish()
@@ -523,6 +577,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<(u32, Request), Error> {
         OP_STATUS => Request::Status,
         OP_SHUTDOWN => Request::Shutdown,
         OP_PING => Request::Ping,
+        OP_MODEL => Request::Model,
         other if crate::fsproto::is_fs_op(other) => {
             Request::Fs(crate::fsproto::FsRequest::decode(other, &mut r)?)
         }
@@ -566,6 +621,11 @@ pub fn encode_reply(op: u16, seq: u32, result: &Result<ReplyBody, Failure>) -> V
                     for x in v {
                         w.u64(x);
                     }
+                }
+                ReplyBody::Model(m) => {
+                    let text = m.encode();
+                    w.u32(text.len() as u32).u32(0);
+                    w.0.extend_from_slice(&text);
                 }
                 ReplyBody::Fs(f) => f.encode(&mut w),
             }
@@ -618,6 +678,12 @@ pub fn decode_reply(bytes: &[u8], expect_op: u16) -> Result<Reply, Error> {
                 v.push(r.u64()?);
             }
             ReplyBody::Status(StatusReport::from_values(&v).ok_or(Error::BadField("status count"))?)
+        }
+        OP_MODEL => {
+            let len = r.u32()? as usize;
+            r.zero32("reserved")?;
+            let text = r.take(len)?;
+            ReplyBody::Model(ModelReport::decode(text).ok_or(Error::BadField("model report"))?)
         }
         op if crate::fsproto::is_fs_op(op) => {
             ReplyBody::Fs(crate::fsproto::FsReply::decode(op, &mut r)?)
@@ -729,6 +795,22 @@ mod tests {
             decode_reply(&b, OP_STATUS).unwrap().result,
             Ok(ReplyBody::Status(s))
         );
+
+        let m = ModelReport {
+            pairs: vec![
+                ("model".into(), "pcm".into()),
+                ("wear.histogram".into(), "1 2 3".into()),
+                ("empty".into(), String::new()),
+            ],
+        };
+        let b = encode_reply(OP_MODEL, 9, &Ok(ReplyBody::Model(m.clone())));
+        let r = decode_reply(&b, OP_MODEL).unwrap().result.unwrap();
+        assert_eq!(r, ReplyBody::Model(m.clone()));
+        assert_eq!(m.get("wear.histogram"), Some("1 2 3"));
+        let req = encode_request(3, &Request::Model);
+        assert_eq!(decode_request(&req).unwrap().1, Request::Model);
+        assert_eq!(ModelReport::decode(b" no key\n"), None);
+        assert_eq!(ModelReport::decode(&[0xff]), None);
 
         let f = Failure {
             errno: errno::EMFILE,

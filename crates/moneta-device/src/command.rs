@@ -39,6 +39,8 @@ pub fn validate(
             cookie: e.cookie,
             seq: e.seq,
             file: words[4],
+            barrier: false,
+            epoch: 0,
         },
     })?;
     let in_array = |addr: u64, len: u64| addr.checked_add(len).is_some_and(|e| e <= array_size);
@@ -88,6 +90,8 @@ mod tests {
             cookie: 3,
             seq: 11,
             file: 0,
+            barrier: false,
+            epoch: 0,
         }
         .to_words()
     }

@@ -1,9 +1,13 @@
 //! The scheduler: requests that hold a physical tag and wait for the time the media model says
 //! they complete.
 //!
-//! Today the model is a fixed latency per read and per write (zero by default, so requests
-//! complete in the pass that issued them); the hardware timing model of Moneta §II will replace
-//! [`Timing`] without changing how the engine drives the scheduler.
+//! Without a model of the array a request's time is known when it is issued: now, or now plus a
+//! fixed latency per read and per write ([`Timing`]). With the array's timing model
+//! ([`crate::model`]) it is [`UNDECIDED`] until the model has issued the request's last
+//! transfer, and the engine then sets it ([`Scheduler::set_ready`]).
+
+/// The completion time of a request the timing model has not decided yet.
+pub const UNDECIDED: u64 = u64::MAX;
 
 /// Per-access latencies the device adds on top of the data movement.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,6 +66,33 @@ impl<T> Scheduler<T> {
         self.in_flight.push((ready_ns, seq, req));
     }
 
+    /// Sets the completion time of request `seq` (issued [`UNDECIDED`]); whether it is in
+    /// flight.
+    pub fn set_ready(&mut self, seq: u64, ready_ns: u64) -> bool {
+        match self.in_flight.iter_mut().find(|(_, s, _)| *s == seq) {
+            Some(e) => {
+                e.0 = ready_ns.min(UNDECIDED - 1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Request `seq`, if it is in flight.
+    pub fn find(&self, seq: u64) -> Option<&T> {
+        self.in_flight
+            .iter()
+            .find(|(_, s, _)| *s == seq)
+            .map(|(_, _, r)| r)
+    }
+
+    /// Whether a request issued before `fence` that satisfies `pred` is still in flight.
+    pub fn any_before(&self, fence: u64, mut pred: impl FnMut(&T) -> bool) -> bool {
+        self.in_flight
+            .iter()
+            .any(|(_, seq, r)| *seq < fence && pred(r))
+    }
+
     /// Gives up a reserved place (the request completed without the scheduler).
     pub fn forget(&mut self, seq: u64) {
         self.reserved.retain(|&s| s != seq);
@@ -98,18 +129,13 @@ impl<T> Scheduler<T> {
         done
     }
 
-    /// The earliest completion time in flight.
+    /// The earliest completion time in flight that is decided.
     pub fn next_ready(&self) -> Option<u64> {
-        self.in_flight.iter().map(|&(t, _, _)| t).min()
-    }
-
-    /// The latest completion time among requests satisfying `pred`.
-    pub fn latest_for(&self, mut pred: impl FnMut(&T) -> bool) -> Option<u64> {
         self.in_flight
             .iter()
-            .filter(|(_, _, r)| pred(r))
             .map(|&(t, _, _)| t)
-            .max()
+            .filter(|&t| t != UNDECIDED)
+            .min()
     }
 
     /// Requests in flight.

@@ -7,6 +7,7 @@ mod daemon;
 mod fsbench;
 mod image;
 mod loopfs;
+mod modelview;
 mod report;
 mod run;
 
@@ -138,17 +139,18 @@ fn main() -> ExitCode {
 }
 
 fn status(socket: &std::path::Path, json: bool) -> Result<(), String> {
-    let s = Control::connect(socket)
-        .and_then(|c| c.status())
-        .map_err(|e| e.to_string())?;
+    let c = Control::connect(socket).map_err(|e| e.to_string())?;
+    let s = c.status().map_err(|e| e.to_string())?;
+    let model = c.model().map_err(|e| e.to_string())?;
     let names = moneta_abi::control::StatusReport::NAMES;
     let values = s.values();
     if json {
-        let map: serde_json::Map<String, serde_json::Value> = names
+        let mut map: serde_json::Map<String, serde_json::Value> = names
             .iter()
             .zip(values)
             .map(|(n, v)| (n.to_string(), v.into()))
             .collect();
+        map.insert("model".into(), modelview::json(&model));
         println!("{}", serde_json::Value::Object(map));
         return Ok(());
     }
@@ -156,5 +158,6 @@ fn status(socket: &std::path::Path, json: bool) -> Result<(), String> {
     for (n, v) in names.iter().zip(values) {
         println!("  {:<20} {v}", n.replace('_', " "));
     }
+    print!("{}", modelview::text(&model));
     Ok(())
 }

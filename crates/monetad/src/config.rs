@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use moneta_device::model::ModelConfig;
 use moneta_device::{DeviceConfig, DmaGeometry, Timing};
 use serde::Deserialize;
 
@@ -161,6 +162,17 @@ pub struct Args {
     /// [default: half of --table-entries].
     #[arg(long)]
     pub user_records: Option<usize>,
+    /// The array's timing and power model (Moneta §II): `none` (requests complete as fast as
+    /// the host moves their data), or a preset: `pcm` (the paper's array: 48/150 ns PCM, four
+    /// controllers, 2 GB/s link), `dram`, `slow-nvm` (1/4 µs), `flash-like` (25/200 µs).
+    /// A `[model]` table in the TOML file defines one parameter by parameter
+    /// (docs/model.md) [default: none].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Sets one parameter of the model, NAME=VALUE (repeatable; e.g. `controllers=8`,
+    /// `policy=fifo`, `read_ns=1000`); `moneta status` lists them all.
+    #[arg(long = "model-set", value_name = "NAME=VALUE")]
+    pub model_set: Vec<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -187,6 +199,84 @@ struct FileConfig {
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
     poller_cpu: Option<toml::Value>,
+    /// A preset's name, or a table: `preset` (default `pcm`), `seed`, and any parameter.
+    model: Option<toml::Value>,
+}
+
+/// The model the flags and the file ask for, and its address-randomization seed.
+fn resolve_model(
+    args: &Args,
+    file: Option<&toml::Value>,
+    seed: u64,
+) -> Result<(Option<ModelConfig>, u64), String> {
+    let preset = |name: &str| -> Result<Option<ModelConfig>, String> {
+        match name.trim() {
+            "none" => Ok(None),
+            n => ModelConfig::preset(n).map(Some),
+        }
+    };
+    let text = |v: &toml::Value| match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut seed = seed;
+    let mut model = match file {
+        None => None,
+        Some(toml::Value::String(s)) => preset(s)?,
+        Some(toml::Value::Table(t)) => {
+            let base = t.get("preset").map(text).unwrap_or_else(|| "pcm".into());
+            let mut m = preset(&base)?;
+            for (k, v) in t {
+                match k.as_str() {
+                    "preset" => {}
+                    "seed" => {
+                        seed = text(v)
+                            .parse()
+                            .map_err(|_| format!("[model] seed must be a whole number, not {v}"))?
+                    }
+                    _ => match m.as_mut() {
+                        Some(m) => m.set(k, &text(v)).map_err(|e| format!("[model]: {e}"))?,
+                        None => {
+                            return Err(format!(
+                                "[model] sets `{k}` but its preset is none: name a preset, or \
+                                 leave the table out"
+                            ))
+                        }
+                    },
+                }
+            }
+            m
+        }
+        Some(other) => {
+            return Err(format!(
+                "`model` must be a preset name or a [model] table, not {other}"
+            ))
+        }
+    };
+    if let Some(name) = &args.model {
+        model = preset(name)?;
+    }
+    for kv in &args.model_set {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(format!("--model-set {kv}: give NAME=VALUE"));
+        };
+        if k.trim() == "seed" {
+            seed = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("--model-set seed={v}: not a whole number"))?;
+            continue;
+        }
+        match model.as_mut() {
+            Some(m) => m.set(k.trim(), v)?,
+            None => {
+                return Err(format!(
+                    "--model-set {kv} needs a model: add --model pcm (or another preset)"
+                ))
+            }
+        }
+    }
+    Ok((model, seed))
 }
 
 fn toml_size(v: &Option<toml::Value>, name: &str) -> Result<Option<u64>, String> {
@@ -299,7 +389,12 @@ impl Config {
             }
             .resolve(),
             user_records: args.user_records.or(file.user_records),
+            model: None,
+            model_seed: d.model_seed,
         };
+        let mut device = device;
+        (device.model, device.model_seed) =
+            resolve_model(args, file.model.as_ref(), device.model_seed)?;
         device.validate()?;
         let mode = args
             .socket_mode
@@ -404,6 +499,77 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(&bad).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_model_comes_from_a_preset_a_table_and_flags() {
+        let dir = std::env::temp_dir().join(format!("monetad-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.toml");
+        let resolve = |toml: &str, model: Option<&str>, sets: &[&str]| {
+            std::fs::write(&p, format!("volatile = true\n{toml}")).unwrap();
+            Config::resolve(&Args {
+                config: Some(p.clone()),
+                model: model.map(String::from),
+                model_set: sets.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            })
+            .map(|c| (c.device.model, c.device.model_seed))
+        };
+        // No model unless asked for.
+        assert_eq!(resolve("", None, &[]).unwrap().0, None);
+        // A preset by name, in the file or by flag.
+        assert_eq!(
+            resolve("model = \"dram\"\n", None, &[])
+                .unwrap()
+                .0
+                .unwrap()
+                .name,
+            "dram"
+        );
+        assert_eq!(
+            resolve("", Some("pcm"), &[]).unwrap().0.unwrap(),
+            ModelConfig::pcm()
+        );
+        // A table defines one, from pcm unless it names another preset; flags win.
+        let (m, seed) = resolve(
+            "[model]\nname = \"mine\"\ncontrollers = 8\nread_ns = 500\npolicy = \"fifo\"\nseed = 7\n",
+            None,
+            &["write_ns=900"],
+        )
+        .unwrap();
+        let m = m.unwrap();
+        assert_eq!(
+            (m.name.as_str(), m.controllers, m.read_ns, m.write_ns),
+            ("mine", 8, 500.0, 900.0)
+        );
+        assert_eq!(m.policy, moneta_device::model::Policy::Fifo);
+        assert_eq!(seed, 7);
+        let m = resolve("[model]\npreset = \"slow-nvm\"\nrow = \"4K\"\n", None, &[])
+            .unwrap()
+            .0
+            .unwrap();
+        assert_eq!((m.read_ns, m.row), (1000.0, 4096));
+        assert_eq!(
+            resolve("[model]\ncontrollers = 2\n", Some("none"), &[])
+                .unwrap()
+                .0,
+            None
+        );
+        // Mistakes are refused, saying what is wrong.
+        let e = resolve("[model]\ncontrollers = 17\n", None, &[]).unwrap_err();
+        assert!(e.contains("controllers must be 1 to 16"), "{e}");
+        let e = resolve("[model]\nspeed = 1\n", None, &[]).unwrap_err();
+        assert!(e.contains("no parameter `speed`"), "{e}");
+        let e = resolve("", Some("tape"), &[]).unwrap_err();
+        assert!(e.contains("no model preset `tape`"), "{e}");
+        let e = resolve("", None, &["controllers=2"]).unwrap_err();
+        assert!(e.contains("needs a model"), "{e}");
+        let e = resolve("", Some("pcm"), &["controllers"]).unwrap_err();
+        assert!(e.contains("NAME=VALUE"), "{e}");
+        let e = resolve("read_latency_ns = 100\n", Some("pcm"), &[]).unwrap_err();
+        assert!(e.contains("cannot be used together"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

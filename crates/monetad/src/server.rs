@@ -466,6 +466,12 @@ impl Server {
         match req {
             Request::Ping => empty(Ok(())),
             Request::Status => (Ok(ReplyBody::Status(self.device.report())), Vec::new()),
+            Request::Model => (
+                Ok(ReplyBody::Model(moneta_abi::control::ModelReport {
+                    pairs: self.device.model_report(),
+                })),
+                Vec::new(),
+            ),
             Request::OpenChannel { abi_version } => {
                 if abi_version != moneta_abi::ABI_VERSION {
                     return empty(Err(fail(

@@ -78,6 +78,8 @@ fn a_command_may_span_consecutive_slices() {
         cookie: 5,
         seq: 0,
         file: 0,
+        barrier: false,
+        epoch: 0,
     };
     assert_eq!(ch.run(tag, &cmd).unwrap().status, Status::Ok);
     let mut back = vec![0u8; data.len()];
@@ -173,6 +175,8 @@ fn malformed_commands_get_distinct_statuses_and_error_entries() {
         cookie: 0xc0ffee,
         seq: 0,
         file: 0,
+        barrier: false,
+        epoch: 0,
     }
     .to_words();
     let cases: Vec<([u64; 8], Status)> = vec![
@@ -281,6 +285,8 @@ fn ringing_a_busy_tag_is_reported_in_the_error_queue() {
         cookie: 1,
         seq: 0,
         file: 0,
+        barrier: false,
+        epoch: 0,
     };
     ch.submit(Tag(0), &cmd);
     // Wait until the device has taken the command: a second flip of the doorbell before it
@@ -329,6 +335,8 @@ fn the_retag_unit_makes_requests_wait_for_physical_tags() {
             cookie: u64::from(t),
             seq: 0,
             file: 0,
+            barrier: false,
+            epoch: 0,
         };
         ch.prepare(Tag(t), &cmd);
     }
@@ -402,6 +410,8 @@ fn revocation_waits_for_requests_in_flight() {
         cookie: 0,
         seq: 0,
         file: 0,
+        barrier: false,
+        epoch: 0,
     };
     let start = Instant::now();
     ch.submit(Tag(5), &cmd);
@@ -616,6 +626,8 @@ fn dies_mid_request(args: &[String]) -> i32 {
                 cookie: 0,
                 seq: 0,
                 file: 0,
+                barrier: false,
+                epoch: 0,
             };
             ch.submit(Tag(t), &cmd);
         }
@@ -836,6 +848,8 @@ fn hostile_client(args: &[String]) -> i32 {
                 cookie: 0,
                 seq: 0,
                 file: 0,
+                barrier: false,
+                epoch: 0,
             },
         );
     }
@@ -891,6 +905,8 @@ fn channels_take_turns_for_physical_tags() {
         cookie: 0,
         seq: 0,
         file: 0,
+        barrier: false,
+        epoch: 0,
     };
     // The hog queues 64 commands, then the other channel one.
     let mut bits = 0u64;

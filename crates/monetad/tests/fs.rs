@@ -573,15 +573,7 @@ fn a_connection_keeps_the_rights_its_remaining_handles_carry() {
 
 /// Reads 512 bytes at `dev` asking for layout tag `file`: the command's status.
 fn read_tagged(ch: &Channel, dev: u64, file: u64) -> Status {
-    let cmd = moneta_abi::Command {
-        opcode: moneta_abi::Opcode::Read,
-        completion: Completion::Dma,
-        addr: dev,
-        len: 512,
-        cookie: 0,
-        seq: 0,
-        file,
-    };
+    let cmd = moneta_abi::Command::new(moneta_abi::Opcode::Read, Completion::Dma, dev, 512, file);
     ch.run(libmoneta::Tag(0), &cmd).unwrap().status
 }
 

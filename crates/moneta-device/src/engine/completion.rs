@@ -24,6 +24,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if let Some(ch) = self.channels[r.channel as usize].as_mut() {
             ch.in_flight &= !(1u64 << r.tag);
         }
+        self.epoch_done(r.channel);
         self.publish_completion(
             r.channel,
             r.tag,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::channel::DmaGeometry;
+use crate::model::ModelConfig;
 use crate::scheduler::Timing;
 
 /// Engine settings. Every one has a daemon flag.
@@ -34,6 +35,11 @@ pub struct DeviceConfig {
     /// with an owner, see [`Device::open_channel_for`]); the rest of the table stays for
     /// others. `None`: half the table.
     pub user_records: Option<usize>,
+    /// The array's timing and power model (Moneta §II, §V); `None` completes requests as
+    /// fast as the host moves their data, plus [`DeviceConfig::timing`].
+    pub model: Option<ModelConfig>,
+    /// Chooses the model's address randomization for wear leveling.
+    pub model_seed: u64,
 }
 
 impl Default for DeviceConfig {
@@ -52,6 +58,8 @@ impl Default for DeviceConfig {
             trace: false,
             poller_cpu: None,
             user_records: None,
+            model: None,
+            model_seed: 0x6d6f_6e65_7461,
         }
     }
 }
@@ -101,6 +109,16 @@ impl DeviceConfig {
             return Err(format!(
                 "media latencies must be at most {MAX_LATENCY_NS} ns"
             ));
+        }
+        if let Some(m) = &self.model {
+            m.validate()?;
+            if self.timing != Timing::default() {
+                return Err(format!(
+                    "a fixed media latency and the `{}` model cannot be used together: the \
+                     model's read_ns and write_ns set the array's latencies",
+                    m.name
+                ));
+            }
         }
         self.geometry.validate()
     }

@@ -12,9 +12,11 @@ use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
 
 use super::poller::spawn_flusher;
+use super::timing::Timed;
 use super::*;
 use crate::clock::Clock;
 use crate::media::Media;
+use crate::model::{Model, ModelStats};
 
 impl Device {
     /// Starts the poller over `media` with `clock`.
@@ -72,6 +74,14 @@ impl Device {
             busy_passes: 0,
             done: Vec::new(),
             flushing: Vec::new(),
+            flush_wait: Vec::new(),
+            model: match &config.model {
+                Some(m) => Some(Box::new(Timed::new(
+                    Model::new(m.clone(), array_size, config.model_seed)
+                        .map_err(DeviceError::Config)?,
+                ))),
+                None => None,
+            },
             next_flush: 0,
             flush_jobs,
             flush_done,
@@ -276,6 +286,29 @@ impl Device {
             let _ = t.join();
         }
         r
+    }
+
+    /// What the array's timing model has done so far (utilisation, queueing, energy, wear);
+    /// `None` without a model or once the device has stopped.
+    pub fn model_stats(&self) -> Option<ModelStats> {
+        self.config.model.as_ref()?;
+        let (answer, rx) = mpsc::sync_channel(1);
+        self.tx
+            .lock()
+            .expect("control sender lock")
+            .send(Control::ModelStats { answer })
+            .ok()?;
+        rustix::io::write(&self.waker, &1u64.to_ne_bytes()).ok();
+        rx.recv().ok().flatten()
+    }
+
+    /// The model's report as `key value` pairs ([`crate::model::report`]); `model none` alone
+    /// without a model.
+    pub fn model_report(&self) -> Vec<(String, String)> {
+        match (self.config.model.as_ref(), self.model_stats()) {
+            (Some(cfg), Some(stats)) => crate::model::report::pairs(cfg, &stats),
+            _ => vec![("model".into(), "none".into())],
+        }
     }
 
     /// A snapshot of the counters, current as of every request completed before the call.

@@ -35,7 +35,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
         while i < self.active.len() {
             let id = self.active[i];
             let ch = self.channels[id as usize].as_mut().expect("active channel");
-            if ch.in_flight == 0 && now.saturating_sub(ch.last_active) >= park_after {
+            // Commands held for a later epoch wait for others of the channel, which keep it
+            // active while they are in flight; alone they do not.
+            let working = ch.in_flight & !ch.order.held_tags;
+            if working == 0 && now.saturating_sub(ch.last_active) >= park_after {
                 let h = ch.mem.header();
                 h.parked.store(PARKED, Ordering::SeqCst);
                 // Pairs with the client's doorbell flip before it reads `parked`.
@@ -57,14 +60,18 @@ impl<M: Media, C: Clock> Poller<M, C> {
             && now.saturating_sub(self.last_control) >= park_after
             && self.retag.waiting() == 0
             && self.flushing.is_empty()
+            && self.flush_wait.is_empty()
             && self.fences.is_empty()
             && self.removals.is_empty()
             && self.shutdown.is_none();
         if quiet {
-            let timeout = self
-                .sched
-                .next_ready()
-                .map(|t| Duration::from_nanos(t.saturating_sub(now)));
+            let next = self.sched.next_ready();
+            let model_next = self.model.as_ref().and_then(|m| m.next_event());
+            let timeout = match (next, model_next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+            .map(|t| Duration::from_nanos(t.saturating_sub(now)));
             self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
             self.publish();
             // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees

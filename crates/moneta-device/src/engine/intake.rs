@@ -87,15 +87,63 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
         let ch = self.channels[id as usize].as_mut().expect("active channel");
         ch.in_flight |= bit;
-        self.retag.enqueue(
-            id,
-            Pending {
-                channel: id,
-                tag: tag as u8,
-                cmd,
-                t0: now,
-            },
-        );
+        let p = Pending {
+            channel: id,
+            tag: tag as u8,
+            cmd,
+            t0: now,
+        };
+        if ch.order.holds(cmd.epoch) {
+            // A later epoch: it waits until the barrier of the current one has completed
+            // with everything else of that epoch.
+            ch.order.held_tags |= bit;
+            ch.order.held.push_back(p);
+            return;
+        }
+        self.admit(p);
+    }
+
+    /// Queues a command of the channel's current epoch at the retag unit.
+    pub(super) fn admit(&mut self, p: Pending) {
+        let ch = self.channels[p.channel as usize]
+            .as_mut()
+            .expect("a command's channel is open");
+        ch.order.open += 1;
+        ch.order.barrier |= p.cmd.barrier;
+        self.retag.enqueue(p.channel, p);
+    }
+
+    /// A command of the channel's current epoch has ended: when that closes the epoch (its
+    /// barrier and everything else of it done), the channel moves to the next and the held
+    /// commands of that one are admitted, in the order they were taken.
+    pub(super) fn epoch_done(&mut self, id: u32) {
+        let Some(ch) = self.channels[id as usize].as_mut() else {
+            return;
+        };
+        let o = &mut ch.order;
+        o.open = o.open.saturating_sub(1);
+        if o.barrier && o.open == 0 {
+            o.epoch = o.epoch.wrapping_add(1);
+            o.barrier = false;
+            let mut admit = Vec::new();
+            let mut keep = std::collections::VecDeque::new();
+            for p in o.held.drain(..) {
+                if p.cmd.epoch == o.epoch {
+                    o.held_tags &= !(1u64 << p.tag);
+                    o.open += 1;
+                    o.barrier |= p.cmd.barrier;
+                    admit.push(p);
+                } else {
+                    keep.push_back(p);
+                }
+            }
+            o.held = keep;
+            // The next epoch cannot close here: it is either empty (no barrier taken yet) or
+            // holds the commands just admitted.
+            for p in admit {
+                self.retag.enqueue(id, p);
+            }
+        }
     }
 
     /// The soft miss on the channel: asks the permission manager's lookup service, installs

@@ -11,6 +11,7 @@ use super::*;
 use crate::clock::Clock;
 use crate::media::Media;
 use crate::permission::{READ, WRITE};
+use crate::scheduler::UNDECIDED;
 
 impl<M: Media, C: Clock> Poller<M, C> {
     /// Gives waiting requests physical tags, checks permission, moves data, schedules.
@@ -118,21 +119,6 @@ impl<M: Media, C: Clock> Poller<M, C> {
         } else {
             0
         };
-        let mut ready = now
-            + match (status, cmd.opcode) {
-                (Status::Ok, Opcode::Read) => self.timing.read_ns,
-                (Status::Ok, Opcode::Write) => self.timing.write_ns,
-                _ => 0,
-            };
-        let mut deferred = false;
-        if cmd.opcode == Opcode::Flush {
-            // A barrier completes after every earlier request of its channel: after those
-            // still in the scheduler (issued behind them, so published after them) and after
-            // its earlier flushes (queued behind them at the flusher).
-            let latest = self.sched.latest_for(|r| r.channel == p.channel);
-            deferred = latest.is_some();
-            ready = ready.max(latest.unwrap_or(0));
-        }
         let issued = Issued {
             channel: p.channel,
             tag: p.tag,
@@ -142,12 +128,78 @@ impl<M: Media, C: Clock> Poller<M, C> {
             status,
             moved,
         };
-        if ready <= now && !deferred {
-            // Due already (no modeled latency): complete in this pass.
+        if cmd.opcode == Opcode::Flush && self.channel_in_flight(p.channel, self.sched.fence()) {
+            // A FLUSH completes after every earlier request of its channel (and after its
+            // earlier flushes, which wait here or at the flusher in order).
+            self.flush_wait.push((self.sched.fence(), issued));
+            return;
+        }
+        self.schedule(issued, now);
+    }
+
+    /// Hands a request whose data has moved to the scheduler, at the time the media model
+    /// says: the array's timing model for reads and writes when one is configured, else now
+    /// plus the fixed latency, completing in this pass when that is now.
+    fn schedule(&mut self, issued: Issued, now: u64) {
+        let media = issued.status == Status::Ok
+            && matches!(issued.cmd.opcode, Opcode::Read | Opcode::Write);
+        if media {
+            if let Some(model) = self.model.as_mut() {
+                // The model's time starts once the emulator has moved the data, so what a
+                // client sees beyond an unmodelled device is the model's time.
+                let t = self.clock.now_ns();
+                model.submit(&mut self.sched, issued, t);
+                return;
+            }
+        }
+        let ready = now
+            + match (media, issued.cmd.opcode) {
+                (true, Opcode::Read) => self.timing.read_ns,
+                (true, _) => self.timing.write_ns,
+                _ => 0,
+            };
+        if ready <= now {
             self.finish(issued);
         } else {
             self.sched.issue(ready, issued);
         }
+    }
+
+    /// Whether a request of channel `id` issued before `fence` is still in flight: in the
+    /// scheduler, moving its data, or a flush waiting for others.
+    fn channel_in_flight(&self, id: u32, fence: u64) -> bool {
+        self.sched.any_before(fence, |r| r.channel == id)
+            || self
+                .moving
+                .iter()
+                .any(|m| m.issued.channel == id && m.seq < fence)
+            || self.flush_wait.iter().any(|(_, f)| f.channel == id)
+    }
+
+    /// Flushes whose channel has nothing earlier in flight any more go on, in order.
+    fn settle_flush_waits(&mut self) -> bool {
+        if self.flush_wait.is_empty() {
+            return false;
+        }
+        let mut any = false;
+        let mut i = 0;
+        while i < self.flush_wait.len() {
+            let (fence, ch) = (self.flush_wait[i].0, self.flush_wait[i].1.channel);
+            let earlier_flush = self.flush_wait[..i].iter().any(|(_, f)| f.channel == ch);
+            let busy = self.sched.any_before(fence, |r| r.channel == ch)
+                || self
+                    .moving
+                    .iter()
+                    .any(|m| m.issued.channel == ch && m.seq < fence);
+            if earlier_flush || busy {
+                i += 1;
+                continue;
+            }
+            let (_, f) = self.flush_wait.remove(i);
+            any = true;
+            self.finish(f);
+        }
+        any
     }
 
     /// Copies `[from, to)` of command `cmd`'s bytes between the array and tag `tag`'s DMA
@@ -211,6 +263,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.local.trace_move_ns += t.saturating_sub(m.t_checked);
                 issued.moved = t;
             }
+            if let Some(model) = self.model.as_mut() {
+                self.sched.issue_reserved(UNDECIDED, m.seq, issued);
+                let t = self.clock.now_ns();
+                model.submit_issued(&mut self.sched, m.seq, t);
+                continue;
+            }
             let ready = now
                 + match issued.cmd.opcode {
                     Opcode::Read => self.timing.read_ns,
@@ -243,12 +301,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
         any
     }
 
-    /// Publishes completions the scheduler says are due.
+    /// Publishes completions the scheduler says are due (after letting the timing model
+    /// decide what it can), and flushes whose channel has caught up.
     pub(super) fn complete(&mut self) -> bool {
+        let flushed = self.settle_flush_waits();
         if self.sched.is_empty() {
-            return false;
+            return flushed;
         }
         let now = self.tick();
+        if let Some(model) = self.model.as_mut() {
+            if model.due(now) {
+                model.advance(&mut self.sched, now);
+            }
+        }
         let mut done = std::mem::take(&mut self.done);
         self.sched.complete_ready(now, |r| done.push(r));
         let any = !done.is_empty();
@@ -256,7 +321,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.finish(r);
         }
         self.done = done;
-        any
+        any || flushed
     }
 
     /// Ends a request that held a physical tag.

@@ -19,6 +19,7 @@ mod idle;
 mod intake;
 mod issue;
 mod poller;
+mod timing;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -183,6 +184,10 @@ enum Control {
     Publish {
         ack: Ack,
     },
+    /// The timing model's figures (none without a model).
+    ModelStats {
+        answer: mpsc::SyncSender<Option<crate::model::ModelStats>>,
+    },
 }
 
 /// Counters the poller publishes for `status`.
@@ -288,6 +293,30 @@ struct Chan {
     /// epoll set (it would report the hang-up on every wait, keeping the poller awake), and
     /// the doorbell of this channel, when parked, is looked at whenever the poller wakes.
     deaf: bool,
+    /// Barrier order (Moneta §IV): the epoch the channel is in, the commands of that epoch
+    /// taken and not yet completed, whether one of them is a barrier, and the commands of
+    /// later epochs, held (in the order taken) until the barrier closes the current one.
+    order: EpochOrder,
+}
+
+/// A channel's barrier epochs (see `moneta_abi::FLAG_BARRIER`).
+#[derive(Default)]
+struct EpochOrder {
+    epoch: u8,
+    open: u32,
+    barrier: bool,
+    held: std::collections::VecDeque<Pending>,
+    /// Tags of the held commands.
+    held_tags: u64,
+}
+
+impl EpochOrder {
+    /// Whether a command of `epoch` waits for a later epoch of the channel: epochs up to 127
+    /// ahead do; the rest are behind (a command that raced its own barrier) and count as
+    /// current.
+    fn holds(&self, epoch: u8) -> bool {
+        (1..128).contains(&epoch.wrapping_sub(self.epoch))
+    }
 }
 
 struct Pending {
@@ -355,6 +384,10 @@ struct Poller<M, C> {
     done: Vec<Issued>,
     /// Flushes at the flusher thread, by token.
     flushing: Vec<(u64, Issued)>,
+    /// Flushes waiting for the earlier requests of their channel: (scheduler fence, flush).
+    flush_wait: Vec<(u64, Issued)>,
+    /// The array's timing model, when one is configured.
+    model: Option<Box<timing::Timed>>,
     next_flush: u64,
     flush_jobs: FlushJobs,
     flush_done: FlushDone,

@@ -63,6 +63,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 && self.moving.is_empty()
                 && self.sched.is_empty()
                 && self.flushing.is_empty()
+                && self.flush_wait.is_empty()
             {
                 self.finish_shutdown();
                 return;
@@ -159,6 +160,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     self.publish();
                     let _ = ack.send(Ok(()));
                 }
+                Control::ModelStats { answer } => {
+                    let stats = self.model.as_ref().map(|m| m.stats(now));
+                    let _ = answer.send(stats);
+                }
             }
         }
         if any {
@@ -196,6 +201,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             parked: false,
             closing: false,
             deaf: false,
+            order: EpochOrder::default(),
         });
         self.active.push(id);
         self.shared.channels_open.fetch_add(1, Ordering::Relaxed);
@@ -216,7 +222,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
         };
         ch.closing = true;
         self.active.retain(|&a| a != id);
-        let mut aborted = Vec::new();
+        // Waiting and held requests end here; none is admitted later.
+        let mut aborted: Vec<Pending> = ch.order.held.drain(..).collect();
+        ch.order.held_tags = 0;
         self.retag.drain_channel(id, |p| aborted.push(p));
         for p in aborted {
             self.publish_completion(
@@ -320,6 +328,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 if self.sched.any(|r| r.channel == id)
                     || self.moving.iter().any(|m| m.issued.channel == id)
                     || self.flushing.iter().any(|(_, f)| f.channel == id)
+                    || self.flush_wait.iter().any(|(_, f)| f.channel == id)
                 {
                     i += 1;
                     continue;
@@ -355,6 +364,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 | Control::Shutdown { ack }
                 | Control::Publish { ack } => {
                     let _ = ack.send(Err(DeviceError::Stopped));
+                }
+                Control::ModelStats { answer } => {
+                    let _ = answer.send(None);
                 }
             }
         }

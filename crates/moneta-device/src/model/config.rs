@@ -362,6 +362,216 @@ impl ModelConfig {
     }
 }
 
+/// Every parameter of a [`ModelConfig`] by name: what `[model]` in the daemon's TOML file and
+/// `--model-set NAME=VALUE` take, and what `status` and the bench report. Sizes take `K`, `M`
+/// and `G` suffixes (powers of 1024); rates are GB/s (bytes per ns); times are ns; power pairs
+/// are given as `NAME_idle_w` and `NAME_peak_w`.
+pub const PARAMETERS: &[(&str, &str)] = &[
+    ("name", "name reported for this configuration"),
+    ("policy", "scheduling: fifo, 2q (reads and writes in two queues) or rr (2q, round-robin in transfers)"),
+    ("link_rate", "host link, each direction (GB/s)"),
+    ("link_overhead_ns", "fixed cost of each DMA transfer on the link (ns)"),
+    ("transfer_max", "largest transfer a request is split into (bytes)"),
+    ("sched_buffers", "scheduler buffers, each of transfer_max bytes"),
+    ("sched_requests", "requests the scheduler holds in its queues"),
+    ("ring_rate", "ring between scheduler and controllers (GB/s)"),
+    ("controllers", "memory controllers (1-16)"),
+    ("ctrl_queue", "each controller's incoming and outgoing queue (bytes)"),
+    ("stripe", "striping unit across controllers (bytes)"),
+    ("dimms", "memory modules per controller"),
+    ("ranks", "ranks per module"),
+    ("banks", "banks per rank, each with a row buffer"),
+    ("row", "row and row buffer size (bytes)"),
+    ("read_ns", "array read latency, on opening a row (ns)"),
+    ("write_ns", "array write latency, on closing a written row (ns)"),
+    ("ctrl_rate", "between a row buffer and its controller (GB/s)"),
+    ("powerdown_after_ns", "idle time before a controller powers its memory down (ns)"),
+    ("wake_ns", "time to wake powered-down memory (ns)"),
+    ("gap_interval", "writes between start-gap moves (0: no wear leveling)"),
+    ("randomize", "randomize addresses before start-gap (true or false)"),
+    ("scheduler_idle_w", "scheduler and DMA engine, idle (W)"),
+    ("scheduler_peak_w", "scheduler and DMA engine, busy (W)"),
+    ("ring_idle_w", "ring, idle (W)"),
+    ("ring_peak_w", "ring, busy (W)"),
+    ("sched_buffer_idle_w", "each scheduler buffer, idle (W)"),
+    ("sched_buffer_peak_w", "each scheduler buffer, busy (W)"),
+    ("controller_idle_w", "each memory controller, idle (W)"),
+    ("controller_peak_w", "each memory controller, busy (W)"),
+    ("ctrl_buffer_idle_w", "each controller's queues, idle (W)"),
+    ("ctrl_buffer_peak_w", "each controller's queues, busy (W)"),
+    ("link_idle_w", "host link, idle (W)"),
+    ("link_peak_w", "host link, busy (W)"),
+    ("array_write_pj", "array write energy per bit (pJ)"),
+    ("array_read_pj", "array read energy per bit (pJ)"),
+    ("buffer_write_pj", "row buffer write energy per bit (pJ)"),
+    ("buffer_read_pj", "row buffer read energy per bit (pJ)"),
+    ("idle_die_w", "background power of an idle memory die (W)"),
+    ("active_die_w", "background power of a memory die while its controller is active (W)"),
+    ("die_bits", "bits per memory die"),
+    ("selective_writes", "writes program only the bits they change (true or false)"),
+];
+
+fn parse_count(v: &str, what: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let (num, mult) = match v.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) if i > 0 => {
+            let m = match v[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
+                "K" => 1u64 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                _ => return Err(format!("model: {what} `{v}` has an unknown unit")),
+            };
+            (&v[..i], m)
+        }
+        _ => (v, 1),
+    };
+    num.trim()
+        .replace('_', "")
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("model: {what} must be a whole number, not `{v}`"))
+}
+
+fn parse_real(v: &str, what: &str) -> Result<f64, String> {
+    v.trim()
+        .replace('_', "")
+        .parse::<f64>()
+        .map_err(|_| format!("model: {what} must be a number, not `{v}`"))
+}
+
+fn parse_flag(v: &str, what: &str) -> Result<bool, String> {
+    match v.trim() {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" => Ok(false),
+        _ => Err(format!("model: {what} must be true or false, not `{v}`")),
+    }
+}
+
+impl ModelConfig {
+    /// Sets parameter `key` (one of [`PARAMETERS`]) from its text; the result is checked by
+    /// [`ModelConfig::validate`], not here.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let count = |v: &str| parse_count(v, key);
+        let real = |v: &str| parse_real(v, key);
+        let small = |v: &str| -> Result<usize, String> {
+            usize::try_from(parse_count(v, key)?).map_err(|_| format!("model: {key} is too large"))
+        };
+        let p = &mut self.power;
+        match key {
+            "name" => self.name = value.trim().to_string(),
+            "policy" => self.policy = Policy::parse(value)?,
+            "link_rate" => self.link_rate = real(value)?,
+            "link_overhead_ns" => self.link_overhead_ns = real(value)?,
+            "transfer_max" => self.transfer_max = count(value)?,
+            "sched_buffers" => self.sched_buffers = small(value)?,
+            "sched_requests" => self.sched_requests = small(value)?,
+            "ring_rate" => self.ring_rate = real(value)?,
+            "controllers" => self.controllers = small(value)?,
+            "ctrl_queue" => self.ctrl_queue = count(value)?,
+            "stripe" => self.stripe = count(value)?,
+            "dimms" => self.dimms = small(value)?,
+            "ranks" => self.ranks = small(value)?,
+            "banks" => self.banks = small(value)?,
+            "row" => self.row = count(value)?,
+            "read_ns" => self.read_ns = real(value)?,
+            "write_ns" => self.write_ns = real(value)?,
+            "ctrl_rate" => self.ctrl_rate = real(value)?,
+            "powerdown_after_ns" => self.powerdown_after_ns = real(value)?,
+            "wake_ns" => self.wake_ns = real(value)?,
+            "gap_interval" => self.gap_interval = count(value)?,
+            "randomize" => self.randomize = parse_flag(value, key)?,
+            "scheduler_idle_w" => p.scheduler_w.0 = real(value)?,
+            "scheduler_peak_w" => p.scheduler_w.1 = real(value)?,
+            "ring_idle_w" => p.ring_w.0 = real(value)?,
+            "ring_peak_w" => p.ring_w.1 = real(value)?,
+            "sched_buffer_idle_w" => p.sched_buffer_w.0 = real(value)?,
+            "sched_buffer_peak_w" => p.sched_buffer_w.1 = real(value)?,
+            "controller_idle_w" => p.controller_w.0 = real(value)?,
+            "controller_peak_w" => p.controller_w.1 = real(value)?,
+            "ctrl_buffer_idle_w" => p.ctrl_buffer_w.0 = real(value)?,
+            "ctrl_buffer_peak_w" => p.ctrl_buffer_w.1 = real(value)?,
+            "link_idle_w" => p.link_w.0 = real(value)?,
+            "link_peak_w" => p.link_w.1 = real(value)?,
+            "array_write_pj" => p.array_write_pj = real(value)?,
+            "array_read_pj" => p.array_read_pj = real(value)?,
+            "buffer_write_pj" => p.buffer_write_pj = real(value)?,
+            "buffer_read_pj" => p.buffer_read_pj = real(value)?,
+            "idle_die_w" => p.idle_die_w = real(value)?,
+            "active_die_w" => p.active_die_w = real(value)?,
+            "die_bits" => p.die_bits = count(value)?,
+            "selective_writes" => p.selective_writes = parse_flag(value, key)?,
+            other => {
+                return Err(format!(
+                    "model: no parameter `{other}`; the parameters are {}",
+                    PARAMETERS
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Every parameter and its value, in the order of [`PARAMETERS`], as [`ModelConfig::set`]
+    /// takes them back.
+    pub fn parameters(&self) -> Vec<(&'static str, String)> {
+        let p = &self.power;
+        let f = |v: f64| format!("{v}");
+        let values = [
+            self.name.clone(),
+            self.policy.name().to_string(),
+            f(self.link_rate),
+            f(self.link_overhead_ns),
+            self.transfer_max.to_string(),
+            self.sched_buffers.to_string(),
+            self.sched_requests.to_string(),
+            f(self.ring_rate),
+            self.controllers.to_string(),
+            self.ctrl_queue.to_string(),
+            self.stripe.to_string(),
+            self.dimms.to_string(),
+            self.ranks.to_string(),
+            self.banks.to_string(),
+            self.row.to_string(),
+            f(self.read_ns),
+            f(self.write_ns),
+            f(self.ctrl_rate),
+            f(self.powerdown_after_ns),
+            f(self.wake_ns),
+            self.gap_interval.to_string(),
+            self.randomize.to_string(),
+            f(p.scheduler_w.0),
+            f(p.scheduler_w.1),
+            f(p.ring_w.0),
+            f(p.ring_w.1),
+            f(p.sched_buffer_w.0),
+            f(p.sched_buffer_w.1),
+            f(p.controller_w.0),
+            f(p.controller_w.1),
+            f(p.ctrl_buffer_w.0),
+            f(p.ctrl_buffer_w.1),
+            f(p.link_w.0),
+            f(p.link_w.1),
+            f(p.array_write_pj),
+            f(p.array_read_pj),
+            f(p.buffer_write_pj),
+            f(p.buffer_read_pj),
+            f(p.idle_die_w),
+            f(p.active_die_w),
+            p.die_bits.to_string(),
+            p.selective_writes.to_string(),
+        ];
+        PARAMETERS.iter().map(|(k, _)| *k).zip(values).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +600,51 @@ mod tests {
         let mut c = ModelConfig::pcm();
         c.power.link_w = (1.0, 0.5);
         assert!(c.validate().unwrap_err().contains("peak"));
+    }
+
+    #[test]
+    fn every_parameter_is_set_and_read_back_by_name() {
+        let pcm = ModelConfig::pcm();
+        let params = pcm.parameters();
+        assert_eq!(params.len(), PARAMETERS.len());
+        // Setting each parameter to the value read back changes nothing.
+        let mut c = ModelConfig::dram();
+        for (k, v) in &params {
+            c.set(k, v).unwrap();
+        }
+        assert_eq!(c, pcm);
+        // Each one does reach its field.
+        let mut c = ModelConfig::pcm();
+        c.set("controllers", "8").unwrap();
+        c.set("stripe", "16K").unwrap();
+        c.set("read_ns", "1000").unwrap();
+        c.set("policy", "fifo").unwrap();
+        c.set("link_peak_w", "0.5").unwrap();
+        c.set("selective_writes", "true").unwrap();
+        assert_eq!(
+            (c.controllers, c.stripe, c.read_ns, c.policy),
+            (8, 16 << 10, 1000.0, Policy::Fifo)
+        );
+        assert_eq!(c.power.link_w, (0.12, 0.5));
+        assert!(c.power.selective_writes);
+        for (k, _) in PARAMETERS {
+            assert!(c.parameters().iter().any(|(n, _)| n == k), "{k}");
+        }
+        // Bad names and values are refused with the reason.
+        assert!(c
+            .set("cache", "1")
+            .unwrap_err()
+            .contains("no parameter `cache`"));
+        assert!(c
+            .set("controllers", "four")
+            .unwrap_err()
+            .contains("whole number"));
+        assert!(c.set("read_ns", "fast").unwrap_err().contains("number"));
+        assert!(c
+            .set("randomize", "maybe")
+            .unwrap_err()
+            .contains("true or false"));
+        assert!(c.set("policy", "lifo").unwrap_err().contains("fifo"));
     }
 
     #[test]

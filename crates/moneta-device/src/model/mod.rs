@@ -26,6 +26,7 @@
 //! power model (Table I) integrates what the resources did ([`Energy`]).
 
 pub mod config;
+pub mod report;
 pub mod startgap;
 
 use std::collections::{HashMap, VecDeque};

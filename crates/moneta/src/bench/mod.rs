@@ -724,6 +724,8 @@ fn moneta_thread(
                 seq: 0,
                 // Raw commands: the records' file is not asked for.
                 file: 0,
+                barrier: false,
+                epoch: 0,
             },
         );
     };

@@ -1,0 +1,84 @@
+//! The array's timing model under the engine (Moneta §II): every read and write the device
+//! serves goes to the model once its data has moved, and completes when the model says.
+//!
+//! The model decides a request's completion only once the device's clock has reached the start
+//! of its last transfer, so the scheduler holds it as [`UNDECIDED`] until then. The model is
+//! advanced when a request arrives and whenever the clock passes the next time it has
+//! something to decide, which it says in advance: a pass with nothing due costs one comparison.
+
+use moneta_abi::{Decoded, Opcode};
+
+use super::Issued;
+use crate::model::{Model, ModelStats, Submit};
+use crate::scheduler::{Scheduler, UNDECIDED};
+
+/// The model and when it next needs the clock.
+pub(crate) struct Timed {
+    model: Model,
+    /// The time of the model's next decision, if it has anything queued.
+    next_ns: Option<u64>,
+}
+
+impl Timed {
+    pub(crate) fn new(model: Model) -> Timed {
+        Timed {
+            model,
+            next_ns: None,
+        }
+    }
+
+    /// Issues request `cmd` of `channel` in the scheduler and hands it to the model, arriving
+    /// at `now_ns`.
+    pub(super) fn submit(&mut self, sched: &mut Scheduler<Issued>, issued: Issued, now_ns: u64) {
+        let seq = sched.issue(UNDECIDED, issued);
+        self.submit_issued(sched, seq, now_ns);
+    }
+
+    /// Hands the model request `seq`, issued (or reserved and now issued) in the scheduler as
+    /// [`UNDECIDED`].
+    pub(super) fn submit_issued(&mut self, sched: &mut Scheduler<Issued>, seq: u64, now_ns: u64) {
+        let Some(r) = sched.find(seq) else {
+            return;
+        };
+        let s = submission(seq, r.channel, &r.cmd);
+        self.model.submit(s, now_ns);
+        self.advance(sched, now_ns);
+    }
+
+    /// Whether the model has a decision due at `now_ns`.
+    #[inline]
+    pub(super) fn due(&self, now_ns: u64) -> bool {
+        self.next_ns.is_some_and(|t| t <= now_ns)
+    }
+
+    /// Lets the model decide what it can at `now_ns`, and gives the scheduler the completion
+    /// times it decided.
+    pub(super) fn advance(&mut self, sched: &mut Scheduler<Issued>, now_ns: u64) {
+        self.model.advance(now_ns, |seq, done| {
+            sched.set_ready(seq, done);
+        });
+        self.next_ns = self.model.next_event_ns();
+    }
+
+    /// When the model next needs the clock.
+    pub(super) fn next_event(&self) -> Option<u64> {
+        self.next_ns
+    }
+
+    /// What the model has done, up to `now_ns`.
+    pub(super) fn stats(&self, now_ns: u64) -> ModelStats {
+        self.model.stats(now_ns)
+    }
+}
+
+/// What the model needs to know of a request.
+fn submission(id: u64, channel: u32, cmd: &Decoded) -> Submit {
+    Submit {
+        id,
+        write: cmd.opcode == Opcode::Write,
+        addr: cmd.addr,
+        len: cmd.len.max(1),
+        channel,
+        barrier: cmd.barrier,
+    }
+}

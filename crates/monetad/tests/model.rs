@@ -1,0 +1,284 @@
+//! The array's timing model under a real daemon: requests complete when the model says and not
+//! before, barriers order a channel's requests, the scheduling policies serve large and small
+//! requests as Moneta §IV describes, and the model's figures reach `status`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use libmoneta::{Channel, Tag};
+use moneta_abi::{Command, Completion, Opcode, Status};
+
+fn cmd(op: Opcode, addr: u64, len: u64) -> Command {
+    Command::new(op, Completion::Dma, addr, len, 0)
+}
+
+fn barrier() -> Command {
+    let mut c = cmd(Opcode::Nop, 0, 0);
+    c.barrier = true;
+    c
+}
+
+#[test]
+fn requests_complete_when_the_model_says_and_not_before() {
+    // Slow memory makes the model's time stand out from the host's: 100 µs to open a row,
+    // 200 µs to write one back.
+    let d = Daemon::start(&[
+        "--model",
+        "pcm",
+        "--model-set",
+        "read_ns=100000",
+        "--model-set",
+        "write_ns=200000",
+    ]);
+    let ctl = d.control();
+    let ch = d.channel();
+    grant(&ctl, ch.id(), 0, 1 << 20, true, 0);
+    let data = pattern(3, 8192, 4096);
+    ch.write_dma(Tag(0), 0, &data);
+    let w = ch.run(Tag(0), &cmd(Opcode::Write, 8192, 4096)).unwrap();
+    assert_eq!(w.status, Status::Ok);
+    // A partial row is read in (100 µs), written (200 µs): never less than 300 µs.
+    assert!(
+        w.device_ns >= 300_000,
+        "write completed after {} ns",
+        w.device_ns
+    );
+    let r = ch.run(Tag(1), &cmd(Opcode::Read, 8192, 4096)).unwrap();
+    assert_eq!(r.status, Status::Ok);
+    assert!(
+        r.device_ns >= 100_000,
+        "read completed after {} ns",
+        r.device_ns
+    );
+    let mut back = vec![0u8; 4096];
+    ch.read_dma(Tag(1), 0, &mut back);
+    assert_eq!(back, data);
+    // The model's figures reach the control socket.
+    let m = ctl.model().unwrap();
+    assert_eq!(m.get("model"), Some("pcm"));
+    assert_eq!(m.get("parameters.read_ns"), Some("100000"));
+    assert_eq!(m.get("reads"), Some("1"));
+    assert_eq!(m.get("writes"), Some("1"));
+    assert_eq!(m.get("bytes_written"), Some("4096"));
+    let total: f64 = m.get("energy.total_j").unwrap().parse().unwrap();
+    let parts: f64 = [
+        "scheduler_j",
+        "buffers_j",
+        "ring_j",
+        "link_j",
+        "controllers_j",
+        "array_j",
+        "background_j",
+    ]
+    .iter()
+    .map(|k| {
+        m.get(&format!("energy.{k}"))
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    })
+    .sum();
+    assert!(
+        total > 0.0 && (total - parts).abs() <= total * 1e-5,
+        "{total} vs {parts}"
+    );
+    // Address 8192 is the second stripe: controller 1 did the work.
+    assert_eq!(m.get("controllers.1.transfers"), Some("2"));
+    assert_eq!(m.get("controllers.0.transfers"), Some("0"));
+}
+
+#[test]
+fn without_a_model_the_report_says_so() {
+    let d = Daemon::start(&[]);
+    let m = d.control().model().unwrap();
+    assert_eq!(m.pairs, vec![("model".to_string(), "none".to_string())]);
+}
+
+/// Writes `old` at `addr`, then rings at once a write of `new` there on tag 1, (with
+/// `with_barrier`) a barrier on tag 2, and a read of `addr` on tag 0, prepared last: returns
+/// what the read saw. The device takes the three bits in one pass, tag 0 first.
+fn read_after_write(ch: &Channel, addr: u64, with_barrier: bool) -> (Vec<u8>, Vec<u8>) {
+    let old = pattern(1, addr, 4096);
+    let new = pattern(2, addr, 4096);
+    ch.write_dma(Tag(1), 0, &old);
+    assert_eq!(
+        ch.run(Tag(1), &cmd(Opcode::Write, addr, 4096))
+            .unwrap()
+            .status,
+        Status::Ok
+    );
+    ch.write_dma(Tag(1), 0, &new);
+    ch.prepare(Tag(1), &cmd(Opcode::Write, addr, 4096));
+    let mut bits = 1 << 1;
+    if with_barrier {
+        ch.prepare(Tag(2), &barrier());
+        bits |= 1 << 2;
+    }
+    ch.prepare(Tag(0), &cmd(Opcode::Read, addr, 4096));
+    ch.ring(bits | 1);
+    for t in [0u8, 1, 2] {
+        if t == 2 && !with_barrier {
+            continue;
+        }
+        assert_eq!(ch.wait(Tag(t), Completion::Dma).unwrap().status, Status::Ok);
+    }
+    let mut seen = vec![0u8; 4096];
+    ch.read_dma(Tag(0), 0, &mut seen);
+    (seen, if with_barrier { new } else { old })
+}
+
+#[test]
+fn a_barrier_makes_later_requests_wait_for_earlier_ones() {
+    for args in [
+        &["--write-latency-ns", "200000"][..],
+        &["--model", "pcm", "--model-set", "write_ns=200000"][..],
+        &["--model", "pcm", "--model-set", "policy=fifo"][..],
+    ] {
+        let d = Daemon::start(args);
+        let ch = d.channel();
+        grant(&d.control(), ch.id(), 0, 1 << 20, true, 0);
+        // Without a barrier the read, taken first, sees the old bytes; with one it waits for
+        // the write before it and sees the new ones.
+        let (seen, want) = read_after_write(&ch, 65536, false);
+        assert_eq!(seen, want, "{args:?}: no barrier");
+        let (seen, want) = read_after_write(&ch, 65536, true);
+        assert_eq!(seen, want, "{args:?}: barrier");
+        // The library's blocking barrier, twice in a row, and requests after it.
+        ch.barrier(Completion::Dma).unwrap();
+        ch.barrier(Completion::Sleep).unwrap();
+        let (seen, want) = read_after_write(&ch, 0, true);
+        assert_eq!(seen, want, "{args:?}: after the library's barriers");
+    }
+}
+
+#[test]
+fn commands_of_a_later_epoch_wait_and_a_closing_channel_drops_them() {
+    let d = Daemon::start(&[]);
+    let ctl = d.control();
+    let ch = d.channel();
+    grant(&ctl, ch.id(), 0, 1 << 20, true, 0);
+    // A command two epochs ahead of a channel with no barrier in flight waits for ever; the
+    // channel's other commands go on, and an idle daemon with it parks and sleeps.
+    let words = {
+        let mut w = cmd(Opcode::Read, 0, 512).to_words();
+        w[0] |= 2 << (16 + moneta_abi::FLAG_EPOCH_SHIFT) | 77 << 32;
+        w
+    };
+    ch.submit_words(Tag(5), &words);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(ch.poll(Tag(5), Completion::Dma).is_none());
+    assert_eq!(ch.nop(Completion::Dma).unwrap().status, Status::Ok);
+    let before = d.cpu_ticks();
+    std::thread::sleep(Duration::from_millis(500));
+    let used = d.cpu_ticks() - before;
+    assert!(
+        used <= 10,
+        "an idle daemon with a held command used {used} ticks in 0.5 s"
+    );
+    // Its channel closes cleanly.
+    drop(ch);
+    let s = ctl.status().unwrap();
+    assert_eq!(s.phys_tags_in_use, 0);
+}
+
+/// Four hog channels keep two 512 KiB reads each in flight on a slow link (210 ms of it); a
+/// fifth channel then reads and writes 4 KiB: returns the small read's and the small write's
+/// device times.
+fn small_beside_large(policy: &str) -> (u64, u64) {
+    let d = Daemon::start(&[
+        "--model",
+        "pcm",
+        "--model-set",
+        &format!("policy={policy}"),
+        "--model-set",
+        "link_rate=0.02",
+    ]);
+    let ctl = d.control();
+    let hogs = [d.channel(), d.channel(), d.channel(), d.channel()];
+    let small = d.channel();
+    for h in &hogs {
+        grant(&ctl, h.id(), 0, 16 << 20, false, 0);
+    }
+    grant(&ctl, small.id(), 0, 16 << 20, true, 0);
+    let big = 512 << 10;
+    for (i, h) in hogs.iter().enumerate() {
+        for (j, t) in [0u8, 32].into_iter().enumerate() {
+            let addr = ((i * 2 + j) as u64) * big;
+            h.prepare(Tag(t), &cmd(Opcode::Read, addr, big));
+        }
+        h.ring(1 | 1 << 32);
+    }
+    // Let the large reads reach the array's scheduler: their data has moved (the host's
+    // part) once the device has read all 4 MiB.
+    let t = std::time::Instant::now();
+    while ctl.status().unwrap().bytes_read < 8 * big {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the large reads never moved"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    small.prepare(Tag(0), &cmd(Opcode::Read, 8 << 20, 4096));
+    small.prepare(Tag(1), &cmd(Opcode::Write, 9 << 20, 4096));
+    small.ring(0b11);
+    let r = small.wait(Tag(0), Completion::Dma).unwrap();
+    let w = small.wait(Tag(1), Completion::Dma).unwrap();
+    assert_eq!((r.status, w.status), (Status::Ok, Status::Ok));
+    for h in &hogs {
+        for t in [0u8, 32] {
+            assert_eq!(h.wait(Tag(t), Completion::Dma).unwrap().status, Status::Ok);
+        }
+    }
+    (r.device_ns, w.device_ns)
+}
+
+#[test]
+fn the_scheduling_policies_of_moneta_serve_small_requests_beside_large_ones() {
+    // 8 x 512 KiB of reads at 0.02 GB/s hold the link for about 210 ms, far longer than the
+    // host takes to move their data.
+    let (fifo_read, fifo_write) = small_beside_large("fifo");
+    let (twoq_read, twoq_write) = small_beside_large("2q");
+    let (rr_read, rr_write) = small_beside_large("rr");
+    eprintln!(
+        "small read/write beside large reads: fifo {fifo_read}/{fifo_write} ns, \
+         2q {twoq_read}/{twoq_write} ns, rr {rr_read}/{rr_write} ns"
+    );
+    // FIFO: both wait behind the large reads in the one queue.
+    assert!(fifo_read > 50_000_000 && fifo_write > 50_000_000);
+    // Two queues: the write has a queue (and the link's other direction) of its own; the read
+    // still waits.
+    assert!(twoq_read > 50_000_000);
+    assert!(twoq_write * 4 < fifo_write);
+    // Round-robin: the small read takes its turn between the large reads' transfers.
+    assert!(rr_read * 4 < fifo_read && rr_read * 4 < twoq_read);
+    assert!(rr_write * 4 < fifo_write);
+}
+
+#[test]
+fn a_bad_model_is_refused_with_the_reason() {
+    for (args, want) in [
+        (&["--model", "tape"][..], "no model preset `tape`"),
+        (
+            &["--model", "pcm", "--model-set", "controllers=32"][..],
+            "controllers must be 1 to 16",
+        ),
+        (&["--model-set", "controllers=2"][..], "needs a model"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
+            .args([
+                "--volatile",
+                "--size",
+                "16M",
+                "--socket",
+                "/nonexistent/x.sock",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
