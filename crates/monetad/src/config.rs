@@ -391,10 +391,16 @@ impl Config {
             user_records: args.user_records.or(file.user_records),
             model: None,
             model_seed: d.model_seed,
+            wear_base: None,
         };
         let mut device = device;
         (device.model, device.model_seed) =
             resolve_model(args, file.model.as_ref(), device.model_seed)?;
+        // A persistent array keeps the model's wear beside it.
+        device.wear_base = match &array {
+            ArraySource::File(p, _) => Some(p.clone()),
+            ArraySource::Volatile(_) => None,
+        };
         device.validate()?;
         let mode = args
             .socket_mode

@@ -282,3 +282,68 @@ fn a_bad_model_is_refused_with_the_reason() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn wear_lasts_as_long_as_the_array_through_kills_and_restarts() {
+    let dir = TempDir::new("wear");
+    let img = dir.0.join("array.img");
+    let img_s = img.display().to_string();
+    let args = [
+        "--device", &img_s, "--size", "32M", "--raw", "--model", "pcm",
+    ];
+    let mut d = Daemon::start_raw(&args, dir);
+    let writes = |d: &Daemon, n: u64| {
+        let ch = d.channel();
+        grant(&d.control(), ch.id(), 0, 32 << 20, true, 0);
+        let data = vec![0x5a; 8192];
+        for i in 0..n {
+            ch.write((i * 40_503 % 4096) * 8192, &data, Completion::Dma)
+                .unwrap();
+        }
+    };
+    // Row writes counted: the writes, and the row each gap move writes.
+    let wear = |d: &Daemon| {
+        let m = d.control().model().unwrap();
+        let total: u64 = m.get("wear.total").unwrap().parse().unwrap();
+        (total, m.get("wear.file").map(String::from))
+    };
+    let moves = |d: &Daemon| -> u64 {
+        let m = d.control().model().unwrap();
+        (0..4)
+            .map(|i| {
+                m.get(&format!("controllers.{i}.gap_moves"))
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    writes(&d, 300);
+    let (first, file) = wear(&d);
+    let file = file.expect("a persistent array keeps its wear in a file");
+    assert!(file.starts_with(&format!("{img_s}.wear-")), "{file}");
+    // 300 row writes, and a gap move (a row written) every 100 of a controller.
+    assert_eq!(first, 300 + moves(&d));
+    // Killed: nothing counted is lost.
+    d.kill9();
+    d.spawn();
+    assert_eq!(wear(&d), (first, Some(file.clone())));
+    writes(&d, 200);
+    let (second, _) = wear(&d);
+    assert_eq!(second, first + 200 + moves(&d));
+    // A clean stop and a start with another geometry: a file of its own, counting anew; and
+    // back with the first geometry, the first file again.
+    let ctl = d.control();
+    ctl.shutdown().unwrap();
+    d.wait_exit(Duration::from_secs(10)).expect("stops");
+    d.args
+        .extend(["--model-set".to_string(), "controllers=2".to_string()]);
+    d.spawn();
+    let (other, other_file) = wear(&d);
+    assert_eq!(other, 0);
+    assert_ne!(other_file.unwrap(), file);
+    d.kill9();
+    d.args.truncate(d.args.len() - 2);
+    d.spawn();
+    assert_eq!(wear(&d), (second, Some(file)));
+}

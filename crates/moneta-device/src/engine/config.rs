@@ -40,6 +40,9 @@ pub struct DeviceConfig {
     pub model: Option<ModelConfig>,
     /// Chooses the model's address randomization for wear leveling.
     pub model_seed: u64,
+    /// A persistent array's path: the model keeps its wear in a file beside it
+    /// (`PATH.wear-GEOMETRY`); `None` keeps it in memory.
+    pub wear_base: Option<std::path::PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -60,6 +63,7 @@ impl Default for DeviceConfig {
             user_records: None,
             model: None,
             model_seed: 0x6d6f_6e65_7461,
+            wear_base: None,
         }
     }
 }

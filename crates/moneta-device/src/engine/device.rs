@@ -41,7 +41,28 @@ impl Device {
         let array_size = media.size();
         let persistent = media.persistent();
         let media = Arc::new(media);
-        let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?)?;
+        let model = match &config.model {
+            Some(m) => {
+                let mut model = Model::new(m.clone(), array_size, config.model_seed)
+                    .map_err(DeviceError::Config)?;
+                if let Some(base) = &config.wear_base {
+                    let f = model.keep_wear_in(base).map_err(DeviceError::Config)?;
+                    tracing::info!(
+                        "wear of the {} model kept in {}{}",
+                        m.name,
+                        f.path().display(),
+                        if f.restored { " (continued)" } else { "" }
+                    );
+                }
+                Some(Box::new(Timed::new(model)))
+            }
+            None => None,
+        };
+        let wear_sync = model
+            .as_ref()
+            .and_then(|m| m.wear_file())
+            .map(|f| f.syncer());
+        let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?, wear_sync)?;
         let poller = Poller {
             table: {
                 let mut t =
@@ -75,13 +96,7 @@ impl Device {
             done: Vec::new(),
             flushing: Vec::new(),
             flush_wait: Vec::new(),
-            model: match &config.model {
-                Some(m) => Some(Box::new(Timed::new(
-                    Model::new(m.clone(), array_size, config.model_seed)
-                        .map_err(DeviceError::Config)?,
-                ))),
-                None => None,
-            },
+            model,
             next_flush: 0,
             flush_jobs,
             flush_done,

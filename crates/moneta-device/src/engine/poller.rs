@@ -10,28 +10,59 @@ use rustix::event::epoll;
 use super::*;
 use crate::clock::Clock;
 use crate::media::Media;
+use crate::model::wear::WearSync;
 
 /// Starts the thread that persists flushed ranges, so `msync` never stalls the poller. Jobs
 /// are (token, address, length), done in order; each answer wakes the poller.
 pub(super) fn spawn_flusher<M: Media>(
     media: Arc<M>,
     waker: OwnedFd,
+    wear: Option<WearSync>,
 ) -> std::io::Result<(FlushJobs, FlushDone)> {
     let (jobs, job_rx) = mpsc::channel::<(u64, u64, u64)>();
     let (done_tx, done) = mpsc::channel();
     std::thread::Builder::new()
         .name("moneta-flusher".into())
         .spawn(move || {
-            for (token, addr, len) in job_rx {
+            let sync_wear = || {
+                if let Some(w) = &wear {
+                    if let Err(e) = w.sync() {
+                        tracing::warn!("cannot write the wear counts back: {e}");
+                    }
+                }
+            };
+            loop {
+                // Wear counts reach the file as they are counted; writing them back every
+                // few seconds bounds what a crash of the machine loses.
+                let job = match &wear {
+                    Some(_) => match job_rx.recv_timeout(WEAR_SYNC) {
+                        Ok(j) => j,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            sync_wear();
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    },
+                    None => match job_rx.recv() {
+                        Ok(j) => j,
+                        Err(_) => break,
+                    },
+                };
+                let (token, addr, len) = job;
                 let ok = len == 0 || media.flush(addr, len).is_ok();
                 if done_tx.send((token, ok)).is_err() {
-                    return;
+                    break;
                 }
                 let _ = rustix::io::write(&waker, &1u64.to_ne_bytes());
             }
+            // The poller has gone: the last counts go back with the array.
+            sync_wear();
         })?;
     Ok((jobs, done))
 }
+
+/// How often the flusher writes wear counts back to their file.
+const WEAR_SYNC: Duration = Duration::from_secs(5);
 
 impl<M: Media, C: Clock> Poller<M, C> {
     pub(super) fn run(mut self) {

@@ -65,6 +65,11 @@ impl Timed {
         self.next_ns
     }
 
+    /// The wear file, when the model keeps its wear in one.
+    pub(super) fn wear_file(&self) -> Option<&crate::model::wear::WearFile> {
+        self.model.wear_file()
+    }
+
     /// What the model has done, up to `now_ns`.
     pub(super) fn stats(&self, now_ns: u64) -> ModelStats {
         self.model.stats(now_ns)

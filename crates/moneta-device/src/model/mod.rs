@@ -28,11 +28,13 @@
 pub mod config;
 pub mod report;
 pub mod startgap;
+pub mod wear;
 
 use std::collections::{HashMap, VecDeque};
 
 pub use config::{ModelConfig, Policy, Power, PRESETS};
 use startgap::StartGap;
+use wear::{Rows, WearFile};
 
 /// Picoseconds per nanosecond.
 const PS: u64 = 1000;
@@ -197,7 +199,7 @@ struct Controller {
     open: Vec<Option<u64>>,
     wear_level: StartGap,
     /// Writes per physical row (`lines + 1` rows with the gap).
-    wear: Vec<u32>,
+    wear: Rows,
     /// Time the memory woke, and when its last access ended.
     awake_since: u64,
     last_end: u64,
@@ -271,6 +273,10 @@ pub struct Model {
     /// The time of the last decision (transfers issue in time order).
     clock: u64,
     work: Work,
+    /// Chooses the address randomization (named by the wear file).
+    seed: u64,
+    /// Where the wear lasts, when it is kept in a file.
+    wear_file: Option<WearFile>,
 }
 
 fn dur(bytes: u64, ps_per_byte: f64) -> u64 {
@@ -300,7 +306,7 @@ impl Model {
                     cfg.randomize,
                     seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 ),
-                wear: vec![0; lines as usize + 1],
+                wear: Rows::memory(lines as usize + 1),
                 awake_since: 0,
                 last_end: 0,
                 awake_total: 0,
@@ -339,9 +345,44 @@ impl Model {
             now: 0,
             clock: 0,
             work: Work::default(),
+            seed,
+            wear_file: None,
             size,
             cfg,
         })
+    }
+
+    /// Keeps the wear (row counts and start-gap registers) in a file beside `base` (a
+    /// persistent array's path), named by the array's geometry: the counts and registers of an
+    /// earlier run continue, and later writes land in the file as they are counted (see
+    /// [`wear`]). Call before the first request.
+    pub fn keep_wear_in(&mut self, base: &std::path::Path) -> Result<&WearFile, String> {
+        let geo = wear::Geometry {
+            size: self.size,
+            controllers: self.ctrls.len(),
+            lines: self.ctrls[0].wear_level.lines(),
+            row: self.cfg.row,
+            stripe: self.cfg.stripe,
+            randomize: self.cfg.randomize,
+            seed: self.seed,
+        };
+        let (file, rows, regs) = wear::open(base, geo)?;
+        for ((c, rows), (start, gap, writes)) in self.ctrls.iter_mut().zip(rows).zip(regs) {
+            if !c.wear_level.restore(start, gap, writes) {
+                return Err(format!(
+                    "wear file {}: start-gap registers do not fit",
+                    file.path().display()
+                ));
+            }
+            c.wear = rows;
+            c.wear.save_registers(c.wear_level.registers());
+        }
+        Ok(self.wear_file.insert(file))
+    }
+
+    /// The wear file, when the wear is kept in one.
+    pub fn wear_file(&self) -> Option<&WearFile> {
+        self.wear_file.as_ref()
     }
 
     /// The parameters.
@@ -728,14 +769,16 @@ impl Model {
                 d += self.write_lat;
                 self.work.bits.array_written += if selective { n * 8 } else { row_bits };
                 c.open[bank] = None;
-                c.wear[p as usize] = c.wear[p as usize].saturating_add(1);
-                if let Some(m) = c.wear_level.wrote() {
+                c.wear.bump(p as usize);
+                let moved = c.wear_level.wrote();
+                c.wear.save_registers(c.wear_level.registers());
+                if let Some(m) = moved {
                     // The gap move copies one row inside the memory: read it, write it back.
                     c.gap_moves += 1;
                     d += self.read_lat + self.write_lat;
                     self.work.bits.array_read += row_bits;
                     self.work.bits.array_written += row_bits;
-                    c.wear[m.to as usize] = c.wear[m.to as usize].saturating_add(1);
+                    c.wear.bump(m.to as usize);
                     for slot in c.open.iter_mut() {
                         if *slot == Some(m.from) || *slot == Some(m.to) {
                             *slot = None;
@@ -864,6 +907,7 @@ impl Model {
             controllers,
             energy,
             wear: self.wear(),
+            wear_file: self.wear_file.as_ref().map(|f| f.path().to_path_buf()),
         }
     }
 
@@ -874,14 +918,14 @@ impl Model {
         let mut rows = 0u64;
         let mut hist = [0u64; 16];
         for c in &self.ctrls {
-            for &w in &c.wear {
+            for &w in c.wear.as_slice() {
                 max = max.max(w);
                 total += u64::from(w);
                 rows += 1;
             }
         }
         for c in &self.ctrls {
-            for &w in &c.wear {
+            for &w in c.wear.as_slice() {
                 let bucket = if max == 0 {
                     0
                 } else {
@@ -913,7 +957,7 @@ impl Model {
                     start,
                     gap,
                     writes,
-                    rows: c.wear.clone(),
+                    rows: c.wear.as_slice().to_vec(),
                 }
             })
             .collect()
@@ -933,7 +977,8 @@ impl Model {
         }
         for (w, c) in state.iter().zip(&mut self.ctrls) {
             c.wear_level.restore(w.start, w.gap, w.writes);
-            c.wear.clone_from(&w.rows);
+            c.wear.copy_from(&w.rows);
+            c.wear.save_registers(c.wear_level.registers());
         }
         true
     }
@@ -1047,6 +1092,8 @@ pub struct ModelStats {
     pub energy: Energy,
     /// Row wear.
     pub wear: Wear,
+    /// The file the wear is kept in, if any.
+    pub wear_file: Option<std::path::PathBuf>,
 }
 
 impl ModelStats {

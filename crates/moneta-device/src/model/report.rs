@@ -108,6 +108,9 @@ pub fn pairs(cfg: &ModelConfig, stats: &ModelStats) -> Vec<(String, String)> {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    if let Some(f) = &stats.wear_file {
+        out.push(("wear.file".into(), f.display().to_string()));
+    }
     out
 }
 

@@ -310,3 +310,51 @@ fn wear_survives_a_round_trip() {
     let mut small = Model::new(ModelConfig::pcm(), 32 << 20, 5).unwrap();
     assert!(!small.restore_wear(&state), "another size does not fit");
 }
+
+#[test]
+fn wear_kept_in_a_file_continues_where_it_stopped() {
+    let dir = std::env::temp_dir().join(format!("moneta-wear-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("device.img");
+    let write_some = |m: &mut Model, from: u64| {
+        for i in from..from + 500 {
+            m.submit(req(i, true, (i * 7919 % 512) * 8192, 8192, 0), 0);
+        }
+        m.advance(SECOND, |_, _| {});
+    };
+    let mut c = ModelConfig::pcm();
+    c.gap_interval = 7;
+    let mut a = Model::new(c.clone(), 16 << 20, 9).unwrap();
+    let path = a.keep_wear_in(&base).unwrap().path().to_path_buf();
+    assert!(!a.wear_file().unwrap().restored);
+    write_some(&mut a, 0);
+    let first = a.wear_state();
+    // What a killed process leaves: the mapping as it was (nothing written back explicitly).
+    drop(a);
+    let mut b = Model::new(c.clone(), 16 << 20, 9).unwrap();
+    assert_eq!(b.keep_wear_in(&base).unwrap().path(), path);
+    assert!(b.wear_file().unwrap().restored);
+    assert_eq!(b.wear_state(), first, "counts and registers come back");
+    // A model that never stopped, for comparison: the continued one matches it exactly.
+    let mut whole = Model::new(c.clone(), 16 << 20, 9).unwrap();
+    write_some(&mut whole, 0);
+    write_some(&mut whole, 500);
+    write_some(&mut b, 500);
+    assert_eq!(b.wear_state(), whole.wear_state());
+    // Another geometry keeps a file of its own; a damaged file is refused with the reason.
+    let mut other = c.clone();
+    other.controllers = 2;
+    let mut o = Model::new(other, 16 << 20, 9).unwrap();
+    assert_ne!(o.keep_wear_in(&base).unwrap().path(), path);
+    drop(b);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"garbage!", 0).unwrap();
+    let mut d = Model::new(c.clone(), 16 << 20, 9).unwrap();
+    let e = d.keep_wear_in(&base).unwrap_err();
+    assert!(e.contains("move it away"), "{e}");
+    f.set_len(100).unwrap();
+    let e = d.keep_wear_in(&base).unwrap_err();
+    assert!(e.contains("bytes"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
