@@ -187,12 +187,15 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// Start-gap registers as kept: start, gap, writes since the gap last moved.
+pub(crate) type Registers = (u64, u64, u64);
+
 /// The wear file of `geo` beside `base` (`BASE.wear-TAG`), opened or created; the rows and
 /// registers of each controller, to be moved into the model; registers as found.
 pub(crate) fn open(
     base: &Path,
     geo: Geometry,
-) -> Result<(WearFile, Vec<Rows>, Vec<(u64, u64, u64)>), String> {
+) -> Result<(WearFile, Vec<Rows>, Vec<Registers>), String> {
     if geo.controllers > MAX_CONTROLLERS {
         return Err(format!(
             "wear file: at most {MAX_CONTROLLERS} controllers, not {}",
