@@ -31,6 +31,7 @@ pub mod startgap;
 pub mod wear;
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 pub use config::{ModelConfig, Policy, Power, PRESETS};
 use startgap::StartGap;
@@ -257,7 +258,7 @@ pub struct Model {
     link_down: Calendar,
     ring: Calendar,
     ctrls: Vec<Controller>,
-    reqs: HashMap<u64, Req>,
+    reqs: IdMap<u64, Req>,
     /// Queues of request ids: one for [`Policy::Fifo`], reads then writes otherwise.
     queues: [VecDeque<u64>; 2],
     /// The queue the last transfer came from.
@@ -265,7 +266,7 @@ pub struct Model {
     /// Requests waiting for room in the scheduler's queues.
     backlog: VecDeque<u64>,
     queued: usize,
-    chans: HashMap<u32, ChanOrder>,
+    chans: IdMap<u32, ChanOrder>,
     /// The time of the first request, where energy starts counting.
     origin: Option<u64>,
     /// The latest time the model was advanced to.
@@ -277,7 +278,35 @@ pub struct Model {
     seed: u64,
     /// Where the wear lasts, when it is kept in a file.
     wear_file: Option<WearFile>,
+    /// The next decision's time (picoseconds) as the last [`Model::advance`] found it
+    /// (`Some(None)`: nothing queued); `None` once a request has arrived since.
+    next_cache: Option<Option<u64>>,
 }
+
+/// Hashes the model's own ids (request and channel numbers) by one multiplication: they come
+/// from the device, not from clients, and the tables are on the path of every request.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        // Fibonacci hashing: the high bits, which the table uses, depend on every input bit.
+        self.0 = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 fn dur(bytes: u64, ps_per_byte: f64) -> u64 {
     (bytes as f64 * ps_per_byte).round() as u64
@@ -335,18 +364,19 @@ impl Model {
             link_down: Calendar::default(),
             ring: Calendar::default(),
             ctrls,
-            reqs: HashMap::new(),
+            reqs: IdMap::default(),
             queues: [VecDeque::new(), VecDeque::new()],
             last_queue: 1,
             backlog: VecDeque::new(),
             queued: 0,
-            chans: HashMap::new(),
+            chans: IdMap::default(),
             origin: None,
             now: 0,
             clock: 0,
             work: Work::default(),
             seed,
             wear_file: None,
+            next_cache: None,
             size,
             cfg,
         })
@@ -398,6 +428,7 @@ impl Model {
     /// Takes a request that arrives at `now_ns`. Requests of a channel issue in the order
     /// given here, except as the policy interleaves them with other requests.
     pub fn submit(&mut self, s: Submit, now_ns: u64) {
+        self.next_cache = None;
         let now = now_ns * PS;
         self.now = self.now.max(now);
         self.origin.get_or_insert(now);
@@ -523,17 +554,18 @@ impl Model {
             Policy::TwoQueue | Policy::RoundRobin => 2,
         };
         // Decisions are made in time order: none before the last one.
-        let cands: Vec<(usize, usize, u64, u64)> = (0..nq)
-            .filter_map(|q| {
-                self.candidate(q)
-                    .map(|(pos, ready, t)| (q, pos, ready.max(self.clock), t.max(self.clock)))
-            })
-            .collect();
-        let first = cands.iter().min_by_key(|c| c.3)?;
+        let mut cands = [None; 2];
+        for (q, c) in cands.iter_mut().enumerate().take(nq) {
+            *c = self
+                .candidate(q)
+                .map(|(pos, ready, t)| (q, pos, ready.max(self.clock), t.max(self.clock)));
+        }
+        let cands = cands.iter().flatten();
+        let first = cands.clone().min_by_key(|c| c.3)?;
         // The two queues are taken in turn: after a transfer of one, the other goes next when
         // it has a request waiting by then, even if that one must wait for its resources.
         let other = cands
-            .iter()
+            .clone()
             .find(|c| c.0 != self.last_queue && c.0 != first.0 && c.2 <= first.3);
         let c = other.unwrap_or(first);
         Some((c.0, c.1, c.3))
@@ -542,7 +574,11 @@ impl Model {
     /// When the next transfer would issue, if anything is queued: the caller should advance
     /// the model again by then (in nanoseconds, rounded up).
     pub fn next_event_ns(&self) -> Option<u64> {
-        self.pick().map(|(_, _, t)| t.div_ceil(PS))
+        match self.next_cache {
+            Some(next) => next,
+            None => self.pick().map(|(_, _, t)| t),
+        }
+        .map(|t| t.div_ceil(PS))
     }
 
     /// Issues every transfer whose start the clock has reached, and hands `done` each request
@@ -551,8 +587,11 @@ impl Model {
     pub fn advance(&mut self, now_ns: u64, mut done: impl FnMut(u64, u64)) {
         let now = now_ns * PS;
         self.now = self.now.max(now);
+        self.next_cache = Some(None);
         while let Some((q, pos, t)) = self.pick() {
             if t > now {
+                // The next decision, known until a request arrives.
+                self.next_cache = Some(Some(t));
                 break;
             }
             let id = self.queues[q][pos];
@@ -714,22 +753,6 @@ impl Model {
         at
     }
 
-    /// Rows of `[local, local + len)` on a controller: (row, bytes of it).
-    fn rows(&self, local: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
-        let row = self.cfg.row;
-        let end = local + len;
-        let mut at = local;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let r = at / row;
-            let n = ((r + 1) * row).min(end) - at;
-            at += n;
-            Some((r, n))
-        })
-    }
-
     /// The controller's work on one transfer, booked from `ready`: opens, moves and (for
     /// writes) writes back each row; returns (start, when the data has left or entered the
     /// queue, end).
@@ -741,7 +764,6 @@ impl Model {
         write: bool,
         ready: u64,
     ) -> (u64, u64, u64) {
-        let rows: Vec<(u64, u64)> = self.rows(local, len).collect();
         let row = self.cfg.row;
         let row_bits = row * 8;
         let selective = self.cfg.power.selective_writes;
@@ -749,7 +771,12 @@ impl Model {
         // The time the work takes, and its effect on rows, wear and energy.
         let mut d = 0u64;
         let mut moved = 0u64;
-        for (r, n) in rows {
+        let end = local + len;
+        let mut at = local;
+        while at < end {
+            let r = at / row;
+            let n = ((r + 1) * row).min(end) - at;
+            at += n;
             let c = &mut self.ctrls[ci];
             let p = c.wear_level.map(r);
             let bank = (p % banks) as usize;

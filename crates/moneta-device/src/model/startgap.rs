@@ -74,7 +74,13 @@ pub struct StartGap {
     interval: u64,
     writes: u64,
     perm: Option<Permutation>,
+    /// The permutation worked out for every line, for regions small enough to keep it
+    /// (a lookup instead of a Feistel network and its cycle walk on every access).
+    table: Option<Box<[u32]>>,
 }
+
+/// Most lines whose permutation is kept as a table (64 MiB of it).
+const TABLE_LINES: u64 = 16 << 20;
 
 /// A gap move: the line at `from` was copied to `to` (physical line numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,13 +96,19 @@ impl StartGap {
     /// `interval` writes (0: never), addresses permuted by `seed` when `randomize`.
     pub fn new(n: u64, interval: u64, randomize: bool, seed: u64) -> StartGap {
         assert!(n > 0, "a region has lines");
+        let perm = randomize.then(|| Permutation::new(n, seed));
+        let table = perm
+            .as_ref()
+            .filter(|_| n <= TABLE_LINES)
+            .map(|p| (0..n).map(|x| p.apply(x) as u32).collect());
         StartGap {
             n,
             start: 0,
             gap: n,
             interval,
             writes: 0,
-            perm: randomize.then(|| Permutation::new(n, seed)),
+            perm,
+            table,
         }
     }
 
@@ -125,9 +137,10 @@ impl StartGap {
     /// The physical line (0..=n) holding logical line `line` (0..n).
     #[inline]
     pub fn map(&self, line: u64) -> u64 {
-        let r = match &self.perm {
-            Some(p) => p.apply(line),
-            None => line,
+        let r = match (&self.table, &self.perm) {
+            (Some(t), _) => u64::from(t[line as usize]),
+            (None, Some(p)) => p.apply(line),
+            (None, None) => line,
         };
         let pa = (r + self.start) % self.n;
         if pa >= self.gap {

@@ -8,6 +8,7 @@
 //! a discarded warm-up; the reported run is the median by p50 latency, with the spread of p50
 //! over all runs.
 
+pub mod accuracy;
 pub mod breakdown;
 mod files;
 pub mod instructions;
@@ -61,6 +62,10 @@ pub enum Path {
     /// The file system's calls against the kernel on tmpfs: the soft miss through the channel
     /// (LOOKUP) and on the control socket, stat, 10,000 small files.
     Nvfs,
+    /// The array's timing model against itself (private daemons): the latency it adds at
+    /// queue depth 1 across array latencies of 4 ns to 128 µs against its own prediction,
+    /// the bandwidth of large transfers against its analytical peak, and its work per request.
+    ModelAccuracy,
 }
 
 impl Path {
@@ -85,6 +90,7 @@ impl Path {
             Path::KernelOdirectXfs => "kernel-odirect-xfs",
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
+            Path::ModelAccuracy => "model-accuracy",
         }
     }
 }
@@ -230,6 +236,14 @@ pub struct BenchArgs {
     /// say which (`neighbour`: false alone, true beside it).
     #[arg(long)]
     pub neighbour: bool,
+    /// Private daemon: the array's timing model (`monetad --model`: none, pcm, dram,
+    /// slow-nvm, flash-like); every record names the model its daemon ran.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Private daemon: one parameter of the model, NAME=VALUE (repeatable; `monetad
+    /// --model-set`).
+    #[arg(long = "model-set", value_name = "NAME=VALUE")]
+    pub model_set: Vec<String>,
     /// Print nothing (the records are returned to the caller: `moneta report`).
     #[arg(skip)]
     pub quiet: bool,
@@ -310,6 +324,8 @@ fn summarize(
         instructions_note,
         breakdown,
         neighbour: None,
+        model: "none".into(),
+        model_parameters: None,
     }
 }
 
@@ -387,6 +403,8 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
         instructions_note: None,
         breakdown: None,
         neighbour: None,
+        model: "none".into(),
+        model_parameters: None,
     }
 }
 
@@ -536,6 +554,13 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     } else {
         vec![a.op]
     };
+    if a.paths.contains(&Path::ModelAccuracy) {
+        if a.paths.len() > 1 {
+            return Err("--path model-accuracy runs on its own".into());
+        }
+        accuracy::run_accuracy(&a)?;
+        return Ok(Vec::new());
+    }
     let io_paths: Vec<Path> = a
         .paths
         .iter()
@@ -564,6 +589,13 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 .any(|p| !matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw)))
     {
         return Err("--neighbour shares a Moneta daemon: use it with the moneta paths only".into());
+    }
+    if a.socket.is_some() && (a.model.is_some() || !a.model_set.is_empty()) {
+        return Err(
+            "--model and --model-set set up the private daemon; the daemon at --socket runs \
+             the model it was started with"
+                .into(),
+        );
     }
     let mut out = Vec::new();
     let daemon = if io_paths
@@ -631,7 +663,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
                 sqpoll: p == Path::KernelUringSqpoll,
             },
-            Path::PermCheck | Path::Nvfs => unreachable!("not an I/O path"),
+            Path::PermCheck | Path::Nvfs | Path::ModelAccuracy => {
+                unreachable!("not an I/O path")
+            }
         };
         targets.push((p, t));
     }
@@ -692,6 +726,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 if matches!(p, Path::Moneta | Path::MonetaZeroCopy) {
                     rec.extents = moneta_files.as_ref().map(|f| f.extents);
                 }
+                if let Some(d) = &daemon {
+                    (rec.model, rec.model_parameters) = d.model.clone();
+                }
                 if a.json && !a.quiet {
                     println!("{}", serde_json::to_string(&rec).expect("serialize"));
                 }
@@ -701,7 +738,10 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     }
     if a.paths.contains(&Path::PermCheck) || compare {
         for &n in &a.records {
-            let rec = perm_check(n, a.seed);
+            let mut rec = perm_check(n, a.seed);
+            if let Some(d) = &daemon {
+                (rec.model, rec.model_parameters) = d.model.clone();
+            }
             if a.json && !a.quiet {
                 println!("{}", serde_json::to_string(&rec).expect("serialize"));
             }

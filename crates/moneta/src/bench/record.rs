@@ -98,6 +98,12 @@ pub struct Record {
     /// Measured beside the `--neighbour` (true) or alone (false).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub neighbour: Option<bool>,
+    /// The array model of the run's daemon (`none`, or its name; the kernel paths do not go
+    /// through it).
+    pub model: String,
+    /// Its parameters, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_parameters: Option<std::collections::BTreeMap<String, String>>,
 }
 
 pub(crate) struct RunResult {

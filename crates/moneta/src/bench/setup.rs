@@ -18,6 +18,23 @@ pub(crate) struct BenchDaemon {
     /// It serves nvfs (else a raw device, where the raw path grants itself an extent).
     pub(crate) fs: bool,
     pub(crate) private: Option<PathBuf>,
+    /// Its array model's name and parameters, for the records.
+    pub(crate) model: ModelNamed,
+}
+
+/// A model's name (`none` without one) and its parameters.
+pub(crate) type ModelNamed = (String, Option<std::collections::BTreeMap<String, String>>);
+
+/// The model the daemon at `socket` runs.
+pub(crate) fn daemon_model(c: &Control) -> Result<ModelNamed, String> {
+    let m = c.model().map_err(|e| e.to_string())?;
+    let name = m.get("model").unwrap_or("none").to_string();
+    let params: std::collections::BTreeMap<String, String> = m
+        .pairs
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("parameters.")?.to_string(), v.clone())))
+        .collect();
+    Ok((name, (!params.is_empty()).then_some(params)))
 }
 
 impl BenchDaemon {
@@ -31,6 +48,7 @@ impl BenchDaemon {
                 pid: st.pid as u32,
                 fs,
                 private: None,
+                model: daemon_model(&c)?,
             });
         }
         let dir = std::env::temp_dir().join(format!("moneta-bench-{}", std::process::id()));
@@ -51,12 +69,22 @@ impl BenchDaemon {
         if let Some(c) = chunk_for_extents(a)? {
             args.extend(["--chunk-size".into(), c.to_string()]);
         }
+        if let Some(m) = &a.model {
+            args.extend(["--model".into(), m.clone()]);
+        }
+        for kv in &a.model_set {
+            args.extend(["--model-set".into(), kv.clone()]);
+        }
         let started = crate::daemon::start(&socket, &args, &dir.join("monetad.log"))?;
+        let model = Control::connect(&socket)
+            .map_err(|e| e.to_string())
+            .and_then(|c| daemon_model(&c))?;
         Ok(BenchDaemon {
             socket,
             pid: started.pid,
             fs: true,
             private: Some(dir),
+            model,
         })
     }
 }
