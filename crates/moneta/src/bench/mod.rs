@@ -13,6 +13,7 @@ pub mod breakdown;
 mod files;
 pub mod instructions;
 pub mod machine;
+pub mod modelfig;
 mod print;
 mod record;
 mod setup;
@@ -236,6 +237,16 @@ pub struct BenchArgs {
     /// say which (`neighbour`: false alone, true beside it).
     #[arg(long)]
     pub neighbour: bool,
+    /// The neighbour's request size.
+    #[arg(long, default_value = "1M", value_parser = monetad::config::parse_size)]
+    pub neighbour_size: u64,
+    /// The neighbour's threads.
+    #[arg(long, default_value_t = 1)]
+    pub neighbour_threads: usize,
+    /// Private daemon: the array's size [default: room for two regions and the file
+    /// system's tables].
+    #[arg(long, value_parser = monetad::config::parse_size)]
+    pub array_size: Option<u64>,
     /// Private daemon: the array's timing model (`monetad --model`: none, pcm, dram,
     /// slow-nvm, flash-like); every record names the model its daemon ran.
     #[arg(long)]
@@ -326,6 +337,8 @@ fn summarize(
         neighbour: None,
         model: "none".into(),
         model_parameters: None,
+        model_figures: r.model.map(|(b, e)| modelfig::figures(b, e)),
+        neighbour_mib_s: r.neighbour_mib_s,
     }
 }
 
@@ -405,6 +418,8 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
         neighbour: None,
         model: "none".into(),
         model_parameters: None,
+        model_figures: None,
+        neighbour_mib_s: None,
     }
 }
 
@@ -417,7 +432,7 @@ struct Neighbour {
 impl Neighbour {
     /// Starts it and returns once its reads are flowing (the daemon has read more than the
     /// region the neighbour wrote first).
-    fn start(socket: &std::path::Path, seconds: f64) -> Result<Neighbour, String> {
+    fn start(socket: &std::path::Path, seconds: f64, a: &BenchArgs) -> Result<Neighbour, String> {
         let ctl = Control::connect(socket).map_err(|e| e.to_string())?;
         let before = ctl.status().map_err(|e| e.to_string())?.bytes_read;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -429,13 +444,15 @@ impl Neighbour {
                 "--op",
                 "read",
                 "--size",
-                "1M",
+                &a.neighbour_size.to_string(),
+                "--threads",
+                &a.neighbour_threads.to_string(),
             ])
             .args(["--warmup", "0", "--runs", "1", "--json"])
             .args(["--region", "64M", "--duration", &format!("{seconds:.3}")])
             .arg("--socket")
             .arg(socket)
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start the neighbour: {e}"))?;
@@ -457,8 +474,8 @@ impl Neighbour {
         }
     }
 
-    /// Waits for it to end (it removes its files).
-    fn finish(mut self) -> Result<(), String> {
+    /// Waits for it to end (it removes its files); its bandwidth (MiB/s).
+    fn finish(mut self) -> Result<f64, String> {
         let child = self.child.take().expect("started");
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
         if !out.status.success() {
@@ -467,7 +484,11 @@ impl Neighbour {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        Ok(())
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|v| v.get("mib_s").and_then(|m| m.as_f64()))
+            .ok_or_else(|| format!("the neighbour reported no bandwidth: {text}"))
     }
 }
 
@@ -699,14 +720,24 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                     if p.synchronous() {
                         w.qd = 1;
                     }
-                    rs.push(run_threads(&w, size, t, cfg.duration, cfg.ops)?);
+                    let ctl = model_control(*p, daemon.as_ref());
+                    let before = ctl.as_ref().and_then(modelfig::snap);
+                    let mut r = run_threads(&w, size, t, cfg.duration, cfg.ops)?;
+                    let after = ctl.as_ref().and_then(modelfig::snap);
+                    r.model = before.zip(after);
+                    rs.push(r);
                 }
                 for (p, rs) in beside.iter_mut() {
                     let t = target_for(*p, &targets);
                     let d = daemon.as_ref().expect("the neighbour needs the daemon");
-                    let n = Neighbour::start(&d.socket, cfg.duration + 2.0)?;
-                    rs.push(run_threads(&cfg, size, t, cfg.duration, cfg.ops)?);
-                    n.finish()?;
+                    let n = Neighbour::start(&d.socket, cfg.duration + 2.0, &cfg)?;
+                    let ctl = model_control(*p, daemon.as_ref());
+                    let before = ctl.as_ref().and_then(modelfig::snap);
+                    let mut r = run_threads(&cfg, size, t, cfg.duration, cfg.ops)?;
+                    let after = ctl.as_ref().and_then(modelfig::snap);
+                    r.model = before.zip(after);
+                    r.neighbour_mib_s = Some(n.finish()?);
+                    rs.push(r);
                 }
             }
             let results: Vec<(Path, Vec<RunResult>, Option<bool>)> = if cfg.neighbour {
@@ -813,6 +844,16 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     }
     drop(odirect);
     Ok(out)
+}
+
+/// A control connection for reading the model's counters around a run of a Moneta path on a
+/// daemon with a model.
+fn model_control(p: Path, d: Option<&BenchDaemon>) -> Option<Control> {
+    let d = d?;
+    let moneta = matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw);
+    (moneta && d.model.0 != "none")
+        .then(|| Control::connect(&d.socket).ok())
+        .flatten()
 }
 
 fn target_for(p: Path, targets: &[(Path, Target)]) -> &Target {

@@ -104,6 +104,12 @@ pub struct Record {
     /// Its parameters, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_parameters: Option<std::collections::BTreeMap<String, String>>,
+    /// What the model says of the reported run: power, energy, wear.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_figures: Option<modelfig::ModelFigures>,
+    /// The `--neighbour`'s bandwidth in the reported run (MiB/s), beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neighbour_mib_s: Option<f64>,
 }
 
 pub(crate) struct RunResult {
@@ -115,6 +121,10 @@ pub(crate) struct RunResult {
     pub(crate) trace: Option<breakdown::Trace>,
     pub(crate) misses: Option<(u64, u64)>,
     pub(crate) instructions: Option<Result<instructions::Count, String>>,
+    /// The array model's counters before and after the run, on a daemon with a model.
+    pub(crate) model: Option<(modelfig::ModelSnap, modelfig::ModelSnap)>,
+    /// The `--neighbour`'s bandwidth during the run (MiB/s), beside it.
+    pub(crate) neighbour_mib_s: Option<f64>,
 }
 
 pub(crate) fn rusage_self() -> Cpu {

@@ -55,7 +55,9 @@ impl BenchDaemon {
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("monetad.sock");
         // Room for the two region files and the file system's tables.
-        let size = (2 * region + (64 << 20)).next_multiple_of(1 << 20);
+        let size = a
+            .array_size
+            .unwrap_or((2 * region + (64 << 20)).next_multiple_of(1 << 20));
         let mut args = vec!["--volatile".into(), "--size".into(), size.to_string()];
         if a.breakdown {
             args.push("--trace".into());

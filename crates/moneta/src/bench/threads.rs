@@ -282,6 +282,8 @@ pub(crate) fn run_threads(
         trace,
         misses,
         instructions: counted,
+        model: None,
+        neighbour_mib_s: None,
     })
 }
 
