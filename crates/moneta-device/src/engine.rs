@@ -29,6 +29,7 @@ use rustix::event::{eventfd, EventfdFlags};
 use crate::channel::{ChannelMem, DmaGeometry};
 use crate::clock::Clock;
 use crate::command::validate;
+use crate::integrity::{Integrity, IntegrityConfig};
 use crate::media::Media;
 use crate::permission::{PermissionTable, TableError, READ, WRITE};
 use crate::retag::Retag;
@@ -63,6 +64,9 @@ pub struct DeviceConfig {
     /// with an owner, see [`Device::open_channel_for`]); the rest of the table stays for
     /// others. `None`: half the table.
     pub user_records: Option<usize>,
+    /// Data checksums to check on reads and keep on writes (the file system's table), or
+    /// `None`.
+    pub integrity: Option<IntegrityConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -81,6 +85,7 @@ impl Default for DeviceConfig {
             trace: false,
             poller_cpu: None,
             user_records: None,
+            integrity: None,
         }
     }
 }
@@ -442,6 +447,7 @@ impl Device {
         let media = Arc::new(media);
         let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?)?;
         let poller = Poller {
+            integrity: Integrity::new(config.integrity, array_size).map_err(DeviceError::Config)?,
             table: {
                 let mut t =
                     PermissionTable::new(config.table_entries, config.max_channels, config.merge);
@@ -782,6 +788,7 @@ const MOVE_PIECE: u64 = 64 << 10;
 
 struct Poller<M, C> {
     media: Arc<M>,
+    integrity: Integrity,
     clock: C,
     table: PermissionTable,
     retag: Retag<Pending>,
@@ -1423,8 +1430,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     }
                     return;
                 }
-                self.copy(p.channel, p.tag, &cmd, 0, cmd.len);
-                Status::Ok
+                self.copy(p.channel, p.tag, &cmd, 0, cmd.len)
             }
             Err(s) => s,
         };
@@ -1472,8 +1478,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 
     /// Copies `[from, to)` of command `cmd`'s bytes between the array and tag `tag`'s DMA
-    /// range of channel `id`.
-    fn copy(&mut self, id: u32, tag: u8, cmd: &Decoded, from: u64, to: u64) {
+    /// range of channel `id`, through the integrity unit: `MediaError` when a block fails its
+    /// checksum.
+    fn copy(&mut self, id: u32, tag: u8, cmd: &Decoded, from: u64, to: u64) -> Status {
         let ch = self.channels[id as usize]
             .as_ref()
             .expect("a request's channel stays until it completes");
@@ -1484,18 +1491,31 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 let dst = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: `dst` spans `len` bytes inside the sealed channel mapping and the
                 // array range was bounds-checked at intake.
-                unsafe { self.media.read(cmd.addr + from, dst, len as usize) };
+                let r = unsafe {
+                    self.integrity
+                        .read(&*self.media, cmd.addr + from, dst, len as usize)
+                };
+                if r.is_err() {
+                    return Status::MediaError;
+                }
                 self.local.bytes_read += len;
             }
             Opcode::Write => {
                 let src = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: as for reads; the client may change the buffer while we copy, which
                 // only changes what it writes to its own range.
-                unsafe { self.media.write(cmd.addr + from, src, len as usize) };
+                let r = unsafe {
+                    self.integrity
+                        .write(&*self.media, cmd.addr + from, src, len as usize)
+                };
+                if r.is_err() {
+                    return Status::MediaError;
+                }
                 self.local.bytes_written += len;
             }
             _ => {}
         }
+        Status::Ok
     }
 
     /// Moves the next piece of large request `i` of `moving`.
@@ -1505,8 +1525,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
             (m.issued.channel, m.issued.tag, m.issued.cmd, m.done)
         };
         let to = (from + MOVE_PIECE).min(cmd.len);
-        self.copy(id, tag, &cmd, from, to);
-        self.moving[i].done = to;
+        let status = self.copy(id, tag, &cmd, from, to);
+        let m = &mut self.moving[i];
+        m.done = if status == Status::Ok { to } else { cmd.len };
+        if status != Status::Ok {
+            m.issued.status = status;
+        }
     }
 
     /// Moves every large request on by one piece; those done go to the scheduler.
