@@ -23,7 +23,8 @@ pub enum Status {
     /// The doorbell was rung for a tag whose previous command is still in flight. Reported only
     /// in the error queue: the tag's status belongs to the earlier command.
     TagBusy = 6,
-    /// The media failed to persist a flushed range.
+    /// The media failed to persist a flushed range, or (on an array with data checksums) a
+    /// block the command reads, or writes in part, does not match its checksum.
     MediaError = 7,
     /// The channel closed while the command waited for a physical tag. (Commands rung after a
     /// shutdown began are never taken: their client sees the daemon's socket close.)

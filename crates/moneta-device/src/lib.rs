@@ -3,13 +3,15 @@
 //! A fast non-volatile memory array ([`media`]) served to untrusted client processes through
 //! per-process channels in shared memory ([`channel`]), every request checked against an extent
 //! permission table ([`permission`]), virtual tags retagged onto a bounded pool of physical tags
-//! ([`retag`]), completions timed by the [`scheduler`], all driven by the poller of [`engine`].
+//! ([`retag`]), completions timed by the [`scheduler`], all driven by the poller of [`engine`],
+//! which checks and keeps data checksums through [`integrity`] when the file system has them.
 //! The engine is generic over the media and the [`clock`], so tests can put their own under it.
 
 pub mod channel;
 pub mod clock;
 pub mod command;
 pub mod engine;
+pub mod integrity;
 pub mod media;
 pub mod model;
 pub mod permission;
@@ -22,6 +24,7 @@ pub use engine::{
     allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, LookupAnswer,
     LookupService, OpenedChannel, TableOp, MAX_LOOKUP_EXTENTS,
 };
+pub use integrity::{Integrity, IntegrityConfig};
 pub use media::{MappedArray, Media, MediaError};
 pub use permission::{PermissionTable, READ, WRITE};
 pub use scheduler::Timing;

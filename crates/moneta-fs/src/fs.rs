@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use moneta_device::Media;
+use moneta_device::{IntegrityConfig, Media};
 
 use crate::alloc::ChunkMap;
 use crate::journal::{self, Journal, Txn};
@@ -286,6 +286,8 @@ pub struct Fs {
     dirty: BTreeSet<u64>,
     revoker: Option<Revoker>,
     failed: Option<String>,
+    /// Where the data checksums are, when the image keeps them.
+    sums: Option<IntegrityConfig>,
     /// Layout tags of files whose mapping has been handed out (see [`Fs::layout_tag`]).
     layouts: HashMap<u64, u64>,
     /// The next layout tag; tags are never reused while the file system is mounted.
@@ -311,17 +313,21 @@ pub enum MountError {
     Io(#[from] std::io::Error),
 }
 
-/// Formats the array on `media`: superblock, empty journal and tables, root directory.
+/// Formats the array on `media`: superblock and its backup, empty journal and tables, the
+/// root directory and `/lost+found`.
 pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> {
     let g = Geometry::compute(media.size(), o)?;
-    // Clear every metadata region (holes where the array can punch them).
+    // Clear every metadata region (holes where the array can punch them) and, first, any old
+    // backup superblock: until the new ones are written, the image is not formatted.
+    media.zero(g.backup_superblock_addr(), BLOCK)?;
+    media.flush(g.backup_superblock_addr(), BLOCK)?;
     media.zero(0, g.data_off)?;
     let now = Time::now();
-    let root = Inode {
-        mode: S_IFDIR | (o.root_mode & 0o7777),
+    let dir = |nlink: u32, mode: u32| Inode {
+        mode: S_IFDIR | mode,
         uid: o.root_uid,
         gid: o.root_gid,
-        nlink: 2,
+        nlink,
         size: 0,
         atime: now,
         mtime: now,
@@ -329,14 +335,39 @@ pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> 
         btime: now,
         generation: 1,
     };
-    journal::write(media, g.inode_addr(ROOT_INO), &root.encode());
+    // The root, and lost+found (inode 2, the first entry) where fsck puts what it finds
+    // without a name: made now, so that a repair rarely has to.
+    let lost_found = ROOT_INO + 1;
+    let inodes = [
+        (ROOT_INO, dir(3, o.root_mode & 0o7777)),
+        (lost_found, dir(2, 0o700)),
+    ];
+    for (ino, n) in inodes {
+        let rec = n.encode(ino);
+        journal::write(media, g.inode_addr(ino), &rec);
+        journal::write(
+            media,
+            g.mirror_of(g.inode_addr(ino)).expect("an inode"),
+            &rec,
+        );
+    }
+    let entry = Dirent {
+        parent: ROOT_INO,
+        ino: lost_found,
+        kind: DT_DIR,
+        name: crate::repair::LOST_FOUND.to_vec(),
+    };
+    journal::write(media, g.dirent_addr(0), &entry.encode(0));
     let mut uuid = [0u8; 16];
     uuid[..8].copy_from_slice(&(now.sec as u64).to_le_bytes());
     uuid[8..12].copy_from_slice(&now.nsec.to_le_bytes());
     uuid[12..16].copy_from_slice(&std::process::id().to_le_bytes());
     media.flush(0, g.data_off)?;
-    // The superblock last: an interrupted mkfs leaves an unformatted image.
+    // The superblocks last, the backup first: an interrupted mkfs leaves an unformatted image,
+    // or one whose backup names the finished tables.
     let sb = encode_superblock(&g, uuid, now.sec as u64);
+    journal::write(media, g.backup_superblock_addr(), &sb);
+    media.flush(g.backup_superblock_addr(), BLOCK)?;
     journal::write(media, 0, &sb);
     media.flush(0, BLOCK)?;
     Ok(g)
@@ -349,10 +380,15 @@ impl Fs {
         let durable = media.persistent();
         let t = tables::load(&*media)?;
         let report = tables::check(&t);
+        if let Some((copy, why)) = &t.sb_damage {
+            // The other copy is good and was checked: mend this one now (as fsck would).
+            tracing::warn!("the {copy} superblock copy is damaged ({why}); rewriting it");
+            crate::repair::rewrite_superblock(&*media, &t)?;
+        }
         if let Some(first) = report
             .problems
             .iter()
-            .find(|p| p.severity == Severity::Error)
+            .find(|p| p.severity == Severity::Error && p.fix != Some(Fix::RewriteSuperblock))
         {
             return Err(MountError::Inconsistent {
                 count: report.errors(),
@@ -395,6 +431,7 @@ impl Fs {
             extents: HashMap::new(),
             free_extents: BTreeSet::new(),
             chunks: ChunkMap::from_words(t.bitmap, g.chunk_count),
+            sums: g.integrity(),
             open: HashMap::new(),
             txn: Txn::default(),
             dirty: BTreeSet::new(),
@@ -462,6 +499,12 @@ impl Fs {
         &self.sb
     }
 
+    /// Where the data checksums are, for the device to keep them; `None` when the image has
+    /// none.
+    pub fn integrity(&self) -> Option<IntegrityConfig> {
+        self.sums
+    }
+
     /// The sequence number of the last metadata transaction.
     pub fn journal_seq(&self) -> u64 {
         self.journal.seq()
@@ -488,9 +531,17 @@ impl Fs {
         &mut self.inodes[(ino - 1) as usize]
     }
 
+    /// Zeroes array bytes of data chunks, keeping their checksums true.
+    fn zero(&self, addr: u64, len: u64) -> std::io::Result<()> {
+        match &self.sums {
+            Some(sums) => sums.zero(&*self.media, addr, len),
+            None => self.media.zero(addr, len),
+        }
+    }
+
     fn commit(&mut self) -> FsResult<()> {
         for ino in std::mem::take(&mut self.dirty) {
-            let rec = self.inodes[(ino - 1) as usize].encode();
+            let rec = self.inodes[(ino - 1) as usize].encode(ino);
             self.txn.put(self.g.inode_addr(ino), &rec);
         }
         for (w, v) in self.chunks.take_dirty() {
@@ -767,7 +818,7 @@ impl Fs {
             kind,
             name: name.to_vec(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
         let d = self.dirs.get_mut(&dir).expect("a directory");
         d.by_name.insert(name.to_vec(), (ino, slot));
         d.by_slot.insert(slot, name.to_vec());
@@ -857,7 +908,8 @@ impl Fs {
                     dev_chunk: x.dev,
                     count: keep as u32,
                 };
-                self.txn.put(self.g.extent_addr(x.slot), &rec.encode());
+                self.txn
+                    .put(self.g.extent_addr(x.slot), &rec.encode(x.slot));
             }
         }
         if m.is_empty() {
@@ -1201,7 +1253,7 @@ impl Fs {
             let runs = self.chunks.alloc(goal, count).expect("free space checked");
             let mut file_chunk = fc;
             for (dev, n) in runs {
-                if let Err(err) = self.media.zero(self.g.chunk_addr(dev), n * cs) {
+                if let Err(err) = self.zero(self.g.chunk_addr(dev), n * cs) {
                     let err = FsError {
                         errno: libc::EIO,
                         message: format!("cannot zero new chunks: {err}"),
@@ -1234,7 +1286,7 @@ impl Fs {
                     count: px.count as u32,
                 };
                 let slot = px.slot;
-                self.txn.put(self.g.extent_addr(slot), &rec.encode());
+                self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
                 return;
             }
         }
@@ -1252,7 +1304,7 @@ impl Fs {
                 dev_chunk: d,
                 count: take as u32,
             };
-            self.txn.put(self.g.extent_addr(slot), &rec.encode());
+            self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
             self.extents.entry(ino).or_default().insert(
                 f,
                 Ext {
@@ -1292,7 +1344,7 @@ impl Fs {
                 {
                     let from = dev + (size - file_off);
                     let to = dev + (old.min((size / cs + 1) * cs) - file_off);
-                    if let Err(err) = self.media.zero(from, to - from) {
+                    if let Err(err) = self.zero(from, to - from) {
                         return e(libc::EIO, format!("cannot zero the tail: {err}"));
                     }
                 }
@@ -1500,7 +1552,7 @@ impl Fs {
             kind: DT_LNK,
             name: target.to_vec(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
         self.symlinks.insert(ino, (slot, target.to_vec()));
         self.add_entry(p.dir, &name, ino);
         self.touch_dir(p.dir, now);
@@ -1615,7 +1667,7 @@ impl Fs {
             kind: kind_of(self.inode(ino).mode),
             name: dname.clone(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode());
+        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
         let dd = self.dirs.get_mut(&dp.dir).expect("dir");
         dd.by_name.insert(dname.clone(), (ino, slot));
         dd.by_slot.insert(slot, dname);
@@ -1792,7 +1844,10 @@ impl Fs {
     pub fn fsync(&mut self, ino: u64) -> FsResult<()> {
         self.check_alive()?;
         for (addr, len) in self.ranges_from(ino, 0) {
-            if let Err(err) = self.media.flush(addr, len) {
+            let sums = self
+                .sums
+                .map_or(Ok(()), |s| s.flush_sums(&*self.media, addr, len));
+            if let Err(err) = self.media.flush(addr, len).and(sums) {
                 return e(libc::EIO, format!("flush failed: {err}"));
             }
         }

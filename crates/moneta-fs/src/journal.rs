@@ -3,7 +3,8 @@
 //! A change to nvfs is a set of byte ranges of the metadata regions (inode, directory-entry and
 //! extent records, bitmap words) with their new contents. [`Journal::commit`] writes them to
 //! the journal body, then writes the header that makes them valid (its CRC covers the header
-//! fields and the body), then writes them in place. Mounting replays the last valid transaction,
+//! fields and the body), then writes them in place, inode and extent records in both copies
+//! of their tables (the journal holds one image; applying it writes both). Mounting replays the last valid transaction,
 //! which is idempotent: a transaction is overwritten only by the next one, after it was
 //! applied, so the journal always holds the newest change and replaying it rewrites images
 //! that are already there or finishes an interrupted apply.
@@ -67,6 +68,19 @@ impl Txn {
         self.records.iter().map(|(a, b)| (*a, b.as_slice()))
     }
 
+    /// Bytes of journal body the change takes.
+    pub fn body_len(&self) -> u64 {
+        self.records
+            .values()
+            .map(|d| 16 + (d.len() as u64).next_multiple_of(8))
+            .sum()
+    }
+
+    /// Adds `other`'s records (later images replace earlier ones).
+    pub fn append(&mut self, other: Txn) {
+        self.records.extend(other.records);
+    }
+
     fn body(&self) -> Vec<u8> {
         let mut body = Vec::new();
         for (addr, data) in &self.records {
@@ -82,6 +96,7 @@ impl Txn {
 
 /// The journal of a mounted image.
 pub struct Journal {
+    g: Geometry,
     off: u64,
     len: u64,
     lo: u64,
@@ -121,10 +136,11 @@ impl Journal {
     /// store.
     pub fn new(g: &Geometry, seq: u64, durable: bool) -> Journal {
         Journal {
+            g: *g,
             off: g.journal_off,
             len: g.journal_len,
             lo: g.inode_off,
-            hi: g.data_off,
+            hi: g.tables_end(),
             seq,
             durable,
             unflushed: Vec::new(),
@@ -166,7 +182,9 @@ impl Journal {
             at += 16;
             if at + len > body.len()
                 || addr < g.inode_off
-                || addr.checked_add(len as u64).is_none_or(|e| e > g.data_off)
+                || addr
+                    .checked_add(len as u64)
+                    .is_none_or(|e| e > g.tables_end())
             {
                 return torn("record outside the metadata tables");
             }
@@ -183,12 +201,19 @@ impl Journal {
     /// Writes a recovered transaction in place again.
     pub fn replay(&mut self, m: &dyn Media, r: &Recovered) -> io::Result<()> {
         for (addr, data) in &r.records {
-            write(m, *addr, data);
-            if self.durable {
-                m.flush(*addr, data.len() as u64)?;
+            for at in std::iter::once(*addr).chain(self.g.mirror_of(*addr)) {
+                write(m, at, data);
+                if self.durable {
+                    m.flush(at, data.len() as u64)?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// Bytes of journal body a transaction may take.
+    pub fn capacity(&self) -> u64 {
+        self.len - BLOCK
     }
 
     /// The sequence number of the last transaction.
@@ -240,6 +265,14 @@ impl Journal {
             match self.unflushed.last_mut() {
                 Some((a, l)) if *a + *l >= addr => *l = (*l).max(addr + data.len() as u64 - *a),
                 _ => self.unflushed.push((addr, data.len() as u64)),
+            }
+        }
+        // The second copies, after the first: a crash in between leaves the journal to redo
+        // both.
+        for (addr, data) in txn.records() {
+            if let Some(at) = self.g.mirror_of(addr) {
+                write(m, at, data);
+                self.unflushed.push((at, data.len() as u64));
             }
         }
         Ok(())

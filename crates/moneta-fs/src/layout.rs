@@ -1,25 +1,46 @@
 //! The on-array format of nvfs: every structure, its size and its byte offsets.
 //!
-//! All integers are little-endian. An image is laid out as
+//! All integers are little-endian. An image (format version 2) is laid out as
 //!
 //! ```text
-//! 0            superblock (one 4 KiB block, CRC-32 protected, written only by mkfs)
-//! journal_off  journal: a 4 KiB header block, then the body of the last transaction
-//! inode_off    inode table: inode_count records of 128 bytes (inode n at index n - 1)
-//! dirent_off   directory-entry table: dirent_count records of 280 bytes
-//! extent_off   extent table: extent_count records of 32 bytes (one per chunk at most)
-//! bitmap_off   chunk bitmap: one bit per data chunk, 1 = in use
-//! data_off     data chunks (chunk-aligned), chunk_count of them
+//! 0                  superblock (the first 512 bytes of a 4 KiB block, CRC-32 protected)
+//! journal_off        journal: a 4 KiB header block, then the body of the last transaction
+//! inode_off          inode table: inode_count records of 128 bytes (inode n at index n - 1)
+//! dirent_off         directory-entry table: dirent_count records of 280 bytes
+//! extent_off         extent table: extent_count records of 32 bytes (one per chunk at most)
+//! bitmap_off         chunk bitmap: one bit per data chunk, 1 = in use
+//! inode_mirror_off   second copy of the inode table
+//! extent_mirror_off  second copy of the extent table
+//! sums_off           data checksums (with --data-checksums): a CRC-32C per 4 KiB data block
+//! data_off           data chunks (chunk-aligned), chunk_count of them
+//! array_size - 4096  backup superblock (a copy of block 0)
 //! ```
 //!
 //! Metadata lives in fixed-size records in fixed tables; a change to the file system is a set
 //! of whole-record images, logged to the journal and then written in place (see
-//! [`crate::journal`]).
+//! [`crate::journal`]), the inode and extent records in both copies.
+//!
+//! What one damaged 512-byte sector may cost, and why the layout is so: every inode,
+//! directory-entry and extent record carries a CRC-32C of its bytes and its own index, so a
+//! damaged record is found and never trusted; an all-zero record is a free one. The inode and
+//! extent tables, small and the only place that says which data belong to which file, have a
+//! second copy apart from the first (past the large directory table), so one damaged sector
+//! leaves one good copy. Directory entries have none: losing one loses a name, and `fsck`
+//! puts the file in `/lost+found`. The bitmap is redundant with the extents. The superblock has
+//! a backup in the array's last block, away from the start where most accidents (a stray
+//! `dd`, a partition table) land. Version 1 images (no checksums, no copies) are refused with
+//! a message: this build does not read them.
 
 /// Bytes 0..8 of a formatted image.
 pub const MAGIC: [u8; 8] = *b"NVFS\x00\x01\r\n";
 /// Format version this code reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Superblock flag: the data region has a CRC-32C per [`DATA_BLOCK`] bytes at `sums_off`.
+pub const FLAG_DATA_CHECKSUMS: u32 = 1;
+/// Bytes per checksummed data block.
+pub const DATA_BLOCK: u64 = 4096;
+/// Bytes of the encoded superblock.
+pub const SUPERBLOCK_SIZE: usize = 512;
 /// Alignment of the metadata regions.
 pub const BLOCK: u64 = 4096;
 /// Bytes per inode record.
@@ -80,10 +101,18 @@ pub enum FormatError {
     )]
     NotFormatted,
     /// Another version.
-    #[error("nvfs format version {0} is not supported (this build reads version {VERSION})")]
+    #[error(
+        "nvfs format version {0} is not supported: this build reads version {VERSION} \
+         (record checksums, a backup superblock, mirrored inode and extent tables); the image \
+         is left as it is: copy its files out with the moneta build that made it, then make a \
+         new file system with `moneta mkfs --force`"
+    )]
     Version(u32),
     /// Checksum mismatch.
-    #[error("the nvfs superblock is corrupt (checksum mismatch)")]
+    #[error(
+        "the nvfs superblock is corrupt (checksum mismatch), and so is its backup in the \
+         array's last block"
+    )]
     Checksum,
     /// Fields that contradict each other or the array.
     #[error("the nvfs superblock is inconsistent: {0}")]
@@ -117,6 +146,14 @@ pub struct Geometry {
     pub bitmap_off: u64,
     /// Bytes of bitmap (a multiple of 8).
     pub bitmap_len: u64,
+    /// Second copy of the inode table.
+    pub inode_mirror_off: u64,
+    /// Second copy of the extent table.
+    pub extent_mirror_off: u64,
+    /// Data checksums: a CRC-32C per [`DATA_BLOCK`] of the data region (0 bytes without).
+    pub sums_off: u64,
+    /// Bytes of the checksum table.
+    pub sums_len: u64,
     /// First data chunk.
     pub data_off: u64,
     /// Data chunks.
@@ -138,6 +175,8 @@ pub struct MkfsOptions {
     pub root_gid: u32,
     /// Permission bits of the root directory.
     pub root_mode: u32,
+    /// Keep a CRC-32C of every 4 KiB data block, checked on every read.
+    pub data_checksums: bool,
 }
 
 impl Default for MkfsOptions {
@@ -149,6 +188,7 @@ impl Default for MkfsOptions {
             root_uid: 0,
             root_gid: 0,
             root_mode: 0o755,
+            data_checksums: false,
         }
     }
 }
@@ -186,14 +226,24 @@ impl Geometry {
         let dirent_off = round_up(inode_off + inode_count * INODE_SIZE, BLOCK);
         let extent_off = round_up(dirent_off + dirent_count * DIRENT_SIZE, BLOCK);
         let bitmap_off = round_up(extent_off + extent_count * EXTENT_SIZE, BLOCK);
-        let data_off = round_up(bitmap_off + bitmap_len, o.chunk_size.max(BLOCK));
-        if data_off >= array_size || (array_size - data_off) / o.chunk_size == 0 {
+        let inode_mirror_off = round_up(bitmap_off + bitmap_len, BLOCK);
+        let extent_mirror_off = round_up(inode_mirror_off + inode_count * INODE_SIZE, BLOCK);
+        let sums_off = round_up(extent_mirror_off + extent_count * EXTENT_SIZE, BLOCK);
+        let sums_len = if o.data_checksums {
+            round_up(max_chunks * (o.chunk_size / DATA_BLOCK) * 4, BLOCK)
+        } else {
+            0
+        };
+        let data_off = round_up(sums_off + sums_len, o.chunk_size.max(BLOCK));
+        // The last block holds the backup superblock.
+        let room = array_size.saturating_sub(BLOCK);
+        if data_off >= room || (room - data_off) / o.chunk_size == 0 {
             return bad(format!(
                 "an array of {array_size} bytes has no room for data after {data_off} bytes of \
                  metadata; use a larger device or fewer inodes"
             ));
         }
-        let chunk_count = (array_size - data_off) / o.chunk_size;
+        let chunk_count = (room - data_off) / o.chunk_size;
         Ok(Geometry {
             array_size,
             chunk_size: o.chunk_size,
@@ -207,6 +257,10 @@ impl Geometry {
             extent_off,
             bitmap_off,
             bitmap_len,
+            inode_mirror_off,
+            extent_mirror_off,
+            sums_off,
+            sums_len,
             data_off,
             chunk_count,
         })
@@ -236,7 +290,16 @@ impl Geometry {
                 self.extent_off + self.extent_count * EXTENT_SIZE,
                 self.bitmap_off,
             ),
-            (self.bitmap_off + self.bitmap_len, self.data_off),
+            (self.bitmap_off + self.bitmap_len, self.inode_mirror_off),
+            (
+                self.inode_mirror_off + self.inode_count * INODE_SIZE,
+                self.extent_mirror_off,
+            ),
+            (
+                self.extent_mirror_off + self.extent_count * EXTENT_SIZE,
+                self.sums_off,
+            ),
+            (self.sums_off + self.sums_len, self.data_off),
         ];
         if ordered.iter().any(|&(end, next)| end > next) {
             return bad("regions overlap");
@@ -253,11 +316,60 @@ impl Geometry {
                 .chunk_count
                 .checked_mul(self.chunk_size)
                 .and_then(|d| d.checked_add(self.data_off))
-                .is_none_or(|end| end > self.array_size)
+                .is_none_or(|end| end > self.array_size - BLOCK)
         {
             return bad("data region outside the array");
         }
+        if self.sums_len != 0 && self.sums_len < self.chunk_count * self.blocks_per_chunk() * 4 {
+            return bad("checksum table smaller than the data region");
+        }
         Ok(())
+    }
+
+    /// Whether data blocks are checksummed.
+    pub fn data_checksums(&self) -> bool {
+        self.sums_len != 0
+    }
+
+    /// Checksummed blocks per chunk.
+    pub fn blocks_per_chunk(&self) -> u64 {
+        self.chunk_size / DATA_BLOCK
+    }
+
+    /// Where the data checksums are, for the device and for `fsck --data`.
+    pub fn integrity(&self) -> Option<moneta_device::IntegrityConfig> {
+        self.data_checksums()
+            .then(|| moneta_device::IntegrityConfig {
+                data_off: self.data_off,
+                data_len: self.chunk_count * self.chunk_size,
+                sums_off: self.sums_off,
+                block: DATA_BLOCK,
+            })
+    }
+
+    /// Array address of the backup superblock: the array's last block.
+    pub fn backup_superblock_addr(&self) -> u64 {
+        self.array_size - BLOCK
+    }
+
+    /// Where the copy of the metadata at `addr` lies, for the mirrored tables (inodes and
+    /// extents); `None` elsewhere.
+    pub fn mirror_of(&self, addr: u64) -> Option<u64> {
+        let inodes = self.inode_off..self.inode_off + self.inode_count * INODE_SIZE;
+        let extents = self.extent_off..self.extent_off + self.extent_count * EXTENT_SIZE;
+        if inodes.contains(&addr) {
+            Some(addr - self.inode_off + self.inode_mirror_off)
+        } else if extents.contains(&addr) {
+            Some(addr - self.extent_off + self.extent_mirror_off)
+        } else {
+            None
+        }
+    }
+
+    /// End of the tables a transaction may change (inodes, entries, extents, bitmap); the
+    /// mirrors are written with their originals.
+    pub fn tables_end(&self) -> u64 {
+        self.bitmap_off + self.bitmap_len
     }
 
     /// Array address of inode `ino`'s record.
@@ -302,14 +414,22 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
 /// Superblock field offsets: magic 0, version 8, flags 12, array size 16, chunk size 24, inode
 /// count 32, dirent count 40, extent count 48, journal off 56, journal len 64, inode off 72,
 /// dirent off 80, extent off 88, bitmap off 96, bitmap len 104, data off 112, chunk count 120,
-/// uuid 128..144, creation time 144, CRC-32 (IEEE) of bytes 0..252 at 252.
-pub const SUPERBLOCK_CRC_AT: usize = 252;
+/// uuid 128..144, creation time 144, inode mirror off 152, extent mirror off 160, sums off 168,
+/// sums len 176, data checksum block 184, zero 192..508, CRC-32 (IEEE) of bytes 0..508 at 508.
+pub const SUPERBLOCK_CRC_AT: usize = SUPERBLOCK_SIZE - 4;
 
-/// Encodes the superblock (the first 256 bytes of block 0; the rest of the block is zero).
-pub fn encode_superblock(g: &Geometry, uuid: [u8; 16], created: u64) -> [u8; 256] {
-    let mut b = [0u8; 256];
+/// Encodes the superblock (the first 512 bytes of block 0, and of the backup block; the rest
+/// of each block is zero).
+pub fn encode_superblock(g: &Geometry, uuid: [u8; 16], created: u64) -> [u8; SUPERBLOCK_SIZE] {
+    let mut b = [0u8; SUPERBLOCK_SIZE];
     b[0..8].copy_from_slice(&MAGIC);
     put_u32(&mut b, 8, VERSION);
+    let flags = if g.data_checksums() {
+        FLAG_DATA_CHECKSUMS
+    } else {
+        0
+    };
+    put_u32(&mut b, 12, flags);
     let fields = [
         g.array_size,
         g.chunk_size,
@@ -331,6 +451,11 @@ pub fn encode_superblock(g: &Geometry, uuid: [u8; 16], created: u64) -> [u8; 256
     }
     b[128..144].copy_from_slice(&uuid);
     put_u64(&mut b, 144, created);
+    put_u64(&mut b, 152, g.inode_mirror_off);
+    put_u64(&mut b, 160, g.extent_mirror_off);
+    put_u64(&mut b, 168, g.sums_off);
+    put_u64(&mut b, 176, g.sums_len);
+    put_u64(&mut b, 184, DATA_BLOCK);
     let crc = crc32fast::hash(&b[..SUPERBLOCK_CRC_AT]);
     put_u32(&mut b, SUPERBLOCK_CRC_AT, crc);
     b
@@ -347,8 +472,18 @@ pub struct Superblock {
     pub created: u64,
 }
 
+impl Superblock {
+    /// The encoded superblock.
+    pub fn encode(&self) -> [u8; SUPERBLOCK_SIZE] {
+        encode_superblock(&self.geometry, self.uuid, self.created)
+    }
+}
+
 /// Decodes and checks the superblock against an array of `array_size` bytes.
-pub fn decode_superblock(b: &[u8; 256], array_size: u64) -> Result<Superblock, FormatError> {
+pub fn decode_superblock(
+    b: &[u8; SUPERBLOCK_SIZE],
+    array_size: u64,
+) -> Result<Superblock, FormatError> {
     if b[0..8] != MAGIC {
         return Err(FormatError::NotFormatted);
     }
@@ -360,6 +495,7 @@ pub fn decode_superblock(b: &[u8; 256], array_size: u64) -> Result<Superblock, F
         return Err(FormatError::Checksum);
     }
     let f = |i: usize| get_u64(b, 16 + 8 * i);
+    let flags = get_u32(b, 12);
     let g = Geometry {
         array_size: f(0),
         chunk_size: f(1),
@@ -375,11 +511,23 @@ pub fn decode_superblock(b: &[u8; 256], array_size: u64) -> Result<Superblock, F
         bitmap_len: f(11),
         data_off: f(12),
         chunk_count: f(13),
+        inode_mirror_off: get_u64(b, 152),
+        extent_mirror_off: get_u64(b, 160),
+        sums_off: get_u64(b, 168),
+        sums_len: get_u64(b, 176),
     };
     if g.array_size != array_size {
         return Err(FormatError::Geometry(format!(
             "formatted for {} bytes but the array has {array_size}",
             g.array_size
+        )));
+    }
+    if flags & !FLAG_DATA_CHECKSUMS != 0
+        || (flags & FLAG_DATA_CHECKSUMS != 0) != (g.sums_len != 0)
+        || get_u64(b, 184) != DATA_BLOCK
+    {
+        return Err(FormatError::Geometry(format!(
+            "unknown flags {flags:#x} or checksum settings"
         )));
     }
     g.check()?;
@@ -390,6 +538,22 @@ pub fn decode_superblock(b: &[u8; 256], array_size: u64) -> Result<Superblock, F
         uuid,
         created: get_u64(b, 144),
     })
+}
+
+/// The CRC-32C of a record's bytes, seeded with its index, so that a record is valid only
+/// where it was written.
+fn record_crc(index: u64, bytes: &[&[u8]]) -> u32 {
+    let mut crc = crc32c::crc32c(&index.to_le_bytes());
+    for b in bytes {
+        crc = crc32c::crc32c_append(crc, b);
+    }
+    crc
+}
+
+/// Whether a record is all zeros (a record never used, or freed): such a record carries no
+/// checksum.
+pub fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|x| *x == 0)
 }
 
 /// A timestamp: seconds and nanoseconds since the epoch.
@@ -416,7 +580,8 @@ impl Time {
 
 /// An inode record. Layout: mode 0, uid 4, gid 8, nlink 12, size 16, atime 24, mtime 32, ctime
 /// 40 (seconds, i64), their nanoseconds at 48, 52, 56 (u32), generation 60, creation time 64
-/// (i64) and 72 (u32); bytes 76..128 are zero. Mode 0 means free.
+/// (i64) and 72 (u32); bytes 76..124 are zero; CRC-32C of the inode number and bytes 0..124 at
+/// 124. Mode 0 means free; an all-zero record was never used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Inode {
     /// Type and permission bits; 0 for a free inode.
@@ -442,8 +607,8 @@ pub struct Inode {
 }
 
 impl Inode {
-    /// Encodes the record.
-    pub fn encode(&self) -> [u8; INODE_SIZE as usize] {
+    /// Encodes the record of inode `ino`.
+    pub fn encode(&self, ino: u64) -> [u8; INODE_SIZE as usize] {
         let mut b = [0u8; INODE_SIZE as usize];
         put_u32(&mut b, 0, self.mode);
         put_u32(&mut b, 4, self.uid);
@@ -459,16 +624,24 @@ impl Inode {
         put_u32(&mut b, 60, self.generation);
         put_u64(&mut b, 64, self.btime.sec as u64);
         put_u32(&mut b, 72, self.btime.nsec);
+        let crc = record_crc(ino, &[&b[..124]]);
+        put_u32(&mut b, 124, crc);
         b
     }
 
-    /// Decodes a record.
-    pub fn decode(b: &[u8]) -> Inode {
+    /// Decodes the record of inode `ino`; `None` when it is damaged (its checksum disagrees).
+    pub fn decode(b: &[u8], ino: u64) -> Option<Inode> {
+        if is_zero(b) {
+            return Some(Inode::default());
+        }
+        if record_crc(ino, &[&b[..124]]) != get_u32(b, 124) {
+            return None;
+        }
         let t = |s: usize, n: usize| Time {
             sec: get_u64(b, s) as i64,
             nsec: get_u32(b, n),
         };
-        Inode {
+        Some(Inode {
             mode: get_u32(b, 0),
             uid: get_u32(b, 4),
             gid: get_u32(b, 8),
@@ -479,7 +652,7 @@ impl Inode {
             ctime: t(40, 56),
             generation: get_u32(b, 60),
             btime: t(64, 72),
-        }
+        })
     }
 
     /// Whether the record is in use.
@@ -503,8 +676,9 @@ impl Inode {
     }
 }
 
-/// A directory-entry record: parent 0 (0 = free, [`SYMLINK_TARGET`] = a symlink's target),
-/// inode 8, name length 16 (u16), kind 18 (`DT_*`), zero 19..24, name 24..279, zero 279.
+/// A directory-entry record: parent 0 ([`SYMLINK_TARGET`] = a symlink's target), inode 8, name
+/// length 16 (u16), kind 18 (`DT_*`), zero 19..20, CRC-32C of the slot number and the other
+/// bytes at 20, name 24..279, zero 279. A free record is all zeros.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dirent {
     /// Directory holding the entry; 0 if free.
@@ -518,8 +692,8 @@ pub struct Dirent {
 }
 
 impl Dirent {
-    /// Encodes the record.
-    pub fn encode(&self) -> [u8; DIRENT_SIZE as usize] {
+    /// Encodes the record for slot `slot`.
+    pub fn encode(&self, slot: u64) -> [u8; DIRENT_SIZE as usize] {
         let mut b = [0u8; DIRENT_SIZE as usize];
         put_u64(&mut b, 0, self.parent);
         put_u64(&mut b, 8, self.ino);
@@ -527,13 +701,16 @@ impl Dirent {
         b[16..18].copy_from_slice(&(n as u16).to_le_bytes());
         b[18] = self.kind;
         b[24..24 + n].copy_from_slice(&self.name[..n]);
+        let crc = record_crc(slot, &[&b[..20], &b[24..]]);
+        put_u32(&mut b, 20, crc);
         b
     }
 
-    /// Decodes a record; `None` when its name length is out of range.
-    pub fn decode(b: &[u8]) -> Option<Dirent> {
+    /// Decodes the record in slot `slot` (not a free one: see [`is_zero`]); `None` when it is
+    /// damaged (checksum, name length).
+    pub fn decode(b: &[u8], slot: u64) -> Option<Dirent> {
         let n = u16::from_le_bytes([b[16], b[17]]) as usize;
-        if n > NAME_MAX {
+        if n > NAME_MAX || record_crc(slot, &[&b[..20], &b[24..]]) != get_u32(b, 20) {
             return None;
         }
         Some(Dirent {
@@ -546,7 +723,7 @@ impl Dirent {
 }
 
 /// An extent record: inode 0 (0 = free), first file chunk 8, first data chunk 16, chunks 24
-/// (u32), zero 28..32.
+/// (u32), CRC-32C of the slot number and bytes 0..28 at 28. A free record is all zeros.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExtentRec {
     /// Owner; 0 if free.
@@ -560,24 +737,33 @@ pub struct ExtentRec {
 }
 
 impl ExtentRec {
-    /// Encodes the record.
-    pub fn encode(&self) -> [u8; EXTENT_SIZE as usize] {
+    /// Encodes the record for slot `slot`.
+    pub fn encode(&self, slot: u64) -> [u8; EXTENT_SIZE as usize] {
         let mut b = [0u8; EXTENT_SIZE as usize];
         put_u64(&mut b, 0, self.ino);
         put_u64(&mut b, 8, self.file_chunk);
         put_u64(&mut b, 16, self.dev_chunk);
         put_u32(&mut b, 24, self.count);
+        let crc = record_crc(slot, &[&b[..28]]);
+        put_u32(&mut b, 28, crc);
         b
     }
 
-    /// Decodes a record.
-    pub fn decode(b: &[u8]) -> ExtentRec {
-        ExtentRec {
+    /// Decodes the record in slot `slot`: a free one (all zeros) has inode 0; `None` when it
+    /// is damaged.
+    pub fn decode(b: &[u8], slot: u64) -> Option<ExtentRec> {
+        if is_zero(b) {
+            return Some(ExtentRec::default());
+        }
+        if record_crc(slot, &[&b[..28]]) != get_u32(b, 28) {
+            return None;
+        }
+        Some(ExtentRec {
             ino: get_u64(b, 0),
             file_chunk: get_u64(b, 8),
             dev_chunk: get_u64(b, 16),
             count: get_u32(b, 24),
-        }
+        })
     }
 }
 
@@ -592,10 +778,29 @@ mod tests {
         assert_eq!(g.inode_count, 16384);
         assert_eq!(g.data_off % g.chunk_size, 0);
         assert!(g.chunk_count >= 1000, "{g:?}");
+        assert!(!g.data_checksums());
+        assert!(g.data_off + g.chunk_count * g.chunk_size <= g.backup_superblock_addr());
         let sb = encode_superblock(&g, [7; 16], 42);
         let d = decode_superblock(&sb, 1 << 30).unwrap();
         assert_eq!(d.geometry, g);
         assert_eq!(d.created, 42);
+        let sums = MkfsOptions {
+            data_checksums: true,
+            ..Default::default()
+        };
+        let gs = Geometry::compute(1 << 30, &sums).unwrap();
+        gs.check().unwrap();
+        assert!(gs.sums_len >= gs.chunk_count * 256 * 4, "{gs:?}");
+        let i = gs.integrity().unwrap();
+        i.validate(1 << 30).unwrap();
+        let d = decode_superblock(&encode_superblock(&gs, [7; 16], 42), 1 << 30).unwrap();
+        assert_eq!(d.geometry, gs);
+        // Version 1 is refused with a message that says what to do.
+        let mut v1 = sb;
+        v1[8] = 1;
+        let err = decode_superblock(&v1, 1 << 30).unwrap_err();
+        assert_eq!(err, FormatError::Version(1));
+        assert!(err.to_string().contains("moneta mkfs"), "{err}");
         let mut bad = sb;
         bad[20] ^= 1;
         assert_eq!(decode_superblock(&bad, 1 << 30), Err(FormatError::Checksum));
@@ -604,7 +809,7 @@ mod tests {
             Err(FormatError::Geometry(_))
         ));
         assert_eq!(
-            decode_superblock(&[0; 256], 1 << 30),
+            decode_superblock(&[0; SUPERBLOCK_SIZE], 1 << 30),
             Err(FormatError::NotFormatted)
         );
     }
@@ -640,20 +845,42 @@ mod tests {
             btime: Time { sec: 1, nsec: 3 },
             generation: 4,
         };
-        assert_eq!(Inode::decode(&i.encode()), i);
+        assert_eq!(Inode::decode(&i.encode(3), 3), Some(i));
+        assert_eq!(
+            Inode::decode(&i.encode(3), 4),
+            None,
+            "another inode's record"
+        );
+        assert_eq!(Inode::decode(&[0; 128], 4), Some(Inode::default()));
         let d = Dirent {
             parent: 1,
             ino: 9,
             kind: DT_REG,
             name: vec![b'x'; 255],
         };
-        assert_eq!(Dirent::decode(&d.encode()), Some(d));
+        assert_eq!(Dirent::decode(&d.encode(7), 7), Some(d.clone()));
         let e = ExtentRec {
             ino: 3,
             file_chunk: 4,
             dev_chunk: 5,
             count: 6,
         };
-        assert_eq!(ExtentRec::decode(&e.encode()), e);
+        assert_eq!(ExtentRec::decode(&e.encode(2), 2), Some(e));
+        // Any flipped bit is found.
+        for bit in 0..(DIRENT_SIZE as usize * 8) {
+            let mut b = d.encode(7);
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Dirent::decode(&b, 7), None, "bit {bit}");
+        }
+        for bit in 0..(INODE_SIZE as usize * 8) {
+            let mut b = i.encode(3);
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Inode::decode(&b, 3), None, "bit {bit}");
+        }
+        for bit in 0..(EXTENT_SIZE as usize * 8) {
+            let mut b = e.encode(2);
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(ExtentRec::decode(&b, 2), None, "bit {bit}");
+        }
     }
 }

@@ -149,7 +149,8 @@ fn files_and_directories() {
         libc::ENOTDIR
     );
     fs.rename(&root, b"/d/inner", b"/moved", false).unwrap();
-    assert_eq!(fs.stat(&root, b"/", true).unwrap().nlink, 4);
+    // Two subdirectories and /lost+found.
+    assert_eq!(fs.stat(&root, b"/", true).unwrap().nlink, 5);
     assert_eq!(names(&fs, &root, b"/moved"), [".", ".."]);
     fs.mkdir(&root, b"/empty", 0o755).unwrap();
     fs.rename(&root, b"/moved", b"/empty", false).unwrap();
@@ -481,8 +482,10 @@ fn an_image_persists_and_fsck_finds_damage() {
     unsafe { a.write(g.bitmap_off + last / 64 * 8, v.to_le_bytes().as_ptr(), 8) };
     let mut n = t.inodes[0];
     n.nlink = 9;
-    // SAFETY: the record is 128 bytes.
-    unsafe { a.write(g.inode_addr(1), n.encode().as_ptr(), 128) };
+    for at in [g.inode_addr(1), g.mirror_of(g.inode_addr(1)).unwrap()] {
+        // SAFETY: the record is 128 bytes.
+        unsafe { a.write(at, n.encode(1).as_ptr(), 128) };
+    }
     let out = fsck(&*a, false).unwrap();
     assert_eq!(out.before.errors(), 2, "{:?}", out.before.problems);
     let refused = Fs::mount(a.clone() as Arc<dyn Media>);
@@ -491,7 +494,11 @@ fn an_image_persists_and_fsck_finds_damage() {
     assert_eq!(out.repaired.len(), 2);
     assert_eq!(out.after.unwrap().errors(), 0);
     let fs = mount(&a);
-    assert_eq!(fs.stat(&root, b"/", true).unwrap().nlink, 3);
+    assert_eq!(
+        fs.stat(&root, b"/", true).unwrap().nlink,
+        4,
+        "/a and /lost+found"
+    );
     drop(fs);
     drop(a);
     // A foreign image is refused with a clear message.
@@ -638,7 +645,7 @@ fn fsck_finds_a_directory_cycle_and_walks_a_deep_chain() {
     let (_, y) = find(b"y");
     x.parent = y.ino;
     // SAFETY: the record is DIRENT_SIZE bytes.
-    unsafe { a.write(g.dirent_addr(xs), x.encode().as_ptr(), x.encode().len()) };
+    unsafe { a.write(g.dirent_addr(xs), x.encode(xs).as_ptr(), x.encode(xs).len()) };
     let out = fsck(&*a, false).unwrap();
     let unreachable = out
         .before

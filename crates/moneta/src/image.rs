@@ -36,6 +36,11 @@ pub struct MkfsArgs {
     /// existing file is formatted only if it holds no data at all).
     #[arg(long)]
     pub force: bool,
+    /// Keep a CRC-32C of every 4 KiB data block (1 MiB of table per GiB), kept by the device
+    /// on every write and checked on every read: a damaged block reads as an I/O error, not
+    /// as data. `moneta fsck --data` checks them all.
+    #[arg(long)]
+    pub data_checksums: bool,
 }
 
 /// Options of `moneta fsck`.
@@ -44,10 +49,17 @@ pub struct FsckArgs {
     /// Backing file [default: $MONETA_DEVICE or ~/.local/share/moneta/device.img]. It must not
     /// be in use by a running monetad.
     pub device: Option<PathBuf>,
-    /// Make the safe repairs (leaked or unmarked chunks, link counts, orphans, dangling
-    /// entries) through the journal. Without it the image is opened for reading only.
+    /// Repair through the journal, in as many transactions as it takes, keeping data: damaged
+    /// superblock or record copies are rewritten from the good ones, files left without a name
+    /// go to /lost+found as #<inode>, chunks no file owns are kept there too unless they hold
+    /// only zeros, and link counts, types and sizes are corrected. Without it the image is
+    /// opened for reading only.
     #[arg(long)]
     pub repair: bool,
+    /// Also check every data block of every file against its checksum (images made with
+    /// `mkfs --data-checksums`) and list the files and offsets of those that fail.
+    #[arg(long)]
+    pub data: bool,
     /// List every finding, notes included.
     #[arg(long, short)]
     pub verbose: bool,
@@ -100,6 +112,7 @@ fn mkfs_options(a: &MkfsArgs) -> Result<MkfsOptions, String> {
         root_uid: uid,
         root_gid: gid,
         root_mode: mode,
+        data_checksums: a.data_checksums,
     })
 }
 
@@ -161,14 +174,19 @@ pub fn mkfs(a: MkfsArgs) -> Result<(), String> {
         Err(e) => return made(Err(e.to_string())),
     };
     println!(
-        "nvfs on {}: {} bytes, {} chunks of {} bytes, {} inodes, {} directory entries, {} bytes of metadata",
+        "nvfs on {}: {} bytes, {} chunks of {} bytes, {} inodes, {} directory entries, {} bytes of metadata{}",
         path.display(),
         media.size(),
         g.chunk_count,
         g.chunk_size,
         g.inode_count,
         g.dirent_count,
-        g.metadata_bytes()
+        g.metadata_bytes(),
+        if g.data_checksums() {
+            ", data checksums"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -224,10 +242,51 @@ pub fn fsck(a: FsckArgs) -> ExitCode {
             "  ({notes} notes: files unlinked while open, freed at the next mount; -v lists them)"
         );
     }
+    // Data blocks, after any repair (a block's file may have gone to /lost+found).
+    let bad_data = if a.data {
+        match moneta_fs::check_data(&*media) {
+            Ok(Some(bad)) => {
+                for b in &bad {
+                    let file = match &b.path {
+                        Some(p) => format!("{p} (inode {})", b.ino),
+                        None => format!("inode {}", b.ino),
+                    };
+                    println!(
+                        "  error: {file}: the 4 KiB block at offset {} does not match its \
+                         checksum (array address {:#x})",
+                        b.offset, b.addr
+                    );
+                }
+                println!("data: {} damaged blocks", bad.len());
+                bad.len()
+            }
+            Ok(None) => {
+                println!("data: the image keeps no data checksums (mkfs --data-checksums)");
+                0
+            }
+            Err(e) => {
+                eprintln!("moneta fsck: {}: {e}", path.display());
+                return ExitCode::from(8);
+            }
+        }
+    } else {
+        0
+    };
+    let data_left = if bad_data > 0 {
+        println!(
+            "damaged data blocks are not repaired (there is no second copy): restore those \
+             files, or rewrite the blocks whole"
+        );
+        ExitCode::from(4)
+    } else {
+        ExitCode::SUCCESS
+    };
     match &out.after {
         None if r.errors() == 0 => {
-            println!("clean");
-            ExitCode::SUCCESS
+            if bad_data == 0 {
+                println!("clean");
+            }
+            data_left
         }
         None => {
             let fixable = r.problems.iter().filter(|p| p.fix.is_some()).count();
@@ -241,7 +300,7 @@ pub fn fsck(a: FsckArgs) -> ExitCode {
                     println!("  still: {p}");
                 }
             }
-            if after.errors() == 0 {
+            if after.errors() == 0 && bad_data == 0 {
                 ExitCode::from(1)
             } else {
                 ExitCode::from(4)

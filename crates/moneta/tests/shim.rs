@@ -260,16 +260,16 @@ fn coreutils() {
     assert!(ls.contains("104857600") && ls.contains(" big"), "{ls}");
     d.sh("mv /moneta/a/b/c/big /moneta/moved && test ! -e /moneta/a/b/c/big");
     let ls = d.sh("ls /moneta");
-    assert_eq!(ls, "a\ndd.bin\nmoved\npart\n");
+    assert_eq!(ls, "a\ndd.bin\nlost+found\nmoved\npart\n");
     d.sh("rm -r /moneta/a && test ! -e /moneta/a");
-    assert_eq!(d.sh("ls /moneta"), "dd.bin\nmoved\npart\n");
+    assert_eq!(d.sh("ls /moneta"), "dd.bin\nlost+found\nmoved\npart\n");
     // mv out of Moneta copies across "devices" and removes the source.
     d.sh(&format!("mv /moneta/part {b}.part"));
     assert_eq!(
         std::fs::read(format!("{b}.part")).unwrap(),
         &whole[5000..8000]
     );
-    assert_eq!(d.sh("ls /moneta"), "dd.bin\nmoved\n");
+    assert_eq!(d.sh("ls /moneta"), "dd.bin\nlost+found\nmoved\n");
 }
 
 /// A shell script with `>`, `>>`, `<` and a pipeline into Moneta files.

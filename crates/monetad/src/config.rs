@@ -137,6 +137,10 @@ pub struct Args {
     /// [default: 1M].
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
+    /// Make the file system on a new array with data checksums (`moneta mkfs
+    /// --data-checksums`). An existing image keeps what it was made with.
+    #[arg(long)]
+    pub data_checksums: bool,
     /// The CPU the device's poller runs on: a number, `auto` (the last CPU the daemon may run
     /// on, when it may run on two or more) or `none` (wherever the scheduler puts it). A pinned
     /// poller has its CPU to itself: the daemon's other threads run elsewhere, channels name
@@ -198,6 +202,7 @@ struct FileConfig {
     user_records: Option<usize>,
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
+    data_checksums: Option<bool>,
     poller_cpu: Option<toml::Value>,
     /// A preset's name, or a table: `preset` (default `pcm`), `seed`, and any parameter.
     model: Option<toml::Value>,
@@ -314,6 +319,8 @@ pub struct Config {
     pub raw: bool,
     /// Allocation unit of a file system made on a new array.
     pub chunk_size: u64,
+    /// A file system made on a new array keeps data checksums.
+    pub data_checksums: bool,
 }
 
 impl Config {
@@ -392,6 +399,8 @@ impl Config {
             model: None,
             model_seed: d.model_seed,
             wear_base: None,
+            // From the file system's superblock, once it is mounted (`run`).
+            integrity: None,
         };
         let mut device = device;
         (device.model, device.model_seed) =
@@ -454,6 +463,7 @@ impl Config {
             shares,
             raw: args.raw || file.raw.unwrap_or(false),
             chunk_size,
+            data_checksums: args.data_checksums || file.data_checksums.unwrap_or(false),
         })
     }
 }

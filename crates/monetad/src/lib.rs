@@ -230,6 +230,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
                 chunk_size: config.chunk_size,
                 root_uid: rustix::process::geteuid().as_raw(),
                 root_gid: rustix::process::getegid().as_raw(),
+                data_checksums: config.data_checksums,
                 ..Default::default()
             };
             moneta_fs::mkfs(&*media, &opts)?;
@@ -239,11 +240,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         )?)
     };
     let array_size = moneta_device::Media::size(&*media);
-    let device = Arc::new(Device::start(
-        config.device.clone(),
-        media,
-        SystemClock::best(),
-    )?);
+    // The device keeps the file system's data checksums, when it has them.
+    let mut device_config = config.device.clone();
+    device_config.integrity = fs.as_ref().and_then(|f| f.integrity());
+    let device = Arc::new(Device::start(device_config, media, SystemClock::best())?);
     if let Some(cpu) = config.device.poller_cpu {
         // A poller with a CPU of its own has it to itself: the daemon's threads started from
         // here on (connections, the reaper) run elsewhere, as the clients' libmoneta keeps

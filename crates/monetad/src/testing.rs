@@ -45,6 +45,7 @@ impl Daemon {
             shares: crate::server::Shares::for_channels(1024),
             raw: false,
             chunk_size: 1 << 20,
+            data_checksums: false,
         };
         let thread = std::thread::Builder::new()
             .name("monetad".into())

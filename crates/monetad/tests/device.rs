@@ -191,7 +191,8 @@ fn malformed_commands_get_distinct_statuses_and_error_entries() {
         (
             {
                 let mut w = good;
-                w[0] |= 1 << 24;
+                // Flag bit 3 is not one the device knows.
+                w[0] |= 1 << 19;
                 w
             },
             Status::Malformed,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::channel::DmaGeometry;
+use crate::integrity::IntegrityConfig;
 use crate::model::ModelConfig;
 use crate::scheduler::Timing;
 
@@ -43,6 +44,9 @@ pub struct DeviceConfig {
     /// A persistent array's path: the model keeps its wear in a file beside it
     /// (`PATH.wear-GEOMETRY`); `None` keeps it in memory.
     pub wear_base: Option<std::path::PathBuf>,
+    /// Data checksums to check on reads and keep on writes (the file system's table), or
+    /// `None`.
+    pub integrity: Option<IntegrityConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -64,6 +68,7 @@ impl Default for DeviceConfig {
             model: None,
             model_seed: 0x6d6f_6e65_7461,
             wear_base: None,
+            integrity: None,
         }
     }
 }

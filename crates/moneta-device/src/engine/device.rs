@@ -64,6 +64,7 @@ impl Device {
             .map(|f| f.syncer());
         let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?, wear_sync)?;
         let poller = Poller {
+            integrity: Integrity::new(config.integrity, array_size).map_err(DeviceError::Config)?,
             table: {
                 let mut t =
                     PermissionTable::new(config.table_entries, config.max_channels, config.merge);

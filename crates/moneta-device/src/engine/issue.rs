@@ -103,8 +103,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     }
                     return;
                 }
-                self.copy(p.channel, p.tag, &cmd, 0, cmd.len);
-                Status::Ok
+                self.copy(p.channel, p.tag, &cmd, 0, cmd.len)
             }
             Err(s) => s,
         };
@@ -203,8 +202,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
     }
 
     /// Copies `[from, to)` of command `cmd`'s bytes between the array and tag `tag`'s DMA
-    /// range of channel `id`.
-    pub(super) fn copy(&mut self, id: u32, tag: u8, cmd: &Decoded, from: u64, to: u64) {
+    /// range of channel `id`, through the integrity unit: `MediaError` when a block fails its
+    /// checksum.
+    pub(super) fn copy(&mut self, id: u32, tag: u8, cmd: &Decoded, from: u64, to: u64) -> Status {
         let ch = self.channels[id as usize]
             .as_ref()
             .expect("a request's channel stays until it completes");
@@ -215,18 +215,31 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 let dst = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: `dst` spans `len` bytes inside the sealed channel mapping and the
                 // array range was bounds-checked at intake.
-                unsafe { self.media.read(cmd.addr + from, dst, len as usize) };
+                let r = unsafe {
+                    self.integrity
+                        .read(&*self.media, cmd.addr + from, dst, len as usize)
+                };
+                if r.is_err() {
+                    return Status::MediaError;
+                }
                 self.local.bytes_read += len;
             }
             Opcode::Write => {
                 let src = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: as for reads; the client may change the buffer while we copy, which
                 // only changes what it writes to its own range.
-                unsafe { self.media.write(cmd.addr + from, src, len as usize) };
+                let r = unsafe {
+                    self.integrity
+                        .write(&*self.media, cmd.addr + from, src, len as usize)
+                };
+                if r.is_err() {
+                    return Status::MediaError;
+                }
                 self.local.bytes_written += len;
             }
             _ => {}
         }
+        Status::Ok
     }
 
     /// Moves the next piece of large request `i` of `moving`.
@@ -236,8 +249,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
             (m.issued.channel, m.issued.tag, m.issued.cmd, m.done)
         };
         let to = (from + MOVE_PIECE).min(cmd.len);
-        self.copy(id, tag, &cmd, from, to);
-        self.moving[i].done = to;
+        let status = self.copy(id, tag, &cmd, from, to);
+        let m = &mut self.moving[i];
+        m.done = if status == Status::Ok { to } else { cmd.len };
+        if status != Status::Ok {
+            m.issued.status = status;
+        }
     }
 
     /// Moves every large request on by one piece; those done go to the scheduler.
@@ -263,7 +280,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.local.trace_move_ns += t.saturating_sub(m.t_checked);
                 issued.moved = t;
             }
-            if let Some(model) = self.model.as_mut() {
+            if let Some(model) = self.model.as_mut().filter(|_| issued.status == Status::Ok) {
                 self.sched.issue_reserved(UNDECIDED, m.seq, issued);
                 let t = self.clock.now_ns();
                 model.submit_issued(&mut self.sched, m.seq, t);

@@ -31,6 +31,7 @@ use moneta_abi::control::ChannelInfo;
 use moneta_abi::{Decoded, Status};
 
 use crate::channel::ChannelMem;
+use crate::integrity::Integrity;
 use crate::permission::{PermissionTable, TableError};
 use crate::retag::Retag;
 use crate::scheduler::{Scheduler, Timing};
@@ -353,6 +354,7 @@ const MOVE_PIECE: u64 = 64 << 10;
 
 struct Poller<M, C> {
     media: Arc<M>,
+    integrity: Integrity,
     clock: C,
     table: PermissionTable,
     retag: Retag<Pending>,
