@@ -363,22 +363,74 @@ fn sqlite3() {
     );
 
     // WAL mode needs a shared-memory map of the -shm file, which Moneta files cannot give
-    // yet: the refusal says so once, naming mmap and the way back, and the way back works.
-    d.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7); PRAGMA journal_mode=WAL;'");
-    let o = d.run(&["sqlite3", "/moneta/wal.db", "SELECT a FROM t;"], None);
+    // yet: `PRAGMA journal_mode=WAL` is refused with a message naming mmap (once, however
+    // often the program asks), and the database keeps its journal mode: it still opens, in
+    // the same program and in the next.
+    d.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
+    let o = d.run(
+        &["sqlite3", "/moneta/wal.db"],
+        Some(b"PRAGMA journal_mode=WAL;\nINSERT INTO t VALUES(8);\nPRAGMA journal_mode=WAL;\n"),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("journal_mode=WAL refused for /moneta/wal.db")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("(mmap)"), "{err}");
+    let o = d.run(
+        &[
+            "sqlite3",
+            "/moneta/wal.db",
+            "PRAGMA journal_mode; PRAGMA integrity_check; SELECT a FROM t;",
+        ],
+        None,
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "delete\nok\n7\n8\n");
+    // A new database asked for WAL first stays a rollback one too.
+    let o = d.run(
+        &["sqlite3", "/moneta/new.db", "PRAGMA journal_mode=WAL;"],
+        None,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("journal_mode=WAL refused"),
+        "{}",
+        text(&o)
+    );
+    let out = d.sh("sqlite3 /moneta/new.db 'CREATE TABLE n(b); PRAGMA journal_mode;'");
+    assert_eq!(out, "delete\n");
+
+    // A database already in WAL mode (copied in from the host) fails to open, with a
+    // message naming mmap and the way back, which works; in exclusive locking mode (no map)
+    // it is read, written and checkpointed.
+    let t = TempDir::new("wal");
+    let host_db = t.0.join("host.db");
+    let o = Command::new("sqlite3")
+        .arg(&host_db)
+        .arg("PRAGMA journal_mode=WAL; CREATE TABLE t(a); INSERT INTO t VALUES(9);")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    d.sh(&format!("cp {} /moneta/host.db", host_db.display()));
+    let o = d.run(&["sqlite3", "/moneta/host.db", "SELECT a FROM t;"], None);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
-        err.matches("mmap of /moneta/wal.db-shm refused").count(),
+        err.matches("mmap of /moneta/host.db-shm refused").count(),
         1,
         "{err}"
     );
     assert!(err.contains("PRAGMA locking_mode=EXCLUSIVE"), "{err}");
     let out = d.sh(
-        "sqlite3 /moneta/wal.db 'PRAGMA locking_mode=EXCLUSIVE; PRAGMA journal_mode=DELETE;' \
-         >/dev/null && sqlite3 /moneta/wal.db 'SELECT a FROM t;'",
+        "sqlite3 /moneta/host.db 'PRAGMA locking_mode=EXCLUSIVE; INSERT INTO t VALUES(10); \
+         PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;' >/dev/null && \
+         sqlite3 /moneta/host.db 'SELECT a FROM t; PRAGMA journal_mode;'",
     );
-    assert_eq!(out, "7\n");
+    assert_eq!(out, "9\n10\ndelete\n");
 }
 
 /// python3 with open, os and shutil.
