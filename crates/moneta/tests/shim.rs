@@ -899,6 +899,14 @@ int main(int argc, char **argv) {
         d.sh("cd /moneta/w3 && /moneta/w3/prog a && ./prog b c && PATH=/moneta/w3:$PATH prog d"),
         format!("a 2 data euid={me}\nb 3 data euid={me}\nd 2 data euid={me}\n")
     );
+    // Through execvp and posix_spawnp with a path (env, python's subprocess), and found on
+    // PATH by them.
+    assert_eq!(
+        d.sh("cd /moneta/w3 && env /moneta/w3/prog e && env ./prog f && \
+             PATH=/moneta/w3:$PATH env prog g && python3 -c \
+             'import os; os.posix_spawnp(\"./prog\", [\"./prog\", \"h\"], os.environ); os.wait()'"),
+        format!("e 2 data euid={me}\nf 2 data euid={me}\ng 2 data euid={me}\nh 2 data euid={me}\n")
+    );
     // Set-user-ID is ignored (as on a nosuid mount); no execute bit is EACCES.
     d.sh("chmod 4755 /moneta/w3/prog");
     assert!(d
@@ -933,4 +941,48 @@ int main(int argc, char **argv) {
     );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("statically linked"), "{}", text(&o));
+}
+
+/// busybox (statically linked: `scripts/test.sh` installs busybox-static) cannot see
+/// `/moneta`. `moneta run busybox` refuses it; started on Moneta paths from a program under
+/// the shim (a shell, `env` and `xargs`, which search `PATH` through the C library, or as a
+/// shell whose command names them), it is told why once instead of a bare "No such file or
+/// directory"; started without Moneta paths, nothing is said.
+#[test]
+fn static_busybox_is_told_why() {
+    need("busybox");
+    let d = Daemon::start("64M");
+    let o = d.run(&["busybox", "true"], None);
+    assert!(
+        !o.status.success() && text(&o).contains("statically linked"),
+        "the test needs a statically linked busybox (busybox-static): {}",
+        text(&o)
+    );
+    d.sh("echo x > /moneta/f");
+    for script in [
+        "busybox cat /moneta/f",
+        "env busybox cat /moneta/f",
+        "echo /moneta/f | xargs busybox cat",
+        "busybox sh -c 'cat /moneta/f'",
+        "busybox dd if=/moneta/f of=/dev/null",
+        "cd /moneta && busybox cat f",
+    ] {
+        let o = d.run(&["sh", "-c", script], None);
+        assert!(!o.status.success(), "{script}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            err.matches("busybox is statically linked").count(),
+            1,
+            "{script}: {err}"
+        );
+        assert!(
+            err.contains("files under /moneta will not be found by it"),
+            "{script}: {err}"
+        );
+    }
+    let o = d.run(
+        &["sh", "-c", "busybox ls / >/dev/null; env busybox true"],
+        None,
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
 }
