@@ -706,6 +706,18 @@ fn working_directory_and_paths_into_the_prefix() {
     d.sh(&format!("cd {host} && make -s -C /moneta/d"));
     assert_eq!(d.sh("cat /moneta/d/out"), "made\n");
     assert!(!t.0.join("out").exists());
+    // posix_spawn, posix_spawnp (found on PATH, not in the working directory) and system.
+    let out = d.sh(&format!(
+        "cd {host} && cd /moneta/d && python3 -c \"import os\n\
+         os.posix_spawn('/bin/sh', ['sh', '-c', 'pwd; touch s1'], os.environ); os.wait()\n\
+         os.posix_spawnp('sh', ['sh', '-c', 'pwd; touch s2'], os.environ); os.wait()\n\
+         os.system('pwd; touch s3')\" && ls /moneta/d && rm /moneta/d/s?"
+    ));
+    assert_eq!(
+        out,
+        "/moneta/d\n/moneta/d\n/moneta/d\nMakefile\nnew\nout\nrel\ns1\ns2\ns3\n"
+    );
+    assert!(["s1", "s2", "s3"].iter().all(|f| !t.0.join(f).exists()));
     // A statically linked program started from a Moneta directory cannot see it, and its
     // relative paths fail instead of landing in the host directory.
     let src = t.0.join("create.c");

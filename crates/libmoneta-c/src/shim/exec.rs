@@ -522,8 +522,12 @@ type SpawnFn = unsafe extern "C" fn(
     *const *const c_char,
 ) -> c_int;
 
+/// `posix_spawn` or, with `search`, `posix_spawnp` of a name without `/` (which the C
+/// library looks up on `PATH`, never relative to the working directory).
+#[allow(clippy::too_many_arguments)]
 unsafe fn spawn(
     real: SpawnFn,
+    search: bool,
     pid: *mut libc::pid_t,
     path: *const c_char,
     actions: *const libc::posix_spawn_file_actions_t,
@@ -534,8 +538,13 @@ unsafe fn spawn(
     if hooked() {
         // A Moneta program runs from a copy (its memfd is inherited by the child, which
         // executes it by its /proc path).
-        // SAFETY: per the caller.
-        let mut img = match unsafe { super::launch::prepare(path, argv) } {
+        let prepared = if search {
+            None
+        } else {
+            // SAFETY: per the caller.
+            unsafe { super::launch::prepare(path, argv) }
+        };
+        let mut img = match prepared {
             None => None,
             Some(Err(e)) => return e,
             Some(Ok(img)) => Some(img),
@@ -589,7 +598,7 @@ pub unsafe extern "C" fn posix_spawn(
         *const *const c_char
     ) -> c_int);
     // SAFETY: per the caller.
-    unsafe { spawn(f, pid, path, actions, attr, argv, envp) }
+    unsafe { spawn(f, false, pid, path, actions, attr, argv, envp) }
 }
 
 /// `posix_spawnp(3)`.
@@ -631,7 +640,7 @@ pub unsafe extern "C" fn posix_spawnp(
         *const *const c_char
     ) -> c_int);
     // SAFETY: per the caller.
-    unsafe { spawn(f, pid, file, actions, attr, argv, envp) }
+    unsafe { spawn(f, true, pid, file, actions, attr, argv, envp) }
 }
 
 /// The previous image's hand-over and working directory, taken at load time (before
