@@ -650,6 +650,41 @@ fn no_daemon() {
     // The calls fail with EIO: never the host's /moneta/x, were there one.
     assert!(err.contains("fail with EIO"), "{err}");
     assert_eq!(err.matches(": Input/output error").count(), 2, "{err}");
+    assert_eq!(err.matches("moneta start").count(), 1, "{err}");
+    // With the prefix over a host directory that holds files of the same names: nothing
+    // is read, listed, written, created or removed there.
+    let mnt = t.0.join("mnt");
+    std::fs::create_dir_all(mnt.join("sub")).unwrap();
+    std::fs::write(mnt.join("x"), "host").unwrap();
+    let m = mnt.display();
+    let script = format!(
+        "cat {m}/x; ls {m}; stat {m}/x; echo new > {m}/y; echo more >> {m}/x; rm {m}/x; \
+         mkdir {m}/d; mv {m}/sub {m}/sub2; cd {m}/sub && touch z; cd /; cat {}/x; echo done",
+        m.to_string().strip_prefix('/').unwrap()
+    );
+    let o = Command::new("sh")
+        .args(["-c", &script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .env("MONETA_MOUNT", &mnt)
+        .current_dir(&t.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n", "{err}");
+    assert_eq!(
+        err.matches("is not running").count(),
+        8,
+        "one per process: {err}"
+    );
+    assert_eq!(std::fs::read_to_string(mnt.join("x")).unwrap(), "host");
+    let mut names: Vec<String> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["sub", "x"]);
+    assert!(!t.0.join("z").exists() && !mnt.join("sub/z").exists());
 }
 
 /// Programs the shim cannot reach are refused, not run without it: a statically linked one
@@ -749,8 +784,18 @@ fn working_directory_and_paths_into_the_prefix() {
         lines.len() == 2 && lines[0] == lines[1] && !out.contains('?'),
         "{out}"
     );
-    // Relative to a kernel directory, into the prefix.
+    // Relative to a kernel directory, into the prefix; for a prefix of several components
+    // too, from above its last one.
     assert_eq!(d.sh("cd / && cat moneta/d/out"), "made\n");
+    let nested = t.0.join("mnt/moneta");
+    let rel = nested.strip_prefix("/").unwrap().display().to_string();
+    let o = d.run_env(
+        &["sh", "-c", &format!("cd / && cat {rel}/d/out")],
+        None,
+        &[("MONETA_MOUNT", nested.to_str().unwrap())],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "made\n");
     let out = d.sh("python3 -c \"import os; fd = os.open('/', os.O_PATH); \
          print(os.stat('moneta/d/out', dir_fd=fd).st_size)\"");
     assert_eq!(out, "5\n");
