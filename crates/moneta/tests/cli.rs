@@ -60,6 +60,12 @@ fn start_status_stop_on_the_default_paths() {
     assert_eq!(v["table_capacity"], 16384);
     let o = moneta(&["status"], &env);
     assert!(text(&o).contains("channels open"));
+    // The daemon's log is plain text (no terminal colour codes in a file).
+    let log = std::fs::read_to_string(runtime.join("moneta/monetad.log")).unwrap();
+    assert!(
+        log.contains("monetad ready") && !log.contains('\x1b'),
+        "{log:?}"
+    );
     let o = moneta(&["stop"], &env);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!socket.exists());
