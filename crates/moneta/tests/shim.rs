@@ -185,9 +185,9 @@ fn cc(src: &Path, out: &Path, extra: &[&str]) {
 }
 
 /// The C library calls one by one: errno rules, descriptors and dup, positions, flags,
-/// attributes, vectored I/O, truncation, mmap refused, fork, exec with a Moneta stdout,
-/// record locks and flock between processes, stdio, directories, rename across devices, the
-/// current directory, and an unlinked file still open.
+/// attributes, vectored I/O, truncation, mmap (shared refused, private a copy), fork, exec
+/// with a Moneta stdout, record locks and flock between processes, stdio, directories, rename
+/// across devices, the current directory, and an unlinked file still open.
 #[test]
 fn probe_of_the_c_library_calls() {
     let d = Daemon::start("256M");
@@ -492,6 +492,23 @@ print('python: ok')
         o.status.success() && String::from_utf8_lossy(&o.stdout).contains("python: ok"),
         "{}",
         text(&o)
+    );
+}
+
+/// git reads its files through private memory maps (copies of Moneta files): a repository
+/// under the prefix takes commits, shows diffs, packs and checks itself.
+#[test]
+fn git_repository_under_the_prefix() {
+    need("git");
+    let d = Daemon::start("128M");
+    let out = d.sh("set -e; cd /moneta && git init -q repo && cd repo && \
+         git config user.name u && git config user.email u@example.org && \
+         printf 'one\\n' > a && git add a && git commit -qm first && \
+         printf 'two\\n' >> a && git diff --stat | cat && git commit -qam second && \
+         git gc -q && git fsck --no-progress 2>&1 && git log --format=%s | cat && git show HEAD:a");
+    assert_eq!(
+        out,
+        " a | 1 +\n 1 file changed, 1 insertion(+)\nsecond\nfirst\none\ntwo\n"
     );
 }
 
