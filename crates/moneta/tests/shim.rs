@@ -379,7 +379,7 @@ fn sqlite3() {
         1,
         "{err}"
     );
-    assert!(err.contains("(mmap)"), "{err}");
+    assert!(err.contains("(mmap MAP_SHARED)"), "{err}");
     let o = d.run(
         &[
             "sqlite3",

@@ -17,10 +17,11 @@ const SQLITE_HEADER: &[u8] = b"SQLite format 3\0";
 /// Refuses the write by which SQLite turns a database to WAL mode (`PRAGMA
 /// journal_mode=WAL`): page 1 written at offset 0 through a descriptor that took a write
 /// lock (SQLite's, before it writes), with the header's format versions (bytes 18 and 19) at
-/// 2 where the file's are not. A database in WAL mode maps its `-shm` file into memory at
-/// every open, which Moneta files cannot give yet: let through, the switch would leave a
-/// database that no later open reads. Refused, SQLite rolls the change back and reports an
-/// I/O error, the database keeps its journal mode, and a message says why once. A copy of a
+/// 2 where the file's are not. A database in WAL mode maps its `-shm` file into memory,
+/// shared, at every open, which Moneta files cannot give yet: let through, the switch would
+/// leave a database that no later open reads. Refused, SQLite rolls the change back and
+/// reports an I/O error, the database keeps its journal mode, and a message says why once.
+/// A copy of a
 /// WAL database (`cp`, no lock) and the checkpoints of one already in WAL mode (opened with
 /// `locking_mode=EXCLUSIVE`) are let through.
 fn refuse_wal_switch(d: &Desc, data: &[u8], at: Option<u64>) -> Result<(), i32> {
@@ -45,8 +46,9 @@ fn refuse_wal_switch(d: &Desc, data: &[u8], at: Option<u64>) -> Result<(), i32> 
             crate::shim::ERROR,
             format_args!(
                 "journal_mode=WAL refused for {} (EOPNOTSUPP): a SQLite database in WAL mode \
-                 maps its -shm file into memory (mmap), and Moneta files cannot be mapped yet; \
-                 the database keeps its journal mode (DELETE, TRUNCATE and PERSIST work)",
+                 maps its -shm file into memory shared between processes (mmap MAP_SHARED), \
+                 which Moneta files cannot give yet; the database keeps its journal mode \
+                 (DELETE, TRUNCATE and PERSIST work)",
                 String::from_utf8_lossy(&paths::outer(&d.path))
             ),
         )
