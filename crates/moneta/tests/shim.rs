@@ -704,6 +704,54 @@ fn no_daemon() {
     assert!(!t.0.join("z").exists() && !mnt.join("sub/z").exists());
 }
 
+/// A program that outlives its daemon: without one, Moneta paths fail with `EIO`; a daemon
+/// started later is found by the next call; after a restart, files opened before fail with
+/// `EIO` and new opens work.
+#[test]
+fn a_daemon_started_or_restarted_later_is_found() {
+    need("python3");
+    let t = TempDir::new("later");
+    let socket = t.0.join("monetad.sock");
+    let moneta = env!("CARGO_BIN_EXE_moneta");
+    let script = format!(
+        r#"
+import errno, subprocess
+def start(): subprocess.run(['{moneta}', 'start', '--volatile', '--size', '32M', '--socket', '{s}'], check=True, stdout=subprocess.DEVNULL)
+def stop(): subprocess.run(['{moneta}', 'stop', '--socket', '{s}'], check=True, stdout=subprocess.DEVNULL)
+try:
+    open('/moneta/a', 'w')
+    raise SystemExit('opened without a daemon')
+except OSError as e:
+    assert e.errno == errno.EIO, e
+start()
+f = open('/moneta/a', 'w'); f.write('one'); f.flush()
+stop(); start()
+try:
+    f.write('two'); f.flush()
+    raise SystemExit('an old file survived the restart')
+except OSError as e:
+    assert e.errno == errno.EIO, e
+open('/moneta/b', 'w').write('new')
+print(open('/moneta/b').read())
+stop()
+"#,
+        s = socket.display()
+    );
+    let o = Command::new("python3")
+        .args(["-c", &script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .env_remove("MONETA_MOUNT")
+        .output()
+        .unwrap();
+    let _ = Command::new(moneta)
+        .args(["stop", "--socket"])
+        .arg(&socket)
+        .output();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "new\n");
+}
+
 /// Programs the shim cannot reach are refused, not run without it: a statically linked one
 /// and a set-user-ID one.
 #[test]
