@@ -260,10 +260,19 @@ pub(crate) unsafe fn warn_searched(file: &CStr, argv: *const *const c_char) {
     // SAFETY: per the caller.
     let argv = unsafe { args(argv) };
     super::inside(|| {
-        if let Some(full) = host_search(file.to_bytes()) {
-            warn_if_unreachable(&full, &argv);
+        // The search only when the warning could apply.
+        if in_play(&argv) {
+            if let Some(full) = host_search(file.to_bytes()) {
+                warn_if_unreachable(&full, &argv);
+            }
         }
     });
+}
+
+/// Whether Moneta is in play for a program started with `argv`: a Moneta working directory,
+/// or an argument that names a Moneta path.
+fn in_play(argv: &[CString]) -> bool {
+    paths::cwd().is_some() || argv.iter().skip(1).any(|a| names_moneta(a.to_bytes()))
 }
 
 /// A host program that `LD_PRELOAD` cannot reach (statically linked, or set-user-ID or
@@ -271,8 +280,7 @@ pub(crate) unsafe fn warn_searched(file: &CStr, argv: *const *const c_char) {
 /// that names a Moneta path): says so once, since the program itself will only report that
 /// the paths do not exist.
 fn warn_if_unreachable(path: &CStr, argv: &[CString]) {
-    let in_play = paths::cwd().is_some() || argv.iter().skip(1).any(|a| names_moneta(a.to_bytes()));
-    if !in_play {
+    if !in_play(argv) {
         return;
     }
     let Some(why) = unreachable(path, 0) else {
