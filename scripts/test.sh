@@ -14,6 +14,11 @@ command -v make >/dev/null || need_apt+=(make)
 command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v rsync >/dev/null || need_apt+=(rsync)
+command -v git >/dev/null || need_apt+=(git)
+# A statically linked program the shim cannot reach (ldd fails on a static one); it replaces
+# the distribution's dynamically linked busybox.
+{ command -v busybox >/dev/null && ! ldd "$(command -v busybox)" >/dev/null 2>&1; } ||
+  need_apt+=(busybox-static)
 # The applications benchmark (crates/moneta/src/apps.rs, tests/apps.rs): Berkeley DB's headers
 # for examples/apps/bdb_bench.c, and mkfs.xfs for the XFS loop-device target.
 [ -f /usr/include/db.h ] || need_apt+=(libdb-dev)

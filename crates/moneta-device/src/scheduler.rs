@@ -110,8 +110,9 @@ impl<T> Scheduler<T> {
             && self.reserved.iter().all(|&seq| seq >= fence)
     }
 
-    /// Removes and hands to `f`, in issue order, every request ready at `now_ns`.
-    pub fn complete_ready(&mut self, now_ns: u64, mut f: impl FnMut(T)) -> usize {
+    /// Removes and hands to `f`, in issue order, every request ready at `now_ns`, with the
+    /// time it was ready.
+    pub fn complete_ready(&mut self, now_ns: u64, mut f: impl FnMut(u64, T)) -> usize {
         if self.in_flight.is_empty() {
             return 0;
         }
@@ -119,8 +120,8 @@ impl<T> Scheduler<T> {
         let mut i = 0;
         while i < self.in_flight.len() {
             if self.in_flight[i].0 <= now_ns {
-                let (_, _, req) = self.in_flight.remove(i);
-                f(req);
+                let (ready, _, req) = self.in_flight.remove(i);
+                f(ready, req);
                 done += 1;
             } else {
                 i += 1;
@@ -166,11 +167,11 @@ mod tests {
         s.issue(50, 'b');
         assert!(!s.passed(f));
         let mut out = vec![];
-        assert_eq!(s.complete_ready(60, |r| out.push(r)), 1);
+        assert_eq!(s.complete_ready(60, |_, r| out.push(r)), 1);
         assert_eq!(out, vec!['b']);
         assert!(!s.passed(f));
         assert_eq!(s.next_ready(), Some(100));
-        s.complete_ready(100, |r| out.push(r));
+        s.complete_ready(100, |_, r| out.push(r));
         assert!(s.passed(f) && s.is_empty());
         // A reserved place holds a fence until it is issued and completes, or is forgotten.
         let r = s.reserve();
@@ -179,7 +180,7 @@ mod tests {
         assert!(!s.passed(f));
         s.issue_reserved(300, r, 'c');
         assert!(!s.passed(f));
-        s.complete_ready(300, |_| {});
+        s.complete_ready(300, |_, _| {});
         assert!(s.passed(f));
         let r = s.reserve();
         assert!(!s.passed(s.fence()));

@@ -79,6 +79,14 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A reader that stops early (`moneta status | head`) ends the output quietly, as it does
+    // for other commands, rather than with a panic in `println!`. Not for `run`, whose
+    // program gets the default anyway, nor `report`, which feeds applications through pipes
+    // and must see a failed write as an error.
+    if !matches!(cli.command, Cmd::Run(_) | Cmd::Report(_)) {
+        // SAFETY: sets a signal's disposition to the default, before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let r = match cli.command {
         Cmd::Start {
             socket,

@@ -60,6 +60,24 @@ fn start_status_stop_on_the_default_paths() {
     assert_eq!(v["table_capacity"], 16384);
     let o = moneta(&["status"], &env);
     assert!(text(&o).contains("channels open"));
+    // A reader gone before the output (`moneta status | head`) ends it quietly.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .arg("status")
+        .envs(env)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{}", text(&o));
+    assert!(o.stderr.is_empty(), "{}", text(&o));
+    // The daemon's log is plain text (no terminal colour codes in a file).
+    let log = std::fs::read_to_string(runtime.join("moneta/monetad.log")).unwrap();
+    assert!(
+        log.contains("monetad ready") && !log.contains('\x1b'),
+        "{log:?}"
+    );
     let o = moneta(&["stop"], &env);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!socket.exists());

@@ -185,9 +185,9 @@ fn cc(src: &Path, out: &Path, extra: &[&str]) {
 }
 
 /// The C library calls one by one: errno rules, descriptors and dup, positions, flags,
-/// attributes, vectored I/O, truncation, mmap refused, fork, exec with a Moneta stdout,
-/// record locks and flock between processes, stdio, directories, rename across devices, the
-/// current directory, and an unlinked file still open.
+/// attributes, vectored I/O, truncation, mmap (shared refused, private a copy), fork, exec
+/// with a Moneta stdout, record locks and flock between processes, stdio, directories, rename
+/// across devices, the current directory, and an unlinked file still open.
 #[test]
 fn probe_of_the_c_library_calls() {
     let d = Daemon::start("256M");
@@ -363,22 +363,74 @@ fn sqlite3() {
     );
 
     // WAL mode needs a shared-memory map of the -shm file, which Moneta files cannot give
-    // yet: the refusal says so once, naming mmap and the way back, and the way back works.
-    d.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7); PRAGMA journal_mode=WAL;'");
-    let o = d.run(&["sqlite3", "/moneta/wal.db", "SELECT a FROM t;"], None);
+    // yet: `PRAGMA journal_mode=WAL` is refused with a message naming mmap (once, however
+    // often the program asks), and the database keeps its journal mode: it still opens, in
+    // the same program and in the next.
+    d.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
+    let o = d.run(
+        &["sqlite3", "/moneta/wal.db"],
+        Some(b"PRAGMA journal_mode=WAL;\nINSERT INTO t VALUES(8);\nPRAGMA journal_mode=WAL;\n"),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("journal_mode=WAL refused for /moneta/wal.db")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("(mmap MAP_SHARED)"), "{err}");
+    let o = d.run(
+        &[
+            "sqlite3",
+            "/moneta/wal.db",
+            "PRAGMA journal_mode; PRAGMA integrity_check; SELECT a FROM t;",
+        ],
+        None,
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "delete\nok\n7\n8\n");
+    // A new database asked for WAL first stays a rollback one too.
+    let o = d.run(
+        &["sqlite3", "/moneta/new.db", "PRAGMA journal_mode=WAL;"],
+        None,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("journal_mode=WAL refused"),
+        "{}",
+        text(&o)
+    );
+    let out = d.sh("sqlite3 /moneta/new.db 'CREATE TABLE n(b); PRAGMA journal_mode;'");
+    assert_eq!(out, "delete\n");
+
+    // A database already in WAL mode (copied in from the host) fails to open, with a
+    // message naming mmap and the way back, which works; in exclusive locking mode (no map)
+    // it is read, written and checkpointed.
+    let t = TempDir::new("wal");
+    let host_db = t.0.join("host.db");
+    let o = Command::new("sqlite3")
+        .arg(&host_db)
+        .arg("PRAGMA journal_mode=WAL; CREATE TABLE t(a); INSERT INTO t VALUES(9);")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    d.sh(&format!("cp {} /moneta/host.db", host_db.display()));
+    let o = d.run(&["sqlite3", "/moneta/host.db", "SELECT a FROM t;"], None);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
-        err.matches("mmap of /moneta/wal.db-shm refused").count(),
+        err.matches("mmap of /moneta/host.db-shm refused").count(),
         1,
         "{err}"
     );
     assert!(err.contains("PRAGMA locking_mode=EXCLUSIVE"), "{err}");
     let out = d.sh(
-        "sqlite3 /moneta/wal.db 'PRAGMA locking_mode=EXCLUSIVE; PRAGMA journal_mode=DELETE;' \
-         >/dev/null && sqlite3 /moneta/wal.db 'SELECT a FROM t;'",
+        "sqlite3 /moneta/host.db 'PRAGMA locking_mode=EXCLUSIVE; INSERT INTO t VALUES(10); \
+         PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;' >/dev/null && \
+         sqlite3 /moneta/host.db 'SELECT a FROM t; PRAGMA journal_mode;'",
     );
-    assert_eq!(out, "7\n");
+    assert_eq!(out, "9\n10\ndelete\n");
 }
 
 /// python3 with open, os and shutil.
@@ -440,6 +492,23 @@ print('python: ok')
         o.status.success() && String::from_utf8_lossy(&o.stdout).contains("python: ok"),
         "{}",
         text(&o)
+    );
+}
+
+/// git reads its files through private memory maps (copies of Moneta files): a repository
+/// under the prefix takes commits, shows diffs, packs and checks itself.
+#[test]
+fn git_repository_under_the_prefix() {
+    need("git");
+    let d = Daemon::start("128M");
+    let out = d.sh("set -e; cd /moneta && git init -q repo && cd repo && \
+         git config user.name u && git config user.email u@example.org && \
+         printf 'one\\n' > a && git add a && git commit -qm first && \
+         printf 'two\\n' >> a && git diff --stat | cat && git commit -qam second && \
+         git gc -q && git fsck --no-progress 2>&1 && git log --format=%s | cat && git show HEAD:a");
+    assert_eq!(
+        out,
+        " a | 1 +\n 1 file changed, 1 insertion(+)\nsecond\nfirst\none\ntwo\n"
     );
 }
 
@@ -598,6 +667,89 @@ fn no_daemon() {
     // The calls fail with EIO: never the host's /moneta/x, were there one.
     assert!(err.contains("fail with EIO"), "{err}");
     assert_eq!(err.matches(": Input/output error").count(), 2, "{err}");
+    assert_eq!(err.matches("moneta start").count(), 1, "{err}");
+    // With the prefix over a host directory that holds files of the same names: nothing
+    // is read, listed, written, created or removed there.
+    let mnt = t.0.join("mnt");
+    std::fs::create_dir_all(mnt.join("sub")).unwrap();
+    std::fs::write(mnt.join("x"), "host").unwrap();
+    let m = mnt.display();
+    let script = format!(
+        "cat {m}/x; ls {m}; stat {m}/x; echo new > {m}/y; echo more >> {m}/x; rm {m}/x; \
+         mkdir {m}/d; mv {m}/sub {m}/sub2; cd {m}/sub && touch z; cd /; cat {}/x; echo done",
+        m.to_string().strip_prefix('/').unwrap()
+    );
+    let o = Command::new("sh")
+        .args(["-c", &script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .env("MONETA_MOUNT", &mnt)
+        .current_dir(&t.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n", "{err}");
+    assert_eq!(
+        err.matches("is not running").count(),
+        8,
+        "one per process: {err}"
+    );
+    assert_eq!(std::fs::read_to_string(mnt.join("x")).unwrap(), "host");
+    let mut names: Vec<String> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["sub", "x"]);
+    assert!(!t.0.join("z").exists() && !mnt.join("sub/z").exists());
+}
+
+/// A program that outlives its daemon: without one, Moneta paths fail with `EIO`; a daemon
+/// started later is found by the next call; after a restart, files opened before fail with
+/// `EIO` and new opens work.
+#[test]
+fn a_daemon_started_or_restarted_later_is_found() {
+    need("python3");
+    let t = TempDir::new("later");
+    let socket = t.0.join("monetad.sock");
+    let moneta = env!("CARGO_BIN_EXE_moneta");
+    let script = format!(
+        r#"
+import errno, subprocess
+def start(): subprocess.run(['{moneta}', 'start', '--volatile', '--size', '32M', '--socket', '{s}'], check=True, stdout=subprocess.DEVNULL)
+def stop(): subprocess.run(['{moneta}', 'stop', '--socket', '{s}'], check=True, stdout=subprocess.DEVNULL)
+try:
+    open('/moneta/a', 'w')
+    raise SystemExit('opened without a daemon')
+except OSError as e:
+    assert e.errno == errno.EIO, e
+start()
+f = open('/moneta/a', 'w'); f.write('one'); f.flush()
+stop(); start()
+try:
+    f.write('two'); f.flush()
+    raise SystemExit('an old file survived the restart')
+except OSError as e:
+    assert e.errno == errno.EIO, e
+open('/moneta/b', 'w').write('new')
+print(open('/moneta/b').read())
+stop()
+"#,
+        s = socket.display()
+    );
+    let o = Command::new("python3")
+        .args(["-c", &script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .env_remove("MONETA_MOUNT")
+        .output()
+        .unwrap();
+    let _ = Command::new(moneta)
+        .args(["stop", "--socket"])
+        .arg(&socket)
+        .output();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "new\n");
 }
 
 /// Programs the shim cannot reach are refused, not run without it: a statically linked one
@@ -654,6 +806,18 @@ fn working_directory_and_paths_into_the_prefix() {
     d.sh(&format!("cd {host} && make -s -C /moneta/d"));
     assert_eq!(d.sh("cat /moneta/d/out"), "made\n");
     assert!(!t.0.join("out").exists());
+    // posix_spawn, posix_spawnp (found on PATH, not in the working directory) and system.
+    let out = d.sh(&format!(
+        "cd {host} && cd /moneta/d && python3 -c \"import os\n\
+         os.posix_spawn('/bin/sh', ['sh', '-c', 'pwd; touch s1'], os.environ); os.wait()\n\
+         os.posix_spawnp('sh', ['sh', '-c', 'pwd; touch s2'], os.environ); os.wait()\n\
+         os.system('pwd; touch s3')\" && ls /moneta/d && rm /moneta/d/s?"
+    ));
+    assert_eq!(
+        out,
+        "/moneta/d\n/moneta/d\n/moneta/d\nMakefile\nnew\nout\nrel\ns1\ns2\ns3\n"
+    );
+    assert!(["s1", "s2", "s3"].iter().all(|f| !t.0.join(f).exists()));
     // A statically linked program started from a Moneta directory cannot see it, and its
     // relative paths fail instead of landing in the host directory.
     let src = t.0.join("create.c");
@@ -674,10 +838,29 @@ fn working_directory_and_paths_into_the_prefix() {
         d.sh("cd /moneta/d && cd ../.. && /bin/pwd && ls -d etc"),
         "/\netc\n"
     );
-    let out = d.sh("ls -lad /moneta/.. | cut -c1");
-    assert_eq!(out, "d\n");
-    // Relative to a kernel directory, into the prefix.
+    // `ls -la /moneta` lists the host's `/` as `..`, with its real attributes (not
+    // `d?????????`).
+    let out = d.sh(
+        "ls -la --time-style=+%s /moneta | awk '$NF == \"..\" { print $1, $2, $3, $4, $5, $6 }'; \
+         ls -lad --time-style=+%s / | awk '{ print $1, $2, $3, $4, $5, $6 }'",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0] == lines[1] && !out.contains('?'),
+        "{out}"
+    );
+    // Relative to a kernel directory, into the prefix; for a prefix of several components
+    // too, from above its last one.
     assert_eq!(d.sh("cd / && cat moneta/d/out"), "made\n");
+    let nested = t.0.join("mnt/moneta");
+    let rel = nested.strip_prefix("/").unwrap().display().to_string();
+    let o = d.run_env(
+        &["sh", "-c", &format!("cd / && cat {rel}/d/out")],
+        None,
+        &[("MONETA_MOUNT", nested.to_str().unwrap())],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "made\n");
     let out = d.sh("python3 -c \"import os; fd = os.open('/', os.O_PATH); \
          print(os.stat('moneta/d/out', dir_fd=fd).st_size)\"");
     assert_eq!(out, "5\n");
@@ -847,6 +1030,14 @@ int main(int argc, char **argv) {
         d.sh("cd /moneta/w3 && /moneta/w3/prog a && ./prog b c && PATH=/moneta/w3:$PATH prog d"),
         format!("a 2 data euid={me}\nb 3 data euid={me}\nd 2 data euid={me}\n")
     );
+    // Through execvp and posix_spawnp with a path (env, python's subprocess), and found on
+    // PATH by them.
+    assert_eq!(
+        d.sh("cd /moneta/w3 && env /moneta/w3/prog e && env ./prog f && \
+             PATH=/moneta/w3:$PATH env prog g && python3 -c \
+             'import os; os.posix_spawnp(\"./prog\", [\"./prog\", \"h\"], os.environ); os.wait()'"),
+        format!("e 2 data euid={me}\nf 2 data euid={me}\ng 2 data euid={me}\nh 2 data euid={me}\n")
+    );
     // Set-user-ID is ignored (as on a nosuid mount); no execute bit is EACCES.
     d.sh("chmod 4755 /moneta/w3/prog");
     assert!(d
@@ -881,4 +1072,48 @@ int main(int argc, char **argv) {
     );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("statically linked"), "{}", text(&o));
+}
+
+/// busybox (statically linked: `scripts/test.sh` installs busybox-static) cannot see
+/// `/moneta`. `moneta run busybox` refuses it; started on Moneta paths from a program under
+/// the shim (a shell, `env` and `xargs`, which search `PATH` through the C library, or as a
+/// shell whose command names them), it is told why once instead of a bare "No such file or
+/// directory"; started without Moneta paths, nothing is said.
+#[test]
+fn static_busybox_is_told_why() {
+    need("busybox");
+    let d = Daemon::start("64M");
+    let o = d.run(&["busybox", "true"], None);
+    assert!(
+        !o.status.success() && text(&o).contains("statically linked"),
+        "the test needs a statically linked busybox (busybox-static): {}",
+        text(&o)
+    );
+    d.sh("echo x > /moneta/f");
+    for script in [
+        "busybox cat /moneta/f",
+        "env busybox cat /moneta/f",
+        "echo /moneta/f | xargs busybox cat",
+        "busybox sh -c 'cat /moneta/f'",
+        "busybox dd if=/moneta/f of=/dev/null",
+        "cd /moneta && busybox cat f",
+    ] {
+        let o = d.run(&["sh", "-c", script], None);
+        assert!(!o.status.success(), "{script}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            err.matches("busybox is statically linked").count(),
+            1,
+            "{script}: {err}"
+        );
+        assert!(
+            err.contains("files under /moneta will not be found by it"),
+            "{script}: {err}"
+        );
+    }
+    let o = d.run(
+        &["sh", "-c", "busybox ls / >/dev/null; env busybox true"],
+        None,
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
 }

@@ -208,6 +208,13 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let pid_path = config::pid_file(&config.socket);
     // Checked before the socket is bound, so a refusal leaves nothing behind.
     check_pid_file(&pid_path).map_err(DaemonError::Config)?;
+    if let Some(m) = &config.device.model {
+        moneta_device::model::config::check_emulable(
+            m,
+            moneta_device::model::config::host_copy_rate(),
+        )
+        .map_err(DaemonError::Config)?;
+    }
     let listener = bind_socket(&config.socket, config.socket_mode)?;
     // The socket is this daemon's from here on: gone again however `run` ends.
     let _socket = RemoveOnDrop(config.socket.clone());

@@ -34,11 +34,19 @@ fn gone(e: &ClientError) -> bool {
 
 /// The workload: runs until the daemon dies. Refusals of scratch operations (a missing name,
 /// a non-empty directory) are part of the game; any other error means the daemon is gone.
-fn workload(socket: std::path::PathBuf, seed: u64, durable: Vec<Vec<u8>>, tx: mpsc::Sender<Event>) {
+/// `ready` hears once the workload has its channel (dropped unsent if it gets none).
+fn workload(
+    socket: std::path::PathBuf,
+    seed: u64,
+    durable: Vec<Vec<u8>>,
+    tx: mpsc::Sender<Event>,
+    ready: mpsc::Sender<()>,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
     let Ok(ch) = Channel::open(&socket) else {
         return;
     };
+    let _ = ready.send(());
     let c = ch.control();
     let mut durable = durable;
     let mut made = 0u32;
@@ -203,7 +211,11 @@ fn killed_daemons_leave_consistent_images_and_every_fsynced_file() {
         let socket = d.socket.clone();
         let known: Vec<Vec<u8>> = expected.keys().cloned().collect();
         let wseed = seed ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let worker = std::thread::spawn(move || workload(socket, wseed, known, tx));
+        let (ready_tx, ready) = mpsc::channel();
+        let worker = std::thread::spawn(move || workload(socket, wseed, known, tx, ready_tx));
+        // The random instant counts from when the workload runs, not from the restart: on a
+        // loaded machine, connecting alone can take most of the window.
+        let _ = ready.recv_timeout(Duration::from_secs(20));
         std::thread::sleep(Duration::from_micros(rng.gen_range(200..12_000)));
         d.kill9();
         worker.join().unwrap();
@@ -233,6 +245,7 @@ fn killed_daemons_leave_consistent_images_and_every_fsynced_file() {
         drop(a);
         d.spawn();
     }
+    println!("crash test: {verified} checks of fsync'd files after the restarts");
     assert!(
         verified > kills as usize / 2,
         "the workload made durable files ({verified} checks)"

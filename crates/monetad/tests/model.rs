@@ -84,6 +84,9 @@ fn requests_complete_when_the_model_says_and_not_before() {
         total > 0.0 && (total - parts).abs() <= total * 1e-5,
         "{total} vs {parts}"
     );
+    // The device published both at the model's times (and counts how late it was).
+    assert_eq!(m.get("emulation.completions"), Some("2"));
+    assert!(m.get("emulation.max_late_ns").is_some());
     // Address 8192 is the second stripe: controller 1 did the work.
     assert_eq!(m.get("controllers.1.transfers"), Some("2"));
     assert_eq!(m.get("controllers.0.transfers"), Some("0"));
@@ -265,6 +268,19 @@ fn a_bad_model_is_refused_with_the_reason() {
             "controllers must be 1 to 16",
         ),
         (&["--model-set", "controllers=2"][..], "needs a model"),
+        (
+            &[
+                "--model",
+                "pcm",
+                "--model-set",
+                "link_rate=5000",
+                "--model-set",
+                "ring_rate=10000",
+                "--model-set",
+                "ctrl_rate=10000",
+            ][..],
+            "more than this host copies",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_monetad"))
             .args([

@@ -426,12 +426,26 @@ pub unsafe extern "C" fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     if hooked() && !file.is_null() {
-        // A search that reaches a directory under the prefix is ours to make.
         // SAFETY: per the caller.
-        let found = super::inside(|| super::launch::search_path(unsafe { CStr::from_ptr(file) }));
-        if let Some(full) = found {
-            // SAFETY: per the caller; `full` lives until the call returns.
-            return unsafe { execve(full.as_ptr(), argv, envp) };
+        let name = unsafe { CStr::from_ptr(file) };
+        if name.to_bytes().contains(&b'/') {
+            // No search: the C library would call the kernel's execve with the path, which
+            // must be ours to see (a Moneta program, a program that cannot see Moneta). Only
+            // its fallback for a script without `#!` (ENOEXEC: run by /bin/sh) is left to it.
+            // SAFETY: per the caller.
+            let r = unsafe { execve(file, argv, envp) };
+            if super::errno() != libc::ENOEXEC {
+                return r;
+            }
+        } else {
+            // A search that reaches a directory under the prefix is ours to make.
+            let found = super::inside(|| super::launch::search_path(name));
+            if let Some(full) = found {
+                // SAFETY: per the caller; `full` lives until the call returns.
+                return unsafe { execve(full.as_ptr(), argv, envp) };
+            }
+            // SAFETY: per the caller.
+            unsafe { super::launch::warn_searched(name, argv) };
         }
     }
     // SAFETY: per the caller.
@@ -508,8 +522,12 @@ type SpawnFn = unsafe extern "C" fn(
     *const *const c_char,
 ) -> c_int;
 
+/// `posix_spawn` or, with `search`, `posix_spawnp` of a name without `/` (which the C
+/// library looks up on `PATH`, never relative to the working directory).
+#[allow(clippy::too_many_arguments)]
 unsafe fn spawn(
     real: SpawnFn,
+    search: bool,
     pid: *mut libc::pid_t,
     path: *const c_char,
     actions: *const libc::posix_spawn_file_actions_t,
@@ -520,8 +538,13 @@ unsafe fn spawn(
     if hooked() {
         // A Moneta program runs from a copy (its memfd is inherited by the child, which
         // executes it by its /proc path).
-        // SAFETY: per the caller.
-        let mut img = match unsafe { super::launch::prepare(path, argv) } {
+        let prepared = if search {
+            None
+        } else {
+            // SAFETY: per the caller.
+            unsafe { super::launch::prepare(path, argv) }
+        };
+        let mut img = match prepared {
             None => None,
             Some(Err(e)) => return e,
             Some(Ok(img)) => Some(img),
@@ -575,7 +598,7 @@ pub unsafe extern "C" fn posix_spawn(
         *const *const c_char
     ) -> c_int);
     // SAFETY: per the caller.
-    unsafe { spawn(f, pid, path, actions, attr, argv, envp) }
+    unsafe { spawn(f, false, pid, path, actions, attr, argv, envp) }
 }
 
 /// `posix_spawnp(3)`.
@@ -594,11 +617,19 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     if hooked() && !file.is_null() {
         // SAFETY: per the caller.
-        let found = super::inside(|| super::launch::search_path(unsafe { CStr::from_ptr(file) }));
+        let name = unsafe { CStr::from_ptr(file) };
+        if name.to_bytes().contains(&b'/') {
+            // No search: the path is used as given, as by posix_spawn.
+            // SAFETY: per the caller.
+            return unsafe { posix_spawn(pid, file, actions, attr, argv, envp) };
+        }
+        let found = super::inside(|| super::launch::search_path(name));
         if let Some(full) = found {
             // SAFETY: per the caller; `full` lives until the call returns.
             return unsafe { posix_spawn(pid, full.as_ptr(), actions, attr, argv, envp) };
         }
+        // SAFETY: per the caller.
+        unsafe { super::launch::warn_searched(name, argv) };
     }
     let f: SpawnFn = real!(posix_spawnp: fn(
         *mut libc::pid_t,
@@ -609,7 +640,7 @@ pub unsafe extern "C" fn posix_spawnp(
         *const *const c_char
     ) -> c_int);
     // SAFETY: per the caller.
-    unsafe { spawn(f, pid, file, actions, attr, argv, envp) }
+    unsafe { spawn(f, true, pid, file, actions, attr, argv, envp) }
 }
 
 /// The previous image's hand-over and working directory, taken at load time (before
@@ -716,6 +747,7 @@ fn adopt(buf: &[u8]) -> Result<(), String> {
                     flags: flags.into(),
                     is_dir,
                     dir_cookie: Mutex::new(cookie),
+                    write_locked: false.into(),
                 })),
                 Err(e) => {
                     log(ERROR, format_args!("a Moneta file is lost: {e}"));

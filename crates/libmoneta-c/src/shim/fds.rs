@@ -18,7 +18,7 @@
 //! hand-over reads, and the parent ignores once it runs again.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
@@ -38,6 +38,8 @@ pub(crate) struct Desc {
     pub is_dir: bool,
     /// Position of a directory read through `getdents`-style calls (the readdir cookie).
     pub dir_cookie: Mutex<u64>,
+    /// A POSIX write lock was taken through it (as SQLite does before it writes a database).
+    pub write_locked: AtomicBool,
 }
 
 struct Chunk {

@@ -10,8 +10,9 @@
 //! The new program sees `/proc/self/exe` as the memfd (`/memfd:moneta-exec (deleted)`).
 //!
 //! A statically linked or set-ID program started with Moneta in play (a Moneta working
-//! directory, or an argument under the prefix) cannot be reached by `LD_PRELOAD`: it runs,
-//! but a message says why its Moneta paths will not be found.
+//! directory, or an argument that names a Moneta path) cannot be reached by `LD_PRELOAD`: it
+//! runs, but a message says why its Moneta paths will not be found, whether it was started
+//! by path or found on `PATH` (`env`, `xargs`).
 
 use std::ffi::{c_char, CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -202,18 +203,84 @@ fn moneta_image(np: Vec<u8>, given: &CStr, argv: Vec<CString>, depth: u32) -> Re
     })
 }
 
+/// Whether `arg` names a Moneta path: as a whole (also relative to a Moneta working
+/// directory), or inside it, as an absolute path under the prefix after a separator
+/// (`if=/moneta/x`, `--file=/moneta/x`, the command of `sh -c 'ls /moneta'`).
+fn names_moneta(arg: &[u8]) -> bool {
+    if matches!(paths::classify_bytes(libc::AT_FDCWD, arg), Where::Moneta(_)) {
+        return true;
+    }
+    let prefix = &config().prefix;
+    if prefix.is_empty() {
+        return false;
+    }
+    let name = |b: u8| b.is_ascii_alphanumeric() || b"/._-~".contains(&b);
+    (0..arg.len()).any(|i| {
+        arg[i..].starts_with(prefix)
+            && (i == 0 || !name(arg[i - 1]))
+            && arg
+                .get(i + prefix.len())
+                .is_none_or(|&b| b == b'/' || !name(b))
+    })
+}
+
+/// The host program `execvp` would run for `file` (no `/` in it): the first executable
+/// regular file of that name in a `PATH` directory (the C library's default path when
+/// `PATH` is unset).
+fn host_search(file: &[u8]) -> Option<CString> {
+    let path = std::env::var_os("PATH")
+        .map(|p| p.as_bytes().to_vec())
+        .unwrap_or_else(|| b"/bin:/usr/bin".to_vec());
+    path.split(|&b| b == b':').find_map(|d| {
+        let mut cand = if d.is_empty() {
+            b".".to_vec()
+        } else {
+            d.to_vec()
+        };
+        cand.push(b'/');
+        cand.extend_from_slice(file);
+        let c = CString::new(cand).ok()?;
+        let st = rustix::fs::stat(c.as_c_str()).ok()?;
+        (st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && rustix::fs::access(c.as_c_str(), rustix::fs::Access::EXEC_OK).is_ok())
+        .then_some(c)
+    })
+}
+
+/// Before `execvp` or `posix_spawnp` of `file` on the C library's own `PATH` search: the
+/// warning of [`warn_if_unreachable`] for the program the search will find.
+///
+/// # Safety
+///
+/// `argv` as for `execve`.
+pub(crate) unsafe fn warn_searched(file: &CStr, argv: *const *const c_char) {
+    if !hooked() || file.to_bytes().is_empty() || file.to_bytes().contains(&b'/') {
+        return;
+    }
+    // SAFETY: per the caller.
+    let argv = unsafe { args(argv) };
+    super::inside(|| {
+        // The search only when the warning could apply.
+        if in_play(&argv) {
+            if let Some(full) = host_search(file.to_bytes()) {
+                warn_if_unreachable(&full, &argv);
+            }
+        }
+    });
+}
+
+/// Whether Moneta is in play for a program started with `argv`: a Moneta working directory,
+/// or an argument that names a Moneta path.
+fn in_play(argv: &[CString]) -> bool {
+    paths::cwd().is_some() || argv.iter().skip(1).any(|a| names_moneta(a.to_bytes()))
+}
+
 /// A host program that `LD_PRELOAD` cannot reach (statically linked, or set-user-ID or
-/// set-group-ID), started with Moneta in play: says so once, since the program itself will
-/// only report that the paths do not exist.
+/// set-group-ID), started with Moneta in play (a Moneta working directory, or an argument
+/// that names a Moneta path): says so once, since the program itself will only report that
+/// the paths do not exist.
 fn warn_if_unreachable(path: &CStr, argv: &[CString]) {
-    let in_play = paths::cwd().is_some()
-        || argv.iter().skip(1).any(|a| {
-            matches!(
-                paths::classify_bytes(libc::AT_FDCWD, a.to_bytes()),
-                Where::Moneta(_)
-            )
-        });
-    if !in_play {
+    if !in_play(argv) {
         return;
     }
     let Some(why) = unreachable(path, 0) else {

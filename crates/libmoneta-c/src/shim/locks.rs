@@ -78,16 +78,29 @@ pub(crate) fn fcntl_lock(d: &Desc, cmd: c_int, arg: usize) -> Result<c_int, i32>
             }
             Ok(0)
         }
-        libc::F_SETLKW | libc::F_OFD_SETLKW => d
-            .file
-            .lock_wait(kind, ty, start as u64, len as u64)
-            .map(|_| 0)
-            .map_err(eno),
-        _ => d
-            .file
-            .lock(kind, LockCmd::Set, ty, start as u64, len as u64, false)
-            .map(|_| 0)
-            .map_err(eno),
+        libc::F_SETLKW | libc::F_OFD_SETLKW => {
+            d.file
+                .lock_wait(kind, ty, start as u64, len as u64)
+                .map_err(eno)?;
+            took(d, ty);
+            Ok(0)
+        }
+        _ => {
+            d.file
+                .lock(kind, LockCmd::Set, ty, start as u64, len as u64, false)
+                .map_err(eno)?;
+            took(d, ty);
+            Ok(0)
+        }
+    }
+}
+
+/// Remembers that a write lock was taken through `d` (see `hooks::data`: SQLite's switch to
+/// WAL is recognized by it).
+fn took(d: &Desc, ty: LockType) {
+    if ty == LockType::Write {
+        d.write_locked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -275,11 +275,18 @@ pub(crate) fn conn() -> Option<&'static Moneta> {
         Err(e) => {
             static TOLD: std::sync::Once = std::sync::Once::new();
             TOLD.call_once(|| {
+                let e = e.to_string();
+                // Not twice: the error may already say how to start one.
+                let start = if e.contains("moneta start") {
+                    ""
+                } else {
+                    " (start one with `moneta start`)"
+                };
                 log(
                     ERROR,
                     format_args!(
                         "{e}; calls on paths under {} fail with EIO (Input/output error) until \
-                         a daemon answers (start one with `moneta start`)",
+                         a daemon answers{start}",
                         String::from_utf8_lossy(&config().prefix)
                     ),
                 )

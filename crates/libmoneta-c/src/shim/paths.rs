@@ -280,9 +280,10 @@ fn through_prefix(p: &[u8]) -> bool {
     false
 }
 
-/// Whether a relative path could reach the prefix from a kernel directory: it starts with the
-/// prefix's last component (`moneta/x` from `/`) or climbs with `..`. Only then is the
-/// directory's own path worth a system call.
+/// Whether a relative path could reach the prefix from a kernel directory: it names the
+/// prefix's last component (`moneta/x` from `/`, `mnt/moneta/x` from `/` for the prefix
+/// `/mnt/moneta`) or climbs with `..`. Only then is the directory's own path worth a system
+/// call.
 fn reaching_in(p: &[u8]) -> bool {
     let prefix = &config().prefix;
     let Some(last) = prefix
@@ -292,10 +293,7 @@ fn reaching_in(p: &[u8]) -> bool {
     else {
         return false;
     };
-    let first = p
-        .split(|&b| b == b'/')
-        .find(|c| !c.is_empty() && *c != b".");
-    first == Some(last) || p.split(|&b| b == b'/').any(|c| c == b"..")
+    p.split(|&b| b == b'/').any(|c| c == last || c == b"..")
 }
 
 /// The kernel's current directory (when the process's current directory is not Moneta's).

@@ -304,9 +304,10 @@ impl Device {
         r
     }
 
-    /// What the array's timing model has done so far (utilisation, queueing, energy, wear);
-    /// `None` without a model or once the device has stopped.
-    pub fn model_stats(&self) -> Option<ModelStats> {
+    /// What the array's timing model has done so far (utilisation, queueing, energy, wear),
+    /// and how far behind its times the device has published completions; `None` without a
+    /// model or once the device has stopped.
+    pub fn model_stats(&self) -> Option<(ModelStats, Lateness)> {
         self.config.model.as_ref()?;
         let (answer, rx) = mpsc::sync_channel(1);
         self.tx
@@ -322,7 +323,19 @@ impl Device {
     /// without a model.
     pub fn model_report(&self) -> Vec<(String, String)> {
         match (self.config.model.as_ref(), self.model_stats()) {
-            (Some(cfg), Some(stats)) => crate::model::report::pairs(cfg, &stats),
+            (Some(cfg), Some((stats, late))) => {
+                let mut p = crate::model::report::pairs(cfg, &stats);
+                let mean = late.total_ns.checked_div(late.completions).unwrap_or(0);
+                for (k, v) in [
+                    ("emulation.completions", late.completions),
+                    ("emulation.late", late.late),
+                    ("emulation.mean_late_ns", mean),
+                    ("emulation.max_late_ns", late.max_ns),
+                ] {
+                    p.push((k.into(), v.to_string()));
+                }
+                p
+            }
             _ => vec![("model".into(), "none".into())],
         }
     }

@@ -332,7 +332,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         let mut done = std::mem::take(&mut self.done);
-        self.sched.complete_ready(now, |r| done.push(r));
+        let model = &mut self.model;
+        self.sched.complete_ready(now, |ready, r| {
+            if let Some(m) = model.as_mut() {
+                if r.status == Status::Ok && matches!(r.cmd.opcode, Opcode::Read | Opcode::Write) {
+                    m.completed(ready, now);
+                }
+            }
+            done.push(r)
+        });
         let any = !done.is_empty();
         for r in done.drain(..) {
             self.finish(r);

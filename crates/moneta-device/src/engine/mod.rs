@@ -21,6 +21,8 @@ mod issue;
 mod poller;
 mod timing;
 
+pub use timing::{Lateness, LATE_NS};
+
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc, Mutex};
@@ -187,7 +189,7 @@ enum Control {
     },
     /// The timing model's figures (none without a model).
     ModelStats {
-        answer: mpsc::SyncSender<Option<crate::model::ModelStats>>,
+        answer: mpsc::SyncSender<Option<(crate::model::ModelStats, timing::Lateness)>>,
     },
 }
 

@@ -192,7 +192,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     let _ = ack.send(Ok(()));
                 }
                 Control::ModelStats { answer } => {
-                    let stats = self.model.as_ref().map(|m| m.stats(now));
+                    let stats = self.model.as_ref().map(|m| (m.stats(now), m.lateness()));
                     let _ = answer.send(stats);
                 }
             }

@@ -17,13 +17,33 @@ pub(crate) struct Timed {
     model: Model,
     /// The time of the model's next decision, if it has anything queued.
     next_ns: Option<u64>,
+    /// How far behind the model's times the device published completions.
+    late: Lateness,
 }
+
+/// Completions published after the time the model gave them: the emulator falling behind the
+/// array it models (the host, not the model, then sets the pace).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lateness {
+    /// Requests completed at the model's time.
+    pub completions: u64,
+    /// Of those, published more than [`LATE_NS`] after it.
+    pub late: u64,
+    /// Sum of the delays (ns).
+    pub total_ns: u64,
+    /// The longest delay (ns).
+    pub max_ns: u64,
+}
+
+/// A completion published this much after its time counts as late.
+pub const LATE_NS: u64 = 1_000;
 
 impl Timed {
     pub(crate) fn new(model: Model) -> Timed {
         Timed {
             model,
             next_ns: None,
+            late: Lateness::default(),
         }
     }
 
@@ -58,6 +78,22 @@ impl Timed {
             sched.set_ready(seq, done);
         });
         self.next_ns = self.model.next_event_ns();
+    }
+
+    /// A request the model timed for `ready_ns` was published at `now_ns`.
+    #[inline]
+    pub(super) fn completed(&mut self, ready_ns: u64, now_ns: u64) {
+        let d = now_ns.saturating_sub(ready_ns);
+        let l = &mut self.late;
+        l.completions += 1;
+        l.total_ns += d;
+        l.max_ns = l.max_ns.max(d);
+        l.late += u64::from(d > LATE_NS);
+    }
+
+    /// What the emulator's lateness has been.
+    pub(super) fn lateness(&self) -> Lateness {
+        self.late
     }
 
     /// When the model next needs the clock.

@@ -572,9 +572,68 @@ impl ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// The most bytes per ns the array can move in both directions at once: the link each
+    /// way, bounded by the ring both share and by the controllers.
+    pub fn peak_total_rate(&self) -> f64 {
+        (self.peak_rate(false) + self.peak_rate(true)).min(self.ring_rate)
+    }
+}
+
+/// How fast this host copies memory (bytes per ns): the best of a few copies of 16 MiB. The
+/// device copies every byte a request moves, so a model that moves more than this cannot be
+/// emulated in real time.
+pub fn host_copy_rate() -> f64 {
+    let len = 16 << 20;
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let t = std::time::Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_nanos() as f64);
+    }
+    len as f64 / best.max(1.0)
+}
+
+/// Refuses a model this host cannot emulate in real time, saying why and what to change.
+pub fn check_emulable(cfg: &ModelConfig, host_rate: f64) -> Result<(), String> {
+    let need = cfg.peak_total_rate();
+    if need > host_rate {
+        return Err(format!(
+            "the `{}` model moves up to {need:.1} GB/s (both directions of the link, within \
+             the ring and the controllers), more than this host copies ({host_rate:.1} GB/s \
+             measured now): the device would fall behind the model and show the host's \
+             speed, not the array's. Lower link_rate, ring_rate or ctrl_rate, or use fewer \
+             controllers",
+            cfg.name
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_faster_than_the_host_is_refused() {
+        let pcm = ModelConfig::pcm();
+        assert_eq!(pcm.peak_total_rate(), 4.0);
+        assert!(check_emulable(&pcm, 10.0).is_ok());
+        let mut fast = ModelConfig::pcm();
+        fast.link_rate = 50.0;
+        fast.ring_rate = 100.0;
+        fast.ctrl_rate = 100.0;
+        fast.controllers = 16;
+        let e = check_emulable(&fast, 10.0).unwrap_err();
+        assert!(
+            e.contains("more than this host copies") && e.contains("link_rate"),
+            "{e}"
+        );
+        assert!(host_copy_rate() > 0.1);
+    }
 
     #[test]
     fn presets_are_valid_and_named() {

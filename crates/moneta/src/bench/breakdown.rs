@@ -34,15 +34,6 @@ pub(super) struct Trace {
     pub device: [u64; 5],
 }
 
-impl Trace {
-    pub fn add(&mut self, o: &Trace) {
-        self.client.add(&o.client);
-        for (a, b) in self.device.iter_mut().zip(o.device) {
-            *a += b;
-        }
-    }
-}
-
 /// Client sums the bench threads of the current run hand in when they end.
 static CLIENT: Mutex<Breakdown> = Mutex::new(Breakdown {
     ops: 0,

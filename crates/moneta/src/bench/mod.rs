@@ -271,11 +271,10 @@ fn summarize(
     let mut p50s: Vec<u64> = runs.iter().map(|r| r.hist.value_at_quantile(0.5)).collect();
     p50s.sort_unstable();
     runs.sort_by_key(|r| r.hist.value_at_quantile(0.5));
-    let mut trace: Option<breakdown::Trace> = None;
-    for t in runs.iter().filter_map(|r| r.trace.as_ref()) {
-        trace.get_or_insert_with(Default::default).add(t);
-    }
     let r = runs.swap_remove(n / 2);
+    // The stages of the run whose latencies are reported, so that they add up to its mean (a
+    // sum over every run let one slow run push the stages past the median run's mean).
+    let trace = r.trace;
     let h = &r.hist;
     let (instructions_per_op, instructions_note) = match &r.instructions {
         None => (None, None),

@@ -16,6 +16,7 @@ pub(crate) struct ModelSnap {
     wear_max: f64,
     wear_mean: f64,
     wear_max_over_mean: f64,
+    gap_moves: f64,
 }
 
 /// The model's counters now; `None` without a model.
@@ -33,6 +34,10 @@ pub(crate) fn snap(c: &Control) -> Option<ModelSnap> {
         wear_max: f("wear.max"),
         wear_mean: f("wear.mean"),
         wear_max_over_mean: f("wear.max_over_mean"),
+        gap_moves: (0..)
+            .map_while(|i| m.get(&format!("controllers.{i}.gap_moves")))
+            .filter_map(|v| v.parse::<f64>().ok())
+            .sum(),
     })
 }
 
@@ -54,6 +59,8 @@ pub struct ModelFigures {
     /// Their ratio: 1 is perfectly even wear; the fraction of the ideal lifetime a device
     /// reaches is its inverse.
     pub wear_max_over_mean: f64,
+    /// Start-gap moves of all controllers since the daemon started.
+    pub gap_moves: f64,
 }
 
 /// The figures of the span between `before` and `after`.
@@ -72,5 +79,6 @@ pub(crate) fn figures(before: ModelSnap, after: ModelSnap) -> ModelFigures {
         wear_max: after.wear_max,
         wear_mean: after.wear_mean,
         wear_max_over_mean: after.wear_max_over_mean,
+        gap_moves: after.gap_moves,
     }
 }

@@ -25,6 +25,11 @@ pub(crate) enum Exp {
     Async,
     Iops,
     Apps,
+    ArrayLatency,
+    ArrayBandwidth,
+    Fairness,
+    Power,
+    Wear,
 }
 
 /// Every experiment, in page order.
@@ -36,6 +41,11 @@ pub(crate) fn all() -> Vec<Exp> {
         Exp::Permissions,
         Exp::Async,
         Exp::Iops,
+        Exp::ArrayLatency,
+        Exp::ArrayBandwidth,
+        Exp::Fairness,
+        Exp::Power,
+        Exp::Wear,
         Exp::Apps,
     ]
 }
@@ -92,6 +102,11 @@ impl Exp {
             Exp::Async => "async",
             Exp::Iops => "iops",
             Exp::Apps => "apps",
+            Exp::ArrayLatency => "array-latency",
+            Exp::ArrayBandwidth => "array-bandwidth",
+            Exp::Fairness => "fairness",
+            Exp::Power => "power",
+            Exp::Wear => "wear",
         }
     }
 
@@ -104,6 +119,11 @@ impl Exp {
             Exp::Async => "Asynchronous against synchronous requests",
             Exp::Iops => "Operations per second and instructions per operation",
             Exp::Apps => "Applications",
+            Exp::ArrayLatency => "The array's latency against its parallelism (modelled array)",
+            Exp::ArrayBandwidth => "The array's bandwidth against request size (modelled array)",
+            Exp::Fairness => "Small requests beside large ones: scheduling (modelled array)",
+            Exp::Power => "Power and efficiency against request size (modelled array)",
+            Exp::Wear => "Wear under a hot spot, with and without start-gap (modelled array)",
         }
     }
 
@@ -304,6 +324,9 @@ impl Exp {
                     .collect()
             }
             Exp::Apps => vec![Step::Apps],
+            Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
+                super::array::steps(self.id(), set)
+            }
         }
     }
 
@@ -374,6 +397,9 @@ impl Exp {
             Exp::Async => asynchronous(&data, dir, &mut s)?,
             Exp::Iops => iops(&data, dir, &mut s)?,
             Exp::Apps => unreachable!("handled above"),
+            Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
+                super::array::present(self.id(), &data, dir, &mut s)?
+            }
         }
         if matches!(self, Exp::Breakdown | Exp::Bandwidth | Exp::Iops) {
             s.notes.extend(odirect_note(env));
@@ -415,19 +441,24 @@ fn write_data(dir: &Path, id: &str, values: &[Value], s: &mut Section) -> Result
     Ok(())
 }
 
-fn draw_chart(c: &Chart, dir: &Path, name: &str, s: &mut Section) -> Result<(), String> {
+pub(super) fn draw_chart(c: &Chart, dir: &Path, name: &str, s: &mut Section) -> Result<(), String> {
     plot::render_chart(c, &dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
     s.images.push(name.into());
     Ok(())
 }
 
-fn draw_bars(b: &BarChart, dir: &Path, name: &str, s: &mut Section) -> Result<(), String> {
+pub(super) fn draw_bars(
+    b: &BarChart,
+    dir: &Path,
+    name: &str,
+    s: &mut Section,
+) -> Result<(), String> {
     plot::render_bars(b, &dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
     s.images.push(name.into());
     Ok(())
 }
 
-fn op_name(op: Op) -> &'static str {
+pub(super) fn op_name(op: Op) -> &'static str {
     match op {
         Op::Read => "read",
         Op::Write => "write",
@@ -439,7 +470,7 @@ fn op_name(op: Op) -> &'static str {
 }
 
 /// `590 ns`, `1.2 µs`, `38 µs`, `1.5 ms`.
-fn fmt_ns(ns: f64) -> String {
+pub(super) fn fmt_ns(ns: f64) -> String {
     if ns < 1000.0 {
         format!("{ns:.0} ns")
     } else if ns < 10_000.0 {
@@ -465,7 +496,7 @@ fn faster(a: f64, b: f64) -> String {
 }
 
 /// `512 B`, `4 KiB`, `1 MiB`.
-fn size_name(s: u64) -> String {
+pub(super) fn size_name(s: u64) -> String {
     match s {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s >> 10),
@@ -496,7 +527,7 @@ fn short_path(p: &str) -> &str {
     }
 }
 
-fn num(v: f64) -> String {
+pub(super) fn num(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 10.0 {
@@ -670,7 +701,7 @@ fn series_by_path(recs: &[&Record], op: Op, y: impl Fn(&Record) -> f64) -> Vec<S
         .collect()
 }
 
-fn size_chart(title: &str, y_label: &str, y_scale: Scale, series: Vec<Series>) -> Chart {
+pub(super) fn size_chart(title: &str, y_label: &str, y_scale: Scale, series: Vec<Series>) -> Chart {
     Chart {
         title: title.into(),
         x_label: "request size (bytes)".into(),

@@ -7,6 +7,7 @@
 //! "Reproduce" block; the applications experiment runs [`crate::apps`]. Steps that need what
 //! the machine lacks (root for loop devices, a tool) are left out with the reason on the page.
 
+mod array;
 mod experiments;
 pub mod html;
 mod paper;
@@ -42,7 +43,7 @@ pub struct ReportArgs {
     #[arg(long, default_value = "moneta-report")]
     pub out: PathBuf,
     /// Only these experiments (comma-separated): breakdown, bandwidth, completion,
-    /// permissions, async, iops, apps.
+    /// permissions, async, iops, array-latency, array-bandwidth, fairness, power, wear, apps.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }

@@ -101,6 +101,17 @@ int main(int argc, char **argv) {
     CHECK(fsync(fd2) == 0 && fdatasync(fd2) == 0);
     errno = 0;
     CHECK(mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd2, 0) == MAP_FAILED && errno == ENODEV);
+    /* A private mapping is a copy: the file's bytes, zeros past its end, stores of its own. */
+    char cur[4];
+    CHECK(pread(fd2, cur, 4, 0) == 4);
+    char *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd2, 0);
+    CHECK(m != MAP_FAILED && memcmp(m, cur, 4) == 0 && m[4] == 0 && m[8191] == 0);
+    m[0] = 'Q';
+    CHECK(pread(fd2, buf, 1, 0) == 1 && buf[0] == cur[0] && munmap(m, 8192) == 0);
+    m = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd2, 0);
+    CHECK(m != MAP_FAILED && memcmp(m, cur, 4) == 0 && munmap(m, 4096) == 0);
+    errno = 0;
+    CHECK(mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd2, 100) == MAP_FAILED && errno == EINVAL);
 
     /* A forked child shares the position and writes through its own channel. */
     CHECK(lseek(fd2, 0, SEEK_SET) == 0);

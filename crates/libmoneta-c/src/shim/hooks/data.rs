@@ -11,6 +11,51 @@ pub(super) fn data_io(n: usize, write: bool) {
     }
 }
 
+/// The first bytes of a SQLite database (its file header, at the start of page 1).
+const SQLITE_HEADER: &[u8] = b"SQLite format 3\0";
+
+/// Refuses the write by which SQLite turns a database to WAL mode (`PRAGMA
+/// journal_mode=WAL`): page 1 written at offset 0 through a descriptor that took a write
+/// lock (SQLite's, before it writes), with the header's format versions (bytes 18 and 19) at
+/// 2 where the file's are not. A database in WAL mode maps its `-shm` file into memory,
+/// shared, at every open, which Moneta files cannot give yet: let through, the switch would
+/// leave a database that no later open reads. Refused, SQLite rolls the change back and
+/// reports an I/O error, the database keeps its journal mode, and a message says why once.
+/// A copy of a
+/// WAL database (`cp`, no lock) and the checkpoints of one already in WAL mode (opened with
+/// `locking_mode=EXCLUSIVE`) are let through.
+fn refuse_wal_switch(d: &Desc, data: &[u8], at: Option<u64>) -> Result<(), i32> {
+    if data.len() < 20
+        || !data.starts_with(SQLITE_HEADER)
+        || data[18..20] != [2, 2]
+        || !d.write_locked.load(Ordering::Relaxed)
+    {
+        return Ok(());
+    }
+    if at.unwrap_or_else(|| d.file.position()) != 0 {
+        return Ok(());
+    }
+    let mut now = [0u8; 20];
+    let n = d.file.read_at(&mut now, 0).map_err(eno)?;
+    if n == now.len() && now.starts_with(SQLITE_HEADER) && now[18..20] == [2, 2] {
+        return Ok(());
+    }
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    TOLD.call_once(|| {
+        log(
+            crate::shim::ERROR,
+            format_args!(
+                "journal_mode=WAL refused for {} (EOPNOTSUPP): a SQLite database in WAL mode \
+                 maps its -shm file into memory shared between processes (mmap MAP_SHARED), \
+                 which Moneta files cannot give yet; the database keeps its journal mode \
+                 (DELETE, TRUNCATE and PERSIST work)",
+                String::from_utf8_lossy(&paths::outer(&d.path))
+            ),
+        )
+    });
+    Err(libc::EOPNOTSUPP)
+}
+
 /// `read(2)`.
 ///
 /// # Safety
@@ -45,6 +90,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         |d| {
             // SAFETY: per the caller.
             let b = unsafe { slice(buf, n) };
+            refuse_wal_switch(&d, b, None)?;
             let r = d.file.write(b).map_err(eno)?;
             data_io(r, true);
             Ok(r as ssize_t)
@@ -69,7 +115,9 @@ pub(super) fn pwrite_impl(
 ) -> Result<ssize_t, i32> {
     // SAFETY: the caller passes `n` readable bytes.
     let b = unsafe { slice(buf, n) };
-    let r = d.file.write_at(b, offset(off)?).map_err(eno)?;
+    let off = offset(off)?;
+    refuse_wal_switch(d, b, Some(off))?;
+    let r = d.file.write_at(b, off).map_err(eno)?;
     data_io(r, true);
     Ok(r as ssize_t)
 }
@@ -179,6 +227,7 @@ pub(super) fn readv_impl(d: &Desc, v: &[libc::iovec], off: Option<u64>) -> Resul
 
 pub(super) fn writev_impl(d: &Desc, v: &[libc::iovec], off: Option<u64>) -> Result<ssize_t, i32> {
     let data = gather(v);
+    refuse_wal_switch(d, &data, off)?;
     let n = match off {
         Some(o) => d.file.write_at(&data, o),
         None => d.file.write(&data),

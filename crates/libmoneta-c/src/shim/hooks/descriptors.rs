@@ -168,27 +168,104 @@ pub extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     )
 }
 
-/// Says once, on standard error, why a Moneta file cannot be mapped and what to do: the
-/// program itself usually reports only an I/O error (SQLite: "disk I/O error").
+/// Says once, on standard error, why a Moneta file cannot be mapped shared and what to do:
+/// the program itself usually reports only an I/O error (SQLite: "disk I/O error").
 fn refuse_map(path: &[u8]) {
     static TOLD: std::sync::Once = std::sync::Once::new();
     TOLD.call_once(|| {
+        let sqlite = if path.ends_with(b"-shm") {
+            " SQLite in WAL mode maps its -shm file: keep databases under the prefix in \
+             another journal mode; one already in WAL mode opens with \
+             `PRAGMA locking_mode=EXCLUSIVE;` (which needs no map), and \
+             `PRAGMA journal_mode=DELETE;` then turns it back"
+        } else {
+            ""
+        };
         log(
             crate::shim::ERROR,
             format_args!(
-                "mmap of {} refused (ENODEV): Moneta files cannot be mapped into memory yet. \
-                 SQLite in WAL mode maps its -shm file: keep databases under the prefix in \
-                 another journal mode; one already in WAL mode opens with \
-                 `PRAGMA locking_mode=EXCLUSIVE;` (which needs no map), and \
-                 `PRAGMA journal_mode=DELETE;` then turns it back",
+                "mmap of {} refused (ENODEV): Moneta files cannot be mapped shared \
+                 (MAP_SHARED) yet; private mappings (MAP_PRIVATE) are copies.{sqlite}",
                 String::from_utf8_lossy(&crate::shim::paths::outer(path))
             ),
         )
     });
 }
 
-/// `mmap(2)` of a Moneta file: not offered yet (`ENODEV`, as for a file system without
-/// `mmap`); anonymous and other mappings go to the C library.
+/// A private mapping of a Moneta file: anonymous memory holding a copy of the file's bytes
+/// from `off` (zeros past the end), with the protection asked for. `MAP_PRIVATE` promises
+/// no more: the process's own stores stay its own, and POSIX leaves unspecified whether
+/// later changes of the file show through, so readers that map (git, `ld.so`, `grep`) work.
+/// The kernel's checks come first: an aligned offset, a length, a regular file open for
+/// reading.
+fn map_private_copy(
+    d: &Desc,
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    off: off_t,
+) -> Result<*mut c_void, i32> {
+    // SAFETY: a plain system call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
+    if len == 0 || off < 0 || off % page != 0 {
+        return Err(libc::EINVAL);
+    }
+    if d.is_dir {
+        return Err(libc::ENODEV);
+    }
+    if d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE == libc::O_WRONLY {
+        return Err(libc::EACCES);
+    }
+    // The flags that describe the mapping's place and backing carry over; the file does not.
+    let keep = libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_NORESERVE
+        | libc::MAP_POPULATE
+        | libc::MAP_LOCKED;
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | (flags & keep);
+    // SAFETY: an anonymous mapping where the caller asked for the file's.
+    let p = unsafe {
+        real!(mmap64: fn(*mut c_void, size_t, c_int, c_int, c_int, off64_t) -> *mut c_void)(
+            addr,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            anon,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::shim::errno());
+    }
+    let undo = |e: i32| {
+        // SAFETY: unmapping what was just mapped.
+        unsafe { libc::munmap(p, len) };
+        Err(e)
+    };
+    // SAFETY: `len` bytes just mapped readable and writable, seen by nothing else yet.
+    let buf = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+    let mut at = 0usize;
+    while at < len {
+        match d.file.read_at(&mut buf[at..], off as u64 + at as u64) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(e) => return undo(eno(e)),
+        }
+    }
+    if prot != libc::PROT_READ | libc::PROT_WRITE {
+        // SAFETY: changing the protection of our own mapping.
+        if unsafe { libc::mprotect(p, len, prot) } != 0 {
+            return undo(crate::shim::errno());
+        }
+    }
+    super::data::data_io(at, false);
+    Ok(p)
+}
+
+/// `mmap(2)`: a private mapping of a Moneta file is a copy ([`map_private_copy`]); a shared
+/// one is not offered yet (`ENODEV`, as for a file system without `mmap`); anonymous and
+/// other mappings go to the C library.
 ///
 /// # Safety
 ///
@@ -204,6 +281,12 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if hooked() && flags & libc::MAP_ANONYMOUS == 0 {
         if let Some(d) = fds::get(fd) {
+            // MAP_SHARED_VALIDATE (3) is a shared mapping too.
+            if flags & 3 == libc::MAP_PRIVATE {
+                return run(libc::MAP_FAILED, || {
+                    map_private_copy(&d, addr, len, prot, flags, off)
+                });
+            }
             refuse_map(&d.path);
             return run(libc::MAP_FAILED, || Err(libc::ENODEV));
         }

@@ -43,6 +43,7 @@ pub(super) fn open_moneta(
             flags: (flags & kept | libc::O_LARGEFILE).into(),
             is_dir,
             dir_cookie: Mutex::new(0),
+            write_locked: false.into(),
         }),
     );
     count(&COUNTERS.opens, 1);
