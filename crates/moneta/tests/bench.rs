@@ -446,3 +446,62 @@ fn bench_beside_a_neighbour() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--neighbour"), "{}", text(&o));
 }
+
+#[test]
+fn the_model_is_measured_against_itself() {
+    let recs = bench(&["--path", "model-accuracy", "--ops", "200"]);
+    let of = |f: &'static str| recs.iter().filter(move |r| r["figure"] == f);
+    // Every array latency of the sweep, reads and writes, each with the model's prediction.
+    assert_eq!(of("latency").count(), 14);
+    for r in of("latency") {
+        let predicted = r["predicted_ns"].as_u64().unwrap();
+        assert!(predicted >= r["array_ns"].as_u64().unwrap(), "{r}");
+        assert!(r["within_target"].is_boolean());
+    }
+    // The slowest array adds at least its own latency to every request.
+    let slow = of("latency")
+        .find(|r| r["array_ns"] == 128_000 && r["op"] == "read")
+        .unwrap();
+    assert!(slow["model_p50_ns"].as_u64().unwrap() > 128_000, "{slow}");
+    assert_eq!(of("bandwidth").count(), 2);
+    for r in of("bandwidth") {
+        assert_eq!(r["peak_mb_s"].as_f64(), Some(2000.0));
+        assert!(r["mb_s"].as_f64().unwrap() > 0.0);
+    }
+    let cost: Vec<_> = of("cost").collect();
+    assert_eq!(cost.len(), 1);
+    assert!(cost[0]["ns_per_request"].as_f64().unwrap() > 0.0);
+    // With --model, every record names the model and its parameters.
+    let recs = bench(&[
+        "--path",
+        "moneta-raw",
+        "--path",
+        "moneta",
+        "--ops",
+        "100",
+        "--size",
+        "4K",
+        "--model",
+        "dram",
+        "--model-set",
+        "controllers=2",
+    ]);
+    for r in &recs {
+        assert_eq!(r["model"], "dram", "{r}");
+        assert_eq!(r["model_parameters"]["controllers"], "2", "{r}");
+        assert!(
+            r["model_figures"]["energy_per_op_j"].as_f64() > Some(0.0),
+            "{r}"
+        );
+    }
+    let o = moneta(&[
+        "bench",
+        "--path",
+        "moneta",
+        "--socket",
+        "/nonexistent",
+        "--model",
+        "pcm",
+    ]);
+    assert!(!o.status.success() && text(&o).contains("private daemon"));
+}

@@ -19,7 +19,7 @@ fn is_png(p: &Path) -> bool {
 }
 
 /// Paths each experiment's data must hold, at least.
-const EXPECTED: [(&str, &[&str]); 6] = [
+const EXPECTED: [(&str, &[&str]); 11] = [
     ("breakdown", &["moneta", "kernel-psync"]),
     ("bandwidth", &["moneta", "moneta-raw", "kernel-psync"]),
     ("completion", &["moneta"]),
@@ -29,6 +29,11 @@ const EXPECTED: [(&str, &[&str]); 6] = [
         "iops",
         &["moneta", "moneta-raw", "kernel-psync", "kernel-uring"],
     ),
+    ("array-latency", &["moneta-raw"]),
+    ("array-bandwidth", &["moneta-raw"]),
+    ("fairness", &["moneta-raw"]),
+    ("power", &["moneta-raw"]),
+    ("wear", &["moneta-raw"]),
 ];
 
 #[test]
@@ -98,6 +103,41 @@ fn the_tiny_report_runs_every_experiment() {
             "{c}"
         );
     }
+    // The array experiments ran on the modelled array, and say what it did.
+    for id in [
+        "array-latency",
+        "array-bandwidth",
+        "fairness",
+        "power",
+        "wear",
+    ] {
+        for r in get(id) {
+            assert_eq!(r["model"], "pcm", "{id}: {r}");
+            assert!(
+                r["model_figures"]["power_w"].as_f64() > Some(0.0),
+                "{id}: {r}"
+            );
+        }
+    }
+    let lat = get("array-latency");
+    for c in ["1", "4"] {
+        assert!(
+            lat.iter()
+                .any(|r| r["model_parameters"]["controllers"] == c),
+            "{c}"
+        );
+    }
+    let fair = get("fairness");
+    for p in ["2q", "rr"] {
+        assert!(fair.iter().any(|r| r["model_parameters"]["policy"] == p
+            && r["neighbour"] == true
+            && r["neighbour_mib_s"].as_f64() > Some(0.0)));
+    }
+    let wear = get("wear");
+    assert!(wear
+        .iter()
+        .any(|r| r["model_parameters"]["gap_interval"] == "0"));
+    assert!(html.contains("Moneta Figure 4") && html.contains("Moneta §IV-B"));
     assert!(html.contains("id=\"apps\""));
     let apps = dir.join("apps.json");
     if apps.exists() {
