@@ -271,6 +271,11 @@ fn summarize(
     let mut p50s: Vec<u64> = runs.iter().map(|r| r.hist.value_at_quantile(0.5)).collect();
     p50s.sort_unstable();
     runs.sort_by_key(|r| r.hist.value_at_quantile(0.5));
+    // Wear only accumulates: the latest state is the one after the run that left the most.
+    let latest_wear = runs
+        .iter()
+        .filter_map(|r| r.model.map(|(_, after)| after))
+        .max_by(|a, b| a.wear_total().total_cmp(&b.wear_total()));
     let r = runs.swap_remove(n / 2);
     // The stages of the run whose latencies are reported, so that they add up to its mean (a
     // sum over every run let one slow run push the stages past the median run's mean).
@@ -336,7 +341,9 @@ fn summarize(
         neighbour: None,
         model: "none".into(),
         model_parameters: None,
-        model_figures: r.model.map(|(b, e)| modelfig::figures(b, e)),
+        model_figures: r
+            .model
+            .map(|(b, e)| modelfig::figures(b, e, latest_wear.unwrap_or(e))),
         neighbour_mib_s: r.neighbour_mib_s,
     }
 }

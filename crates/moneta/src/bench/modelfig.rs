@@ -52,7 +52,8 @@ pub struct ModelFigures {
     pub energy_per_byte_j: f64,
     /// The run's bandwidth (MB/s, the model's bytes over the model's time) per watt.
     pub mb_s_per_w: f64,
-    /// Writes of the most written row, at the end of the run (the device's life so far).
+    /// Writes of the most written row after the configuration's last run (the device's life
+    /// so far).
     pub wear_max: f64,
     /// Mean writes per row.
     pub wear_mean: f64,
@@ -63,8 +64,15 @@ pub struct ModelFigures {
     pub gap_moves: f64,
 }
 
-/// The figures of the span between `before` and `after`.
-pub(crate) fn figures(before: ModelSnap, after: ModelSnap) -> ModelFigures {
+impl ModelSnap {
+    /// What grows with every row write counted (the mean: the rows do not change).
+    pub(crate) fn wear_total(&self) -> f64 {
+        self.wear_mean
+    }
+}
+
+/// The figures of the span between `before` and `after`, with the wear as `latest` found it.
+pub(crate) fn figures(before: ModelSnap, after: ModelSnap, latest: ModelSnap) -> ModelFigures {
     let de = after.energy_j - before.energy_j;
     let dt = (after.elapsed_ns - before.elapsed_ns) * 1e-9;
     let ops = after.ops - before.ops;
@@ -76,9 +84,9 @@ pub(crate) fn figures(before: ModelSnap, after: ModelSnap) -> ModelFigures {
         energy_per_op_j: if ops > 0.0 { de / ops } else { 0.0 },
         energy_per_byte_j: if bytes > 0.0 { de / bytes } else { 0.0 },
         mb_s_per_w: if watts > 0.0 { mb_s / watts } else { 0.0 },
-        wear_max: after.wear_max,
-        wear_mean: after.wear_mean,
-        wear_max_over_mean: after.wear_max_over_mean,
-        gap_moves: after.gap_moves,
+        wear_max: latest.wear_max,
+        wear_mean: latest.wear_mean,
+        wear_max_over_mean: latest.wear_max_over_mean,
+        gap_moves: latest.gap_moves,
     }
 }
