@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use libmoneta::{ClientError, Moneta, OpenOptions};
-use moneta_device::{MappedArray, Media};
+use moneta_device::{MappedArray, Media, MediaError};
 
 fn rw() -> OpenOptions {
     let mut o = OpenOptions::new();
@@ -26,7 +26,7 @@ fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
 
 /// The array address of byte `off` of the file named `name` in the root of the image.
 fn address_of(img: &std::path::Path, name: &[u8], off: u64) -> u64 {
-    let a = MappedArray::open_read_only(img).unwrap();
+    let a = open_ro(img);
     let t = moneta_fs::tables::load(&a).unwrap();
     let g = t.sb.geometry;
     let ino = t.dirents.values().find(|d| d.name == name).unwrap().ino;
@@ -41,8 +41,27 @@ fn address_of(img: &std::path::Path, name: &[u8], off: u64) -> u64 {
     g.chunk_addr(e.dev_chunk) + off - e.file_chunk * cs
 }
 
+/// Opens the image, waiting out a lock held for an instant by a child process another test
+/// of this binary is starting: between its fork and its exec it holds copies of every
+/// descriptor, this one's locked image among them.
+fn retry_busy(open: impl Fn() -> Result<MappedArray, MediaError>) -> MappedArray {
+    let t = std::time::Instant::now();
+    loop {
+        match open() {
+            Err(MediaError::Busy(_)) if t.elapsed() < std::time::Duration::from_secs(5) => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
+fn open_ro(img: &std::path::Path) -> MappedArray {
+    retry_busy(|| MappedArray::open_read_only(img))
+}
+
 fn flip(img: &std::path::Path, addr: u64) {
-    let a = MappedArray::open_file(img, None).unwrap();
+    let a = retry_busy(|| MappedArray::open_file(img, None));
     let mut b = [0u8];
     // SAFETY: one byte inside the array, read then written back changed.
     unsafe {
@@ -85,7 +104,7 @@ fn a_flipped_byte_in_a_file_is_an_error_not_data() {
     let mut want = data.clone();
     want[5000..5007].copy_from_slice(b"patched");
     d.kill9();
-    let a = Arc::new(MappedArray::open_read_only(&img).unwrap());
+    let a = Arc::new(open_ro(&img));
     assert_eq!(
         moneta_fs::check_data(&*a).unwrap(),
         Some(vec![]),
@@ -95,7 +114,7 @@ fn a_flipped_byte_in_a_file_is_an_error_not_data() {
     // One flipped byte in the file's third 4 KiB block, and one in its fifth 64 KiB chunk.
     flip(&img, address_of(&img, b"f", 2 * 4096 + 123));
     flip(&img, address_of(&img, b"f", 4 * 65536 + 7));
-    let a = Arc::new(MappedArray::open_read_only(&img).unwrap());
+    let a = Arc::new(open_ro(&img));
     let bad = moneta_fs::check_data(&*a).unwrap().unwrap();
     let found: Vec<(Option<&str>, u64)> =
         bad.iter().map(|b| (b.path.as_deref(), b.offset)).collect();
@@ -141,7 +160,7 @@ fn a_flipped_byte_in_a_file_is_an_error_not_data() {
     drop(f);
     drop(m);
     d.kill9();
-    let a = Arc::new(MappedArray::open_read_only(&img).unwrap());
+    let a = Arc::new(open_ro(&img));
     assert_eq!(moneta_fs::check_data(&*a).unwrap(), Some(vec![]));
 }
 
@@ -162,7 +181,7 @@ fn without_checksums_the_same_flip_is_read_as_data() {
     }
     d.kill9();
     flip(&img, address_of(&img, b"f", 100));
-    let a = Arc::new(MappedArray::open_read_only(&img).unwrap());
+    let a = Arc::new(open_ro(&img));
     assert_eq!(moneta_fs::check_data(&*a).unwrap(), None);
     drop(a);
     d.spawn();
