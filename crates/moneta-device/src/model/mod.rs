@@ -72,6 +72,54 @@ struct Req {
     ready: u64,
 }
 
+/// Requests in slots that are reused, so that the queues can hold slots.
+#[derive(Debug, Default)]
+struct Slab {
+    slots: Vec<Option<Req>>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl Slab {
+    fn insert(&mut self, r: Req) -> usize {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(r);
+                i
+            }
+            None => {
+                self.slots.push(Some(r));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, i: usize) -> Req {
+        let r = self.slots[i].take().expect("a queued slot holds a request");
+        self.free.push(i);
+        self.live -= 1;
+        r
+    }
+}
+
+impl std::ops::Index<usize> for Slab {
+    type Output = Req;
+    fn index(&self, i: usize) -> &Req {
+        self.slots[i]
+            .as_ref()
+            .expect("a queued slot holds a request")
+    }
+}
+
+impl std::ops::IndexMut<usize> for Slab {
+    fn index_mut(&mut self, i: usize) -> &mut Req {
+        self.slots[i]
+            .as_mut()
+            .expect("a queued slot holds a request")
+    }
+}
+
 /// One barrier epoch of a channel: requests whose completion is not yet known, and the latest
 /// completion among those known.
 #[derive(Debug, Default, Clone, Copy)]
@@ -258,15 +306,19 @@ pub struct Model {
     link_down: Calendar,
     ring: Calendar,
     ctrls: Vec<Controller>,
-    reqs: IdMap<u64, Req>,
+    /// Requests, by slot: the queues hold slots, so the path of a transfer looks nothing up.
+    reqs: Slab,
     /// Queues of request ids: one for [`Policy::Fifo`], reads then writes otherwise.
-    queues: [VecDeque<u64>; 2],
+    queues: [VecDeque<usize>; 2],
     /// The queue the last transfer came from.
     last_queue: usize,
     /// Requests waiting for room in the scheduler's queues.
-    backlog: VecDeque<u64>,
+    backlog: VecDeque<usize>,
     queued: usize,
     chans: IdMap<u32, ChanOrder>,
+    /// Whether any barrier has come: until one does, no request waits for another of its
+    /// channel and the epochs are not counted.
+    ordered: bool,
     /// The time of the first request, where energy starts counting.
     origin: Option<u64>,
     /// The latest time the model was advanced to.
@@ -364,12 +416,13 @@ impl Model {
             link_down: Calendar::default(),
             ring: Calendar::default(),
             ctrls,
-            reqs: IdMap::default(),
+            reqs: Slab::default(),
             queues: [VecDeque::new(), VecDeque::new()],
             last_queue: 1,
             backlog: VecDeque::new(),
             queued: 0,
             chans: IdMap::default(),
+            ordered: false,
             origin: None,
             now: 0,
             clock: 0,
@@ -422,7 +475,7 @@ impl Model {
 
     /// Requests taken and not yet given a completion time.
     pub fn pending(&self) -> usize {
-        self.reqs.len()
+        self.reqs.live
     }
 
     /// Takes a request that arrives at `now_ns`. Requests of a channel issue in the order
@@ -432,8 +485,48 @@ impl Model {
         let now = now_ns * PS;
         self.now = self.now.max(now);
         self.origin.get_or_insert(now);
-        let ord = self.chans.entry(s.channel).or_default();
-        let epoch = ord.current;
+        if s.barrier && !self.ordered {
+            // The first barrier: from now on every channel's requests are counted in epochs,
+            // those already here in each channel's first.
+            self.ordered = true;
+            for r in self.reqs.slots.iter().flatten() {
+                Model::join_epoch(self.chans.entry(r.s.channel).or_default(), 0);
+            }
+        }
+        let epoch = if self.ordered {
+            let ord = self.chans.entry(s.channel).or_default();
+            let epoch = ord.current;
+            Model::join_epoch(ord, epoch);
+            if s.barrier {
+                ord.current += 1;
+            }
+            epoch
+        } else {
+            0
+        };
+        let len = s.len.max(1);
+        let end = s.addr.saturating_add(len).min(self.size);
+        let addr = s.addr.min(end.saturating_sub(1));
+        let slot = self.reqs.insert(Req {
+            s: Submit {
+                addr,
+                len: end - addr,
+                ..s
+            },
+            epoch,
+            next: addr,
+            done: now,
+            ready: now,
+        });
+        if self.queued < self.cfg.sched_requests {
+            self.enqueue(slot, now);
+        } else {
+            self.backlog.push_back(slot);
+        }
+    }
+
+    /// Counts a request in `epoch` of its channel.
+    fn join_epoch(ord: &mut ChanOrder, epoch: u64) {
         match ord.open.back_mut() {
             Some((e, st)) if *e == epoch => st.unknown += 1,
             _ => ord.open.push_back((
@@ -444,31 +537,6 @@ impl Model {
                 },
             )),
         }
-        if s.barrier {
-            ord.current += 1;
-        }
-        let len = s.len.max(1);
-        let end = s.addr.saturating_add(len).min(self.size);
-        let addr = s.addr.min(end.saturating_sub(1));
-        self.reqs.insert(
-            s.id,
-            Req {
-                s: Submit {
-                    addr,
-                    len: end - addr,
-                    ..s
-                },
-                epoch,
-                next: addr,
-                done: now,
-                ready: now,
-            },
-        );
-        if self.queued < self.cfg.sched_requests {
-            self.enqueue(s.id, now);
-        } else {
-            self.backlog.push_back(s.id);
-        }
     }
 
     fn queue_of(&self, write: bool) -> usize {
@@ -478,8 +546,8 @@ impl Model {
         }
     }
 
-    fn enqueue(&mut self, id: u64, at: u64) {
-        let Some(r) = self.reqs.get_mut(&id) else {
+    fn enqueue(&mut self, id: usize, at: u64) {
+        let Some(r) = self.reqs.slots.get_mut(id).and_then(|r| r.as_mut()) else {
             return;
         };
         r.ready = r.ready.max(at);
@@ -490,8 +558,11 @@ impl Model {
     }
 
     /// When request `id` may issue at the earliest, `None` while a barrier holds it back.
-    fn ready_at(&self, id: u64) -> Option<u64> {
-        let r = &self.reqs[&id];
+    fn ready_at(&self, id: usize) -> Option<u64> {
+        let r = &self.reqs[id];
+        if !self.ordered {
+            return Some(r.ready);
+        }
         let after = self.chans.get(&r.s.channel)?.eligible(r.epoch)?;
         Some(r.ready.max(after))
     }
@@ -504,7 +575,7 @@ impl Model {
     /// issue first: one that a barrier holds back is not in the running (Moneta+Balance
     /// inserts requests after a barrier only once it has completed).
     fn candidate(&self, q: usize) -> Option<(usize, u64, u64)> {
-        let at = |pos: usize, id: u64| {
+        let at = |pos: usize, id: usize| {
             let ready = self.ready_at(id)?;
             Some((pos, ready, ready.max(self.gate(id, ready))))
         };
@@ -524,8 +595,8 @@ impl Model {
     /// When the next transfer of request `id`, ready at `ready`, can start: a write needs a
     /// scheduler buffer to receive it from the host, a read needs room in its controller's
     /// outgoing queue (the scoreboard).
-    fn gate(&self, id: u64, ready: u64) -> u64 {
-        let r = &self.reqs[&id];
+    fn gate(&self, id: usize, ready: u64) -> u64 {
+        let r = &self.reqs[id];
         let ci = self.place(r.next).0;
         if r.s.write {
             let (ring_d, link_d) = self.wire(self.next_len(r));
@@ -599,15 +670,17 @@ impl Model {
             self.issue(id, t);
             self.last_queue = q;
             let finished = {
-                let r = &self.reqs[&id];
+                let r = &self.reqs[id];
                 r.next >= r.s.addr + r.s.len
             };
             if finished {
                 self.queues[q].remove(pos);
                 self.queued -= 1;
-                let r = self.reqs.remove(&id).expect("request");
-                if let Some(ord) = self.chans.get_mut(&r.s.channel) {
-                    ord.known(r.epoch, r.done);
+                let r = self.reqs.remove(id);
+                if self.ordered {
+                    if let Some(ord) = self.chans.get_mut(&r.s.channel) {
+                        ord.known(r.epoch, r.done);
+                    }
                 }
                 done(r.s.id, r.done.div_ceil(PS));
                 if let Some(next) = self.backlog.pop_front() {
@@ -622,10 +695,10 @@ impl Model {
     }
 
     /// Issues the next transfer of request `id` at `t`.
-    fn issue(&mut self, id: u64, t: u64) {
+    fn issue(&mut self, id: usize, t: u64) {
         self.prune(t);
         let (write, addr, len) = {
-            let r = &self.reqs[&id];
+            let r = &self.reqs[id];
             (r.s.write, r.next, self.next_len(r))
         };
         let (ci, local) = self.place(addr);
@@ -640,7 +713,7 @@ impl Model {
         } else {
             self.work.bytes_read += len;
         }
-        let r = self.reqs.get_mut(&id).expect("request");
+        let r = &mut self.reqs[id];
         if r.next == r.s.addr {
             if write {
                 self.work.writes += 1;
