@@ -358,3 +358,26 @@ fn wear_kept_in_a_file_continues_where_it_stopped() {
     assert!(e.contains("bytes"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_first_barrier_also_waits_for_requests_that_came_before_barriers_were_counted() {
+    // A slow write, then (nothing counted yet) a barrier NOP-like read on the same channel,
+    // then a read after it: the last read issues only once the write and the barrier ended.
+    let slow = {
+        let mut c = plain(Policy::RoundRobin);
+        c.write_ns = 100_000.0;
+        c
+    };
+    let w = req(1, true, 0, 4096, 7);
+    let mut b = req(2, false, 1 << 20, 512, 7);
+    b.barrier = true;
+    let after = req(3, false, 2 << 20, 512, 7);
+    let done = run(slow.clone(), &[w, b, after]);
+    let end_of = |id: u64| done.iter().find(|d| d.0 == id).unwrap().1;
+    assert!(end_of(1) > 100_000);
+    assert!(end_of(3) > end_of(1) && end_of(3) > end_of(2), "{done:?}");
+    // Without the barrier the read does not wait for the write.
+    let b2 = req(2, false, 1 << 20, 512, 7);
+    let done = run(slow, &[w, b2, after]);
+    assert!(done[2].1 < 100_000, "{done:?}");
+}
