@@ -134,6 +134,17 @@ pub fn text(r: &ModelReport) -> String {
         f("wear.max_over_mean"),
         g("wear.histogram"),
     );
+    if r.get("emulation.completions").is_some() {
+        out += &format!(
+            "  {:<20} {} completions at the model's times, {} more than 1 µs late (mean {} ns, \
+             worst {} ns)\n",
+            "emulation",
+            g("emulation.completions"),
+            g("emulation.late"),
+            g("emulation.mean_late_ns"),
+            g("emulation.max_late_ns"),
+        );
+    }
     if let Some(file) = r.get("wear.file") {
         out += &format!("  {:<20} {file}\n", "wear kept in");
     }
