@@ -857,3 +857,48 @@ fn bench_fuse_path() {
         "the bench unmounts: {info}"
     );
 }
+
+/// A shared mapping of a file through the mount: stores reach the array (and libmoneta's
+/// clients) at msync; a new mapping sees what channel clients wrote before it.
+#[test]
+fn shared_mapping() {
+    let d = Daemon::start(false);
+    let m = Mount::new(&d);
+    let c = d.client();
+    let f = c
+        .open(
+            "/mapped",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .unwrap();
+    f.write_at(&[b'a'; 8192], 0).unwrap();
+    let k = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("mapped"))
+        .unwrap();
+    // SAFETY: a fresh shared mapping of 8 KiB of a file of 8 KiB, used through raw pointers
+    // only while mapped.
+    let p = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            8192,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &k,
+            0,
+        )
+    }
+    .expect("a shared mapping through the mount (Linux 6.6 or later)");
+    let bytes = p.cast::<u8>();
+    // SAFETY: inside the mapping.
+    unsafe {
+        assert_eq!(bytes.add(100).read_volatile(), b'a');
+        std::ptr::copy_nonoverlapping(b"mapped".as_ptr(), bytes.add(4096), 6);
+        rustix::mm::msync(p, 8192, rustix::mm::MsyncFlags::SYNC).unwrap();
+        rustix::mm::munmap(p, 8192).unwrap();
+    }
+    let mut b = [0u8; 6];
+    f.read_at(&mut b, 4096).unwrap();
+    assert_eq!(&b, b"mapped");
+}

@@ -177,6 +177,10 @@ fn notify(msg: &str) {
 
 /// Mounts and serves until unmounted (or SIGTERM, SIGINT, SIGHUP, which unmount).
 fn serve(mountpoint: &Path, socket: &Path, threads: usize) -> Result<(), String> {
+    // The server outlives the command that started it: a parent gone before it reads "ready"
+    // must not end the server with SIGPIPE. Set before any thread exists.
+    // SAFETY: changes one signal's disposition; no thread of this process runs yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let r = serve_inner(mountpoint, socket, threads);
     if let Err(e) = &r {
         notify(e);
