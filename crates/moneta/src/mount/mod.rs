@@ -213,14 +213,8 @@ fn serve_inner(mountpoint: &Path, socket: &Path, threads: usize) -> Result<(), S
     };
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let mut session =
-        fuser::Session::new(fs::MountFs::new(pool), mountpoint, &config).map_err(|e| {
-            format!(
-                "cannot mount {}: {e} (FUSE needs /dev/fuse, and without root fusermount3 \
-                 from the fuse3 package)",
-                mountpoint.display()
-            )
-        })?;
+    let mut session = fuser::Session::new(fs::MountFs::new(pool), mountpoint, &config)
+        .map_err(|e| mount_error(mountpoint, &e))?;
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -254,6 +248,31 @@ fn serve_inner(mountpoint: &Path, socket: &Path, threads: usize) -> Result<(), S
     session
         .run()
         .map_err(|e| format!("serving {}: {e}", mountpoint.display()))
+}
+
+/// Why mounting failed, and what to do.
+fn mount_error(mountpoint: &Path, e: &std::io::Error) -> String {
+    let dev = Path::new("/dev/fuse");
+    let hint = if !dev.exists() {
+        "/dev/fuse is missing: load the fuse module (modprobe fuse)".to_string()
+    } else if rustix::fs::access(
+        dev,
+        rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+    )
+    .is_err()
+    {
+        // The FUSE library opens the device itself before it hands the mount to fusermount3.
+        "this user may not open /dev/fuse (distributions make it mode 666 for mounts without \
+         root): mount as root, or make /dev/fuse readable and writable by all"
+            .to_string()
+    } else if rustix::process::geteuid().is_root() {
+        "FUSE refused the mount".to_string()
+    } else {
+        "without root the mount goes through fusermount3 (the fuse3 package), which must be \
+         installed and let this user mount there (write access to the mount point)"
+            .to_string()
+    };
+    format!("cannot mount {}: {e}; {hint}", mountpoint.display())
 }
 
 /// What is mounted at `path` (the last mount there), from /proc/self/mountinfo: its type and
