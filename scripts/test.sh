@@ -23,6 +23,10 @@ command -v git >/dev/null || need_apt+=(git)
 # for examples/apps/bdb_bench.c, and mkfs.xfs for the XFS loop-device target.
 [ -f /usr/include/db.h ] || need_apt+=(libdb-dev)
 command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || need_apt+=(xfsprogs)
+# moneta mount (crates/moneta/tests/mount.rs): FUSE's fusermount3 (mounts without root) and
+# setpriv for the tests' other users.
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" = 0 ] || sudo_cmd="sudo"

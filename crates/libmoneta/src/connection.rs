@@ -82,6 +82,9 @@ pub(crate) struct Counters {
 /// detached) until the connection is dropped, so references handed out never dangle.
 pub(crate) struct Inner {
     pub(crate) socket: PathBuf,
+    /// Makes every control connection of this `Moneta`: the first, after a fork and after the
+    /// daemon went away ([`Moneta::connect_through`]).
+    connector: Connector,
     pub(crate) policy: Policy,
     pub(crate) counters: Counters,
     /// The current channel (one of `state.chans`).
@@ -138,7 +141,7 @@ impl Inner {
             return Ok(());
         }
         st.chans.last().expect("a connection").detach();
-        let ch = Channel::from_control(Control::connect(&self.socket)?)?;
+        let ch = Channel::from_control((self.connector)(&self.socket)?)?;
         make_room_for_device(&ch, &self.counters);
         let ticket = self.ticket.lock().take();
         let remap = match ticket {
@@ -200,7 +203,7 @@ impl Inner {
             // Another thread reconnected first, or a fork's child connects its own way.
             return Ok(());
         }
-        let ch = Channel::from_control(Control::connect(&self.socket)?)?;
+        let ch = Channel::from_control((self.connector)(&self.socket)?)?;
         make_room_for_device(&ch, &self.counters);
         self.install(&mut st, ch, Err(libc::EIO));
         Ok(())
@@ -325,6 +328,10 @@ impl Drop for Inner {
         }
     }
 }
+
+/// What makes a control connection to the daemon at a socket: [`Control::connect`] unless
+/// [`Moneta::connect_through`] gave another.
+pub type Connector = Arc<dyn Fn(&Path) -> Result<Control, ClientError> + Send + Sync>;
 
 /// A connection to `monetad` and its channel; cheap to clone and shared by threads.
 #[derive(Clone)]
@@ -497,11 +504,25 @@ impl Moneta {
     /// own, the process's threads are moved off it unless `MONETA_AFFINITY=any` (see
     /// [`crate::affinity`]).
     pub fn connect_with(socket: &Path, policy: Policy) -> Result<Moneta, ClientError> {
-        let ch = Box::new(Channel::open(socket)?);
+        Self::connect_through(socket, policy, Arc::new(Control::connect))
+    }
+
+    /// Connects with `connector` making the control connection, now and whenever the
+    /// connection is made anew (in a forked child, after the daemon went away). The daemon
+    /// knows a connection by the credentials of whoever made it (`SO_PEERCRED`), so a process
+    /// that acts for other users (a file-system server) gives a connector that connects with
+    /// theirs, and keeps them across a restart of the daemon.
+    pub fn connect_through(
+        socket: &Path,
+        policy: Policy,
+        connector: Connector,
+    ) -> Result<Moneta, ClientError> {
+        let ch = Box::new(Channel::from_control(connector(socket)?)?);
         let counters = Counters::default();
         make_room_for_device(&ch, &counters);
         let inner = Arc::new(Inner {
             socket: socket.to_owned(),
+            connector,
             policy,
             counters,
             cur: AtomicPtr::new(&*ch as *const Channel as *mut Channel),

@@ -55,7 +55,7 @@ use crate::policy::Policy;
 use crate::position::Position;
 use crate::ClientError;
 
-pub use crate::connection::{DirEntry, FileState, Handover, Moneta, OpenOptions, Stats};
+pub use crate::connection::{Connector, DirEntry, FileState, Handover, Moneta, OpenOptions, Stats};
 use crate::{bad_reply, errno};
 use map::Map;
 pub(crate) use map::Prepared;

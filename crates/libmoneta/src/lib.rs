@@ -48,7 +48,7 @@ pub use affinity::Affinity;
 pub use aio::{Pending, WriteSlot};
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
-pub use file::{DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};
+pub use file::{Connector, DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};
 pub use lock::{LockCmd, LockInfo, LockKind, LockType};
 pub use moneta_abi;
 pub use policy::Policy;

@@ -8,6 +8,7 @@ mod fsbench;
 mod image;
 mod loopfs;
 mod modelview;
+mod mount;
 mod report;
 mod run;
 
@@ -75,6 +76,11 @@ enum Cmd {
     /// Run a program with the libmoneta shim preloaded: its files under the mount prefix
     /// (default /moneta) are Moneta files. Starts the daemon if none is running.
     Run(run::RunArgs),
+    /// Mount nvfs through FUSE so every program sees its files (docs/mount.md); returns once
+    /// the mount is live, its server in the background.
+    Mount(mount::MountArgs),
+    /// Unmount a `moneta mount` (also one whose server was killed).
+    Umount(mount::UmountArgs),
 }
 
 fn main() -> ExitCode {
@@ -135,6 +141,8 @@ fn main() -> ExitCode {
         Cmd::Mkfs(a) => image::mkfs(a),
         Cmd::Fsck(a) => return image::fsck(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Umount(a) => mount::umount(a),
         Cmd::Report(a) => report::run(a),
     };
     match r {

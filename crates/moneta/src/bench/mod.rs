@@ -3,7 +3,8 @@
 //! Paths: `moneta` (files on nvfs through libmoneta, synchronous or `--qd` asynchronous),
 //! `moneta-raw` (raw commands through a channel on one file's extent: no file system on the
 //! way), `kernel-psync` (`pread`/`pwrite` on a file, by default in `/dev/shm`), `kernel-uring`
-//! and `kernel-uring-sqpoll` (io_uring on that file), and `perm-check` (the permission table's
+//! and `kernel-uring-sqpoll` (io_uring on that file), `fuse` (`pread`/`pwrite` on a file under a
+//! `moneta mount` of the private daemon), and `perm-check` (the permission table's
 //! check alone, in process). Each configuration runs `--runs` times, paths alternating, after
 //! a discarded warm-up; the reported run is the median by p50 latency, with the spread of p50
 //! over all runs.
@@ -58,6 +59,10 @@ pub enum Path {
     KernelOdirectExt4,
     /// The same on XFS.
     KernelOdirectXfs,
+    /// pread/pwrite on a file of nvfs through `moneta mount` (FUSE, direct I/O): the path of
+    /// programs the shim does not reach. The bench mounts its daemon's file system and
+    /// unmounts it at the end (needs /dev/fuse, and fusermount3 without root).
+    Fuse,
     /// The permission table's check alone.
     PermCheck,
     /// The file system's calls against the kernel on tmpfs: the soft miss through the channel
@@ -74,7 +79,7 @@ impl Path {
     fn synchronous(self) -> bool {
         matches!(
             self,
-            Path::KernelPsync | Path::KernelOdirectExt4 | Path::KernelOdirectXfs
+            Path::KernelPsync | Path::KernelOdirectExt4 | Path::KernelOdirectXfs | Path::Fuse
         )
     }
 
@@ -89,6 +94,7 @@ impl Path {
             Path::KernelUringSqpoll => "kernel-uring-sqpoll",
             Path::KernelOdirectExt4 => "kernel-odirect-ext4",
             Path::KernelOdirectXfs => "kernel-odirect-xfs",
+            Path::Fuse => "fuse",
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
             Path::ModelAccuracy => "model-accuracy",
@@ -543,7 +549,8 @@ fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, paths: &[Path]) -> Resul
         })
     {
         return Err(
-            "--open-files above 1 works with the moneta, moneta-zero-copy and kernel-psync paths"
+            "--open-files above 1 works with the moneta, moneta-zero-copy, kernel-psync and \
+             fuse paths"
                 .into(),
         );
     }
@@ -625,10 +632,12 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         );
     }
     let mut out = Vec::new();
-    let daemon = if io_paths
-        .iter()
-        .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw))
-    {
+    let daemon = if io_paths.iter().any(|p| {
+        matches!(
+            p,
+            Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw | Path::Fuse
+        )
+    }) {
         Some(BenchDaemon::get(&a, a.region)?)
     } else {
         None
@@ -652,6 +661,12 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             odirect.push((p, kernel_files(&a, Some(kind))?));
         }
     }
+    // Declared before the targets, so that their descriptors close before it unmounts.
+    let fuse = if io_paths.contains(&Path::Fuse) {
+        Some(fuse_files(daemon.as_ref().expect("daemon"), &a)?)
+    } else {
+        None
+    };
     let moneta_files = if io_paths
         .iter()
         .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy))
@@ -676,6 +691,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             }
             Path::KernelPsync => Target::Kernel {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
+            },
+            Path::Fuse => Target::Kernel {
+                fds: fuse.as_ref().expect("mount").files.fds.clone(),
             },
             Path::KernelOdirectExt4 | Path::KernelOdirectXfs => Target::Kernel {
                 fds: odirect

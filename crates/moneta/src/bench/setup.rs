@@ -279,6 +279,16 @@ pub(crate) fn kernel_files(
     a: &BenchArgs,
     fs: Option<crate::loopfs::FsKind>,
 ) -> Result<KernelFiles, String> {
+    files_in(a, fs, None)
+}
+
+/// The files of the kernel paths: `--target`, files in /dev/shm, on a loop-device file
+/// system of kind `fs`, or in directory `under`.
+fn files_in(
+    a: &BenchArgs,
+    fs: Option<crate::loopfs::FsKind>,
+    under: Option<&std::path::Path>,
+) -> Result<KernelFiles, String> {
     let n = a.open_files.max(1);
     if n > 1 && a.target.is_some() {
         return Err("--open-files above 1 makes its own files: drop --target".into());
@@ -298,9 +308,10 @@ pub(crate) fn kernel_files(
     let mut fds = Vec::with_capacity(n);
     let mut remove = Vec::with_capacity(n);
     for i in 0..n {
-        let path = match &loopfs {
-            Some(l) => l.mount.join(format!("bench-{i}")),
-            None => a.target.clone().unwrap_or_else(|| {
+        let path = match (&loopfs, under) {
+            (Some(l), _) => l.mount.join(format!("bench-{i}")),
+            (None, Some(dir)) => dir.join(format!("bench-{i}")),
+            (None, None) => a.target.clone().unwrap_or_else(|| {
                 PathBuf::from(format!("/dev/shm/moneta-bench-{}-{i}", std::process::id()))
             }),
         };
@@ -327,7 +338,7 @@ pub(crate) fn kernel_files(
             fds.push(d.into());
         } else {
             fds.push(f.into());
-            if a.target.is_none() {
+            if a.target.is_none() || under.is_some() {
                 remove.push(path);
             }
         }
@@ -337,4 +348,108 @@ pub(crate) fn kernel_files(
         remove,
         _fs: loopfs,
     })
+}
+
+/// The fuse path's files: the private daemon's file system mounted with `moneta mount` (this
+/// program, in the foreground, as a child process) on a directory of the bench's, and files
+/// there filled through the mount. Dropping it unmounts and waits for the server.
+pub(crate) struct FuseFiles {
+    pub(crate) files: KernelFiles,
+    mountpoint: PathBuf,
+    server: std::process::Child,
+}
+
+pub(crate) fn fuse_files(d: &BenchDaemon, a: &BenchArgs) -> Result<FuseFiles, String> {
+    if !d.fs {
+        return Err(format!(
+            "the daemon at {} serves a raw device: the fuse path needs nvfs",
+            d.socket.display()
+        ));
+    }
+    if a.target.is_some() {
+        return Err("--target names a kernel file: the fuse path makes its own".into());
+    }
+    let dir = std::env::temp_dir().join(format!("moneta-bench-mount-{}", std::process::id()));
+    let mountpoint = dir.join("mnt");
+    std::fs::create_dir_all(&mountpoint)
+        .map_err(|e| format!("cannot create {}: {e}", mountpoint.display()))?;
+    let log = dir.join("mount.log");
+    let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut server = std::process::Command::new(exe)
+        .arg("mount")
+        .arg("--foreground")
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg(&mountpoint)
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+        .stderr(logf)
+        .spawn()
+        .map_err(|e| format!("cannot start moneta mount: {e}"))?;
+    let t = Instant::now();
+    loop {
+        if let Some((t, src)) = crate::mount::mounted(&mountpoint) {
+            if crate::mount::is_moneta(&t, &src) {
+                break;
+            }
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(format!(
+                "fuse: moneta mount exited ({status}): {}",
+                text.trim()
+            ));
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(format!(
+                "fuse: the mount on {} was not live within 20 s",
+                mountpoint.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut fuse = FuseFiles {
+        files: KernelFiles {
+            fds: Arc::new(Vec::new()),
+            remove: Vec::new(),
+            _fs: None,
+        },
+        mountpoint,
+        server,
+    };
+    fuse.files = files_in(a, None, Some(&fuse.mountpoint))?;
+    Ok(fuse)
+}
+
+impl Drop for FuseFiles {
+    fn drop(&mut self) {
+        for p in self.files.remove.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
+        self.files.fds = Arc::new(Vec::new());
+        if let Err(e) = crate::mount::umount(crate::mount::UmountArgs {
+            mountpoint: self.mountpoint.clone(),
+            lazy: true,
+        }) {
+            eprintln!("moneta bench: {e}");
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !matches!(self.server.try_wait(), Ok(Some(_))) {
+            let _ = self.server.kill();
+            let _ = self.server.wait();
+        }
+        if let Some(dir) = self.mountpoint.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
