@@ -209,11 +209,14 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // Checked before the socket is bound, so a refusal leaves nothing behind.
     check_pid_file(&pid_path).map_err(DaemonError::Config)?;
     if let Some(m) = &config.device.model {
-        moneta_device::model::config::check_emulable(
+        let warning = moneta_device::model::config::check_emulable(
             m,
             moneta_device::model::config::host_copy_rate(),
         )
         .map_err(DaemonError::Config)?;
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
     }
     let listener = bind_socket(&config.socket, config.socket_mode)?;
     // The socket is this daemon's from here on: gone again however `run` ends.
