@@ -395,8 +395,8 @@ impl Space {
         self.pending = keep;
     }
 
-    /// Takes dirty runs of at least `want` chunks in all (whole runs, in address order from
-    /// the cursor) to be zeroed; give them back with [`Space::zeroed`].
+    /// Takes up to `want` dirty chunks (in address order from the cursor) to be zeroed; give
+    /// them back with [`Space::zeroed`].
     pub fn take_dirty(&mut self, want: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut got = 0;
@@ -404,8 +404,9 @@ impl Space {
             if got >= want {
                 break;
             }
-            out.push((s, l));
-            got += l;
+            let k = l.min(want - got);
+            out.push((s, k));
+            got += k;
         }
         for &(s, l) in &out {
             self.dirty.remove(s, l);
@@ -499,7 +500,9 @@ mod tests {
         assert_eq!(s.pending(), 2, "the freeing transaction is not durable yet");
         s.durable(7);
         assert_eq!((s.pending(), s.dirty()), (0, 2));
-        let d = s.take_dirty(1);
+        assert_eq!(s.take_dirty(1), vec![(1, 1)], "no more than asked for");
+        s.zeroed(&[(1, 1)], false);
+        let d = s.take_dirty(5);
         assert_eq!(d, vec![(1, 2)]);
         s.zeroed(&d, true);
         assert_eq!(s.clean(), 194);

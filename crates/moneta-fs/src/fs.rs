@@ -36,9 +36,13 @@ pub const MAX_FILE_SIZE: u64 = 1 << 46;
 pub const MAX_SYMLINKS: u32 = 40;
 /// Bytes a file growing at its end keeps in reserve after its last chunk (Moneta-D's 1 MB).
 pub const DEFAULT_APPEND_RESERVE: u64 = 1 << 20;
-/// Bytes of dirty free space zeroed at once when clean space runs short: one merged zeroing
-/// per run, and at the `Host` level one flush, per batch.
+/// Most bytes of dirty free space zeroed at once when clean space runs short: one merged
+/// zeroing per run, and at the `Host` level one flush, per batch. The first batch after a
+/// mount is [`FIRST_ZERO_BATCH`] and each one after doubles, so that a mount's first small file
+/// does not wait for the whole array.
 pub const ZERO_BATCH: u64 = 64 << 20;
+/// The first batch of zeroing after a mount.
+pub const FIRST_ZERO_BATCH: u64 = 256 << 10;
 /// Free ranges of a file's data closer than this are flushed as one range by `fsync` (fewer
 /// system calls; what lies between is written back too, if dirty).
 pub const SYNC_GAP: u64 = 64 << 10;
@@ -350,6 +354,8 @@ pub struct Fs {
     /// Files whose space is being freed in transactions of their own (too many extents for
     /// the call's): an orphan until the last one.
     doomed: Vec<u64>,
+    /// Bytes the next batch of zeroing takes at least.
+    next_zero_batch: u64,
     open: HashMap<u64, u32>,
     txn: Txn,
     dirty: BTreeSet<u64>,
@@ -391,6 +397,21 @@ pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> 
     media.zero(g.backup_superblock_addr(), BLOCK)?;
     media.flush(g.backup_superblock_addr(), BLOCK)?;
     media.zero(0, g.data_off)?;
+    if let Some(sums) = g.integrity() {
+        // The data region reads as zeros: every block's checksum is that of zeros, so that
+        // free space is clean (handed out without zeroing) from the start.
+        let zero_sum = moneta_device::integrity::block_sum(&[0u8; DATA_BLOCK as usize]);
+        let piece: Vec<u8> = std::iter::repeat_n(zero_sum.to_le_bytes(), 16 << 10)
+            .flatten()
+            .collect();
+        let (start, len) = (sums.sums_off, sums.sums_len());
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(piece.len() as u64) as usize;
+            journal::write(media, start + at, &piece[..n]);
+            at += n as u64;
+        }
+    }
     let now = Time::now();
     let dir = |nlink: u32, mode: u32| Inode {
         mode: S_IFDIR | mode,
@@ -508,6 +529,7 @@ impl Fs {
             reserves: HashMap::new(),
             reserve_chunks: opts.append_reserve / g.chunk_size,
             doomed: Vec::new(),
+            next_zero_batch: FIRST_ZERO_BATCH,
             sums: g.integrity(),
             open: HashMap::new(),
             txn: Txn::default(),
@@ -729,8 +751,8 @@ impl Fs {
     /// zeroes dirty space, makes freed space durable (`Host`), takes other files' reserves
     /// back. The caller checked that `need` chunks are free.
     fn make_room(&mut self, ino: u64, need: u64) -> FsResult<()> {
-        let batch = (ZERO_BATCH / self.g.chunk_size).max(1);
         loop {
+            let batch = (self.next_zero_batch / self.g.chunk_size).max(1);
             let own = self.reserves.get(&ino).map_or(0, |&(s, e)| e - s);
             let have = self.space.clean() + own;
             if have >= need {
@@ -738,6 +760,7 @@ impl Fs {
             }
             if self.space.dirty() > 0 {
                 self.zero_batch((need - have).max(batch))?;
+                self.next_zero_batch = (self.next_zero_batch * 2).min(ZERO_BATCH);
             } else if self.space.pending() > 0 {
                 // Freed by transactions that are not durable yet: make them so.
                 self.sync_now(&[])?;

@@ -25,21 +25,28 @@ fn blocks(size: u64) -> Arc<MappedArray> {
     a
 }
 
+/// Mounts an array formatted just now (all its free space clean) keeping `reserve` bytes
+/// ahead of appends.
 fn mount_reserving(a: &Arc<MappedArray>, reserve: u64) -> Fs {
     Fs::mount_with(
         a.clone() as Arc<dyn Media>,
         MountOptions {
             append_reserve: reserve,
+            fresh: true,
             ..Default::default()
         },
     )
     .unwrap()
 }
 
+fn mount_fresh(a: &Arc<MappedArray>) -> Fs {
+    mount_reserving(a, moneta_fs::fs::DEFAULT_APPEND_RESERVE)
+}
+
 #[test]
 fn small_files_take_space_near_their_size() {
     let a = blocks(16 << 20);
-    let mut fs = mount(&a);
+    let mut fs = mount_fresh(&a);
     let root = Cred::root();
     assert_eq!(fs.statfs().chunk_size, BLOCK);
     let free = fs.statfs().chunks_free;
@@ -99,7 +106,7 @@ fn extents(fs: &Fs, ino: u64) -> usize {
 #[test]
 fn appending_files_keep_a_reserve_and_give_it_back_at_close() {
     let a = blocks(16 << 20);
-    let mut fs = mount(&a);
+    let mut fs = mount_fresh(&a);
     let free = fs.statfs().chunks_free;
     let (x, y) = interleave(&mut fs, 64);
     assert_eq!(
@@ -145,7 +152,7 @@ fn appending_files_keep_a_reserve_and_give_it_back_at_close() {
 #[test]
 fn reserves_are_taken_back_when_space_runs_short() {
     let a = blocks(8 << 20);
-    let mut fs = mount(&a);
+    let mut fs = mount_fresh(&a);
     let (x, _) = interleave(&mut fs, 4);
     assert!(fs.space_states().3 > 0);
     let root = Cred::root();
@@ -162,7 +169,7 @@ fn reserves_are_taken_back_when_space_runs_short() {
 #[test]
 fn freed_blocks_are_revoked_in_their_own_size_before_reuse() {
     let a = blocks(16 << 20);
-    let mut fs = mount(&a);
+    let mut fs = mount_fresh(&a);
     let root = Cred::root();
     let revoked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let r2 = revoked.clone();
@@ -301,4 +308,30 @@ fn a_full_extent_table_refuses_extends_and_takes_nothing() {
     assert_eq!(e.errno, libc::ENOSPC);
     assert!(e.message.contains("extent records"), "{}", e.message);
     assert_eq!(fs.check().errors(), 0);
+}
+
+#[test]
+fn free_space_a_mount_knows_nothing_of_is_zeroed_before_it_is_handed_out() {
+    let a = blocks(16 << 20);
+    let g = moneta_fs::tables::load(&*a).unwrap().sb.geometry;
+    // What a crash of the machine may leave in free space: bytes of files whose allocation
+    // it undid.
+    let junk = vec![0x5au8; (g.chunk_count * BLOCK) as usize];
+    // SAFETY: the data region lies inside the array.
+    unsafe { a.write(g.data_off, junk.as_ptr(), junk.len()) };
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    for i in 0..40 {
+        let o = fs
+            .open(&root, format!("/f{i}").as_bytes(), CREAT, 0o644)
+            .unwrap();
+        let (_, m) = fs.extend(o.ino, 0, 3 * BLOCK + 7, 4).unwrap();
+        let mut back = vec![1u8; m[0].len as usize];
+        // SAFETY: `back` holds the extent, inside the array.
+        unsafe { a.read(m[0].dev.unwrap(), back.as_mut_ptr(), back.len()) };
+        assert!(back.iter().all(|b| *b == 0), "file {i} reads only zeros");
+        fs.close(o.ino).unwrap();
+    }
+    let (_, dirty, _, _) = fs.space_states();
+    assert!(dirty > 0, "the rest waits for its turn");
 }
