@@ -90,6 +90,20 @@ pub trait Media: Send + Sync + 'static {
     /// Makes `[addr, addr+len)` durable on the backing store (no-op for volatile media).
     fn flush(&self, addr: u64, len: u64) -> io::Result<()>;
 
+    /// Writes `bytes` at array address `addr` through the backing file's own interface
+    /// (`pwrite`) where there is one, otherwise as [`Media::write`]. Every reader sees the
+    /// same bytes either way (one page cache), but pages written so are not dirtied through
+    /// the daemon's mapping, so writing them back to the disk does not have to write-protect
+    /// them there first. On this project's virtual machines that write-protection (a TLB
+    /// shootdown across the daemon's CPUs) made writing back one page cost 300–500 µs instead
+    /// of 80–100. For bytes that must reach the disk soon and often: the metadata log at the
+    /// host durability level.
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        // SAFETY: `bytes` is valid for reads of its length; `write` checks the range.
+        unsafe { self.write(addr, bytes.as_ptr(), bytes.len()) };
+        Ok(())
+    }
+
     /// Makes every range of `ranges` durable on the backing store, waiting for the store's
     /// own flush as few times as it allows (once, for a backing file: see [`MappedArray`]).
     /// The default flushes the ranges one by one.
@@ -138,6 +152,9 @@ impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
         (**self).flush_ranges(ranges)
     }
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        (**self).write_file(addr, bytes)
+    }
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
         (**self).zero(addr, len)
     }
@@ -171,6 +188,9 @@ impl<M: Media> Media for DeviceFlush<M> {
     }
     fn flush_ranges(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
         Ok(())
+    }
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.0.write_file(addr, bytes)
     }
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
         self.0.zero(addr, len)
@@ -413,6 +433,17 @@ impl Media for MappedArray {
             }
         }
         self.flush(last, last_len)
+    }
+
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        let _ = self.ptr_mut(addr, bytes.len());
+        if !self.persistent {
+            // SAFETY: `bytes` is valid for its length; the range was checked above.
+            unsafe { self.write(addr, bytes.as_ptr(), bytes.len()) };
+            return Ok(());
+        }
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(bytes, addr)
     }
 
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {

@@ -16,7 +16,12 @@
 //! `Device` level), so that a crash can never give a chunk back to the file that freed it after
 //! another file wrote there: the freed space is not reused before the free is as durable as
 //! the reuse could be. Dirty runs are zeroed in batches, merged (a whole run with one call to
-//! the host file system), when clean space runs short. At mount every free chunk is dirty
+//! the host file system), when clean space runs short. Short dirty runs are also *recycled*
+//! as soon as they may be, a few at a time: zeroed by stores and kept as *hot* clean space,
+//! which small allocations take first. A file created and removed again and again (a
+//! database's journal) so keeps landing on the same few pages, whose blocks the backing file
+//! has written already: a flush of them changes none of the host file system's extents and
+//! waits for no journal commit of its own. At mount every free chunk is dirty
 //! unless the caller knows the array reads as zeros (a file system made just now). Chunks a
 //! file holds in reserve ahead of its appends ([`Space::reserve`]) are free on the array and
 //! counted apart.
@@ -245,13 +250,19 @@ impl Runs {
 
 /// Candidate runs [`Space::take`] looks through for one that holds a whole request.
 const FIT_SCAN: usize = 64;
+/// Runs newly dirty that [`Space::take_short_dirty`] remembers (the rest wait for a batch).
+const FRESH_MAX: usize = 1024;
 
 /// The space of a mounted file system: which chunks files own, and the free ones by state.
 #[derive(Clone, Debug)]
 pub struct Space {
     bits: ChunkMap,
     clean: Runs,
+    /// Clean runs that were recycled: taken first by requests they hold whole.
+    hot: Runs,
     dirty: Runs,
+    /// Runs that became dirty since the last [`Space::take_short_dirty`]: what it looks at.
+    fresh: Vec<(u64, u64)>,
     /// Freed by a transaction not yet durable: (its sequence number, or `u64::MAX` while it
     /// is still being built; first chunk; chunks).
     pending: Vec<(u64, u64, u64)>,
@@ -278,7 +289,9 @@ impl Space {
         Space {
             bits,
             clean,
+            hot: Runs::default(),
             dirty,
+            fresh: Vec::new(),
             pending: Vec::new(),
             pending_total: 0,
             held: 0,
@@ -301,9 +314,23 @@ impl Space {
         self.bits.free()
     }
 
-    /// Clean chunks: what [`Space::take`] can hand out now.
+    /// Clean chunks: what [`Space::take`] can hand out now (hot ones included).
     pub fn clean(&self) -> u64 {
-        self.clean.total()
+        self.clean.total() + self.hot.total()
+    }
+
+    /// Hot chunks: clean ones that were recycled.
+    pub fn hot(&self) -> u64 {
+        self.hot.total()
+    }
+
+    /// The clean or hot run holding chunk `c`, and which.
+    fn clean_run(&mut self, c: u64) -> Option<(&mut Runs, u64, u64)> {
+        if let Some((s, l)) = self.clean.containing(c) {
+            return Some((&mut self.clean, s, l));
+        }
+        let (s, l) = self.hot.containing(c)?;
+        Some((&mut self.hot, s, l))
     }
 
     /// Dirty chunks: free and durably so, to be zeroed before use.
@@ -327,12 +354,27 @@ impl Space {
     /// order. Returns the runs taken, in order of use.
     pub fn take(&mut self, goal: Option<u64>, n: u64, max_runs: usize) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
-        let mut left = n.min(self.clean.total());
-        if let Some((g, (s, l))) = goal.and_then(|g| self.clean.containing(g).map(|r| (g, r))) {
-            let k = left.min(s + l - g);
-            self.clean.remove(g, k);
-            out.push((g, k));
-            left -= k;
+        let mut left = n.min(self.clean());
+        if let Some(g) = goal {
+            if let Some((pool, s, l)) = self.clean_run(g) {
+                let k = left.min(s + l - g);
+                pool.remove(g, k);
+                out.push((g, k));
+                left -= k;
+            }
+        }
+        // A hot run that holds what is left whole (the smallest such).
+        if left > 0 && out.len() < max_runs {
+            let fit = self
+                .hot
+                .iter()
+                .filter(|(_, l)| *l >= left)
+                .min_by_key(|(_, l)| *l);
+            if let Some((s, _)) = fit {
+                self.hot.remove(s, left);
+                push_run(&mut out, s, left);
+                left = 0;
+            }
         }
         while left > 0 && out.len() < max_runs {
             let candidates = self.clean.from(self.cursor, FIT_SCAN);
@@ -348,6 +390,16 @@ impl Space {
             push_run(&mut out, s, k);
             left -= k;
             self.cursor = s + k;
+        }
+        while left > 0 && out.len() < max_runs {
+            // Only hot runs are left, none big enough: take them in order.
+            let Some((s, l)) = self.hot.iter().next() else {
+                break;
+            };
+            let k = left.min(l);
+            self.hot.remove(s, k);
+            push_run(&mut out, s, k);
+            left -= k;
         }
         for &(s, l) in &out {
             self.bits.set_run(s, l, true);
@@ -388,6 +440,9 @@ impl Space {
             if s <= seq {
                 self.dirty.insert(start, len);
                 self.pending_total -= len;
+                if self.fresh.len() < FRESH_MAX {
+                    self.fresh.push((start, len));
+                }
             } else {
                 keep.push((s, start, len));
             }
@@ -415,6 +470,34 @@ impl Space {
         out
     }
 
+    /// Takes the dirty runs no longer than `max_run` chunks among those that became dirty
+    /// since the last call, up to `want` chunks in all, to be zeroed and recycled
+    /// ([`Space::recycled`]); none while `hot_max` chunks are hot already.
+    pub fn take_short_dirty(&mut self, max_run: u64, want: u64, hot_max: u64) -> Vec<(u64, u64)> {
+        let room = want.min(hot_max.saturating_sub(self.hot.total()));
+        let mut out = Vec::new();
+        let mut got = 0;
+        for (start, _) in std::mem::take(&mut self.fresh) {
+            // Runs merge in the dirty set: look at the whole run this piece is part of now.
+            let Some((s, l)) = self.dirty.containing(start) else {
+                continue;
+            };
+            if l <= max_run && got + l <= room {
+                self.dirty.remove(s, l);
+                out.push((s, l));
+                got += l;
+            }
+        }
+        out
+    }
+
+    /// Runs taken with [`Space::take_short_dirty`] read as zeros now: they are hot.
+    pub fn recycled(&mut self, runs: &[(u64, u64)]) {
+        for &(s, l) in runs {
+            self.hot.insert(s, l);
+        }
+    }
+
     /// Runs taken with [`Space::take_dirty`] now read as zeros (or, when zeroing failed, did
     /// not: `clean` false puts them back).
     pub fn zeroed(&mut self, runs: &[(u64, u64)], clean: bool) {
@@ -430,11 +513,11 @@ impl Space {
     /// Holds up to `max` clean chunks from `start` on in reserve for a file; returns how many.
     /// They stay free on the array and out of every other allocation.
     pub fn reserve(&mut self, start: u64, max: u64) -> u64 {
-        let Some((s, l)) = self.clean.containing(start) else {
+        let Some((pool, s, l)) = self.clean_run(start) else {
             return 0;
         };
         let k = max.min(s + l - start);
-        self.clean.remove(start, k);
+        pool.remove(start, k);
         self.held += k;
         k
     }
@@ -455,7 +538,7 @@ impl Space {
     pub fn mark_used(&mut self, start: u64, len: u64) {
         for c in start..start + len {
             if !self.bits.is_used(c) {
-                for runs in [&mut self.clean, &mut self.dirty] {
+                for runs in [&mut self.clean, &mut self.hot, &mut self.dirty] {
                     if runs.containing(c).is_some() {
                         runs.remove(c, 1);
                     }

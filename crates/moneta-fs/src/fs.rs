@@ -43,6 +43,13 @@ pub const DEFAULT_APPEND_RESERVE: u64 = 1 << 20;
 pub const ZERO_BATCH: u64 = 64 << 20;
 /// The first batch of zeroing after a mount.
 pub const FIRST_ZERO_BATCH: u64 = 256 << 10;
+/// Freed runs shorter than this are recycled (zeroed by stores and handed out first, see
+/// [`crate::alloc`]) as soon as they may be.
+pub const RECYCLE_RUN: u64 = moneta_device::media::ZERO_BY_STORES;
+/// Bytes recycled at most per commit (`Device`) or durability point (`Host`).
+pub const RECYCLE_MAX: u64 = 256 << 10;
+/// Bytes of recycled space kept at most.
+pub const HOT_MAX: u64 = 4 << 20;
 /// Free ranges of a file's data closer than this are flushed as one range by `fsync` (fewer
 /// system calls; what lies between is written back too, if dirty).
 pub const SYNC_GAP: u64 = 64 << 10;
@@ -78,6 +85,8 @@ pub struct SyncPlan {
     pub ranges: Vec<(u64, u64)>,
     /// The last metadata transaction the flush makes durable.
     pub seq: u64,
+    /// Freed runs (chunks) zeroed for the flush, recycled once it is done.
+    pub recycled: Vec<(u64, u64)>,
 }
 /// A failed call: a Linux errno and what happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -302,6 +311,9 @@ fn coalesce(mut ranges: Vec<(u64, u64)>, gap: u64) -> Vec<(u64, u64)> {
     }
     out
 }
+
+/// Runs of chunks, or ranges of array bytes: (first, length).
+type Runs = Vec<(u64, u64)>;
 
 /// Identity of a file for permission records: inode number and generation.
 pub fn file_id(ino: u64, generation: u32) -> u64 {
@@ -674,6 +686,11 @@ impl Fs {
         match self.journal.commit(&*self.media, txn) {
             Ok(seq) => {
                 self.space.committed(seq, self.journal.durable_seq());
+                if self.journal.level() == Durability::Device {
+                    // Freed space may be reused at once: recycle what is short.
+                    let (runs, _) = self.recycle()?;
+                    self.space.recycled(&runs);
+                }
                 Ok(())
             }
             Err(err) => {
@@ -745,6 +762,39 @@ impl Fs {
         }
         self.space.zeroed(&runs, true);
         Ok(())
+    }
+
+    /// Zeroes short runs freed durably since the last call (a few: see [`RECYCLE_MAX`]) to
+    /// recycle them; returns them (chunks) and the array ranges zeroed (with their checksums),
+    /// which at the `Host` level must be flushed before the runs are recycled.
+    fn recycle(&mut self) -> FsResult<(Runs, Runs)> {
+        let cs = self.g.chunk_size;
+        let runs = self.space.take_short_dirty(
+            (RECYCLE_RUN / cs).max(1),
+            (RECYCLE_MAX / cs).max(1),
+            (HOT_MAX / cs).max(1),
+        );
+        let mut ranges = Vec::with_capacity(runs.len() * 2);
+        // At the host level the zeros are flushed soon: written so that the flush does not
+        // have to write-protect the mapping (`Media::write_file`).
+        let by_file = self.journal.level() == Durability::Host && self.sums.is_none();
+        let longest = (RECYCLE_RUN / cs).max(1) * cs;
+        let zeros = vec![0u8; if by_file { longest as usize } else { 0 }];
+        for &(s, l) in &runs {
+            let (addr, len) = (self.g.chunk_addr(s), l * cs);
+            let zeroed = if by_file {
+                self.media.write_file(addr, &zeros[..len as usize])
+            } else {
+                self.zero(addr, len)
+            };
+            if let Err(err) = zeroed {
+                self.space.zeroed(&runs, false);
+                return e(libc::EIO, format!("cannot zero freed space: {err}"));
+            }
+            ranges.push((addr, len));
+            ranges.extend(self.sums.and_then(|c| c.sums_range(addr, len)));
+        }
+        Ok((runs, ranges))
     }
 
     /// Makes at least `need` chunks available to `ino` (clean, or in its own reserve):
@@ -2252,9 +2302,18 @@ impl Fs {
             }
             ranges.extend(coalesce(data, SYNC_GAP));
         }
+        // Short runs whose free is durable already are zeroed now and flushed with the rest
+        // (never on their own: a flush just for them would cost what recycling saves).
+        let (recycled, zeroed) = if ranges.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            self.recycle()?
+        };
+        ranges.extend(zeroed);
         Ok(Some(SyncPlan {
             ranges: journal::merge(ranges),
             seq,
+            recycled,
         }))
     }
 
@@ -2262,9 +2321,15 @@ impl Fs {
     /// metadata up to the plan's transaction is durable and its images go in place.
     pub fn sync_done(&mut self, plan: &SyncPlan, flushed: std::io::Result<()>) -> FsResult<()> {
         if let Err(err) = flushed {
+            self.space.zeroed(&plan.recycled, false);
             return e(libc::EIO, format!("flush failed: {err}"));
         }
-        self.journal.made_durable(&*self.media, plan.seq);
+        self.space.recycled(&plan.recycled);
+        if let Err(err) = self.journal.made_durable(&*self.media, plan.seq) {
+            let msg = format!("metadata could not be written in place: {err}");
+            self.failed = Some(msg.clone());
+            return e(libc::EIO, msg);
+        }
         self.space.durable(self.journal.durable_seq());
         Ok(())
     }

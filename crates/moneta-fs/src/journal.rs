@@ -429,7 +429,7 @@ impl Journal {
     pub fn replay(&mut self, m: &dyn Media, r: &Recovered) -> io::Result<()> {
         for (addr, data) in &r.records {
             for at in std::iter::once(*addr).chain(self.g.mirror_of(*addr)) {
-                write(m, at, data);
+                self.put(m, at, data)?;
                 self.applied.push((at, data.len() as u64));
             }
         }
@@ -494,11 +494,11 @@ impl Journal {
         if wraps(self.pos) {
             if self.pos + TXN_HEADER <= self.log_len {
                 let marker = txn_header(seq, WRAP, &[]);
-                self.log_write(m, self.pos, &marker, seq);
+                self.log_write(m, self.pos, &marker, seq)?;
             }
             self.pos = 0;
         }
-        self.log_write(m, self.pos + TXN_HEADER, &body, seq);
+        self.log_write(m, self.pos + TXN_HEADER, &body, seq)?;
         // The header must not reach the array before the body it validates (a crash of the
         // daemon leaves a prefix of its stores; a crash of the machine is the CRC's business).
         fence(Ordering::SeqCst);
@@ -507,42 +507,57 @@ impl Journal {
             self.pos,
             &txn_header(seq, txn.records.len() as u32, &body),
             seq,
-        );
+        )?;
         fence(Ordering::SeqCst);
         self.pos += len;
         self.live += taken;
         self.seq = seq;
         match self.level {
-            Durability::Device => self.apply(m, &txn),
+            Durability::Device => self.apply(m, &txn)?,
             Durability::Host => self.queued.push_back((seq, txn)),
         }
         Ok(seq)
     }
 
-    fn log_write(&mut self, m: &dyn Media, off: u64, bytes: &[u8], seq: u64) {
-        write(m, self.log + off, bytes);
+    /// Writes metadata: at the `Host` level through the backing file's own interface, so
+    /// that flushing it does not write-protect the daemon's mapping of it
+    /// ([`Media::write_file`]); at the `Device` level by stores.
+    fn put(&self, m: &dyn Media, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        match self.level {
+            Durability::Device => {
+                write(m, addr, bytes);
+                Ok(())
+            }
+            Durability::Host => m.write_file(addr, bytes),
+        }
+    }
+
+    fn log_write(&mut self, m: &dyn Media, off: u64, bytes: &[u8], seq: u64) -> io::Result<()> {
+        self.put(m, self.log + off, bytes)?;
         if self.level == Durability::Host {
             self.unflushed
                 .push((seq, self.log + off, bytes.len() as u64));
         }
+        Ok(())
     }
 
     /// Writes a transaction's images in place, the first copies first: a crash in between
     /// leaves the log to redo both.
-    fn apply(&mut self, m: &dyn Media, txn: &Txn) {
+    fn apply(&mut self, m: &dyn Media, txn: &Txn) -> io::Result<()> {
         for (addr, data) in txn.records() {
-            write(m, addr, data);
+            self.put(m, addr, data)?;
             self.applied.push((addr, data.len() as u64));
         }
         for (addr, data) in txn.records() {
             if let Some(at) = self.g.mirror_of(addr) {
-                write(m, at, data);
+                self.put(m, at, data)?;
                 self.applied.push((at, data.len() as u64));
             }
         }
         if self.applied.len() > 4096 {
             self.applied = merge(std::mem::take(&mut self.applied));
         }
+        Ok(())
     }
 
     /// What a durability point must flush to make every transaction so far durable: the
@@ -555,16 +570,17 @@ impl Journal {
 
     /// Records that the log ranges [`Journal::pending`] gave for `seq` are durable, and
     /// writes the images of the transactions up to `seq` in place.
-    pub fn made_durable(&mut self, m: &dyn Media, seq: u64) {
+    pub fn made_durable(&mut self, m: &dyn Media, seq: u64) -> io::Result<()> {
         if self.level != Durability::Host || seq <= self.durable {
-            return;
+            return Ok(());
         }
         self.unflushed.retain(|&(s, _, _)| s > seq);
         while self.queued.front().is_some_and(|(s, _)| *s <= seq) {
             let (_, txn) = self.queued.pop_front().expect("checked");
-            self.apply(m, &txn);
+            self.apply(m, &txn)?;
         }
         self.durable = seq;
+        Ok(())
     }
 
     /// A durability point: flushes the log written since the last one, together with
@@ -575,8 +591,7 @@ impl Journal {
         if self.level == Durability::Host && !ranges.is_empty() {
             m.flush_ranges(&merge(ranges))?;
         }
-        self.made_durable(m, seq);
-        Ok(())
+        self.made_durable(m, seq)
     }
 
     /// Makes the tables independent of the log, so that it can be overwritten from its start:
@@ -594,11 +609,11 @@ impl Journal {
             Durability::Device => IN_PLACE,
             Durability::Host => 0,
         };
-        write(
+        self.put(
             m,
             self.g.journal_off,
             &head(self.seq + 1, 0, self.checkpoints, flags),
-        );
+        )?;
         fence(Ordering::SeqCst);
         if self.level == Durability::Host {
             m.flush(self.g.journal_off, HEAD)?;
@@ -697,7 +712,7 @@ mod tests {
         let (seq, ranges) = j.pending();
         assert_eq!(seq, 1);
         assert_eq!(ranges.len(), 1, "header and body are one range: {ranges:?}");
-        j.made_durable(&a, seq);
+        j.made_durable(&a, seq).unwrap();
         read(&a, g.inode_addr(1), &mut rec);
         assert_eq!(rec[0], 7);
         read(&a, g.mirror_of(g.inode_addr(1)).unwrap(), &mut rec);

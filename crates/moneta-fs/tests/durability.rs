@@ -331,3 +331,42 @@ fn crashes_of_the_machine_leave_consistent_images_and_every_fsynced_file() {
     }
     assert!(durable.len() > 3, "the workload kept fsync'd files");
 }
+
+/// A database's journal: made, written, fsync'd and removed again and again. Its blocks are
+/// recycled, so it keeps landing on the same few (at the host level, once its removal is
+/// durable: each fsync makes the last removal so), and crashes still show no file another's
+/// bytes.
+#[test]
+fn a_file_made_and_removed_again_and_again_reuses_its_blocks() {
+    for level in [Durability::Device, Durability::Host] {
+        let a = Arc::new(HostCrash::new(small(32 << 20)));
+        let root = Cred::root();
+        let mut fs = mount_at(a.clone(), level);
+        let db = fs.open(&root, b"/db", CREAT, 0o644).unwrap();
+        write_words(&mut fs, &*a, db.ino, 0, 64 << 10);
+        let mut places = std::collections::BTreeSet::new();
+        for i in 0..40 {
+            let j = fs.open(&root, b"/db-journal", CREAT, 0o644).unwrap();
+            write_words(&mut fs, &*a, j.ino, 0, 12 << 10);
+            let (_, m) = fs.map(j.ino, 0, 1, 1).unwrap();
+            places.insert(m[0].dev.unwrap());
+            fs.fsync(j.ino).unwrap();
+            write_words(&mut fs, &*a, db.ino, (i % 16) * 4096, 4096);
+            fs.fsync(db.ino).unwrap();
+            fs.close(j.ino).unwrap();
+            fs.unlink(&root, b"/db-journal").unwrap();
+            if level == Durability::Host && i % 8 == 0 {
+                check_image(&a.crash(i, 0.5), &Durable::new(), &format!("{level:?} {i}"));
+            }
+        }
+        assert!(
+            places.len() <= 3,
+            "{level:?}: the journal landed on {} places",
+            places.len()
+        );
+        assert!(
+            fs.space_states().1 < 16,
+            "{level:?}: freed blocks were recycled"
+        );
+    }
+}

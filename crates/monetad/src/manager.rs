@@ -469,6 +469,7 @@ impl Manager {
         let s = &self.syncs;
         let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
         st.queued.ranges.extend(plan.ranges);
+        st.queued.recycled.extend(plan.recycled);
         st.queued.seq = st.queued.seq.max(plan.seq);
         // The flush that will carry this plan: the next one to start.
         let mine = st.started;

@@ -159,6 +159,9 @@ impl Media for DurableShadow {
         }
         Ok(())
     }
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_file(addr, bytes)
+    }
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
         self.inner.zero(addr, len)
     }
