@@ -164,10 +164,16 @@ impl IntegrityConfig {
         Ok(())
     }
 
+    /// The part of the checksum table that covers `[addr, addr + len)`, as (address, bytes).
+    pub fn sums_range(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
+        self.blocks(addr, len)
+            .map(|(first, end)| (self.sum_addr(first), (end - first) * 4))
+    }
+
     /// Makes the checksums of `[addr, addr + len)` durable (`Media::flush` of their table).
     pub fn flush_sums<M: Media + ?Sized>(&self, m: &M, addr: u64, len: u64) -> io::Result<()> {
-        match self.blocks(addr, len) {
-            Some((first, end)) => m.flush(self.sum_addr(first), (end - first) * 4),
+        match self.sums_range(addr, len) {
+            Some((at, bytes)) => m.flush(at, bytes),
             None => Ok(()),
         }
     }

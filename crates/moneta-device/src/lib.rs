@@ -25,6 +25,6 @@ pub use engine::{
     LookupService, OpenedChannel, TableOp, MAX_LOOKUP_EXTENTS,
 };
 pub use integrity::{Integrity, IntegrityConfig};
-pub use media::{MappedArray, Media, MediaError};
+pub use media::{DeviceFlush, MappedArray, Media, MediaError};
 pub use permission::{PermissionTable, READ, WRITE};
 pub use scheduler::Timing;

@@ -3,7 +3,16 @@
 //! The metadata tables are mirrored in memory (inodes decoded, directories and extents indexed);
 //! every change is made to the mirror and logged as record images through the journal in one
 //! transaction, so each call is atomic across a crash. Calls validate everything first and only
-//! then change anything, so a refused call changes nothing. Permission checks follow Linux:
+//! then change anything, so a refused call changes nothing. (Freeing the space of a file with
+//! more extents than one transaction can hold takes several: the first removes the name, the
+//! last the inode; a crash in between leaves an orphan that the next mount frees.)
+//!
+//! Space is given out in chunks (4 KiB by default): a small file takes space near its size.
+//! A file that grows at its end keeps a reservation of the chunks after its last one
+//! (Moneta-D's 1 MB ahead of appends, [`MountOptions::append_reserve`]), in memory only: it
+//! keeps the file in one extent while other files are written beside it, costs no metadata,
+//! and goes back at the file's last close (or to another file when space runs short).
+//! [`crate::alloc`] says which free chunks may be handed out. Permission checks follow Linux:
 //! owner, group (primary or supplementary) or other class bits, root bypassing them (but needing
 //! an execute bit somewhere to execute), the sticky bit on directories, setgid directories
 //! passing their group on.
@@ -14,8 +23,8 @@ use std::sync::Arc;
 
 use moneta_device::{IntegrityConfig, Media};
 
-use crate::alloc::ChunkMap;
-use crate::journal::{self, Journal, Txn};
+use crate::alloc::{ChunkMap, Space};
+use crate::journal::{self, Durability, Journal, Txn};
 use crate::layout::*;
 use crate::tables::{self, Fix, Severity, Tables};
 
@@ -25,7 +34,60 @@ pub const PATH_MAX: usize = 4095;
 pub const MAX_FILE_SIZE: u64 = 1 << 46;
 /// Symbolic links followed in one path walk before `ELOOP`.
 pub const MAX_SYMLINKS: u32 = 40;
+/// Bytes a file growing at its end keeps in reserve after its last chunk (Moneta-D's 1 MB).
+pub const DEFAULT_APPEND_RESERVE: u64 = 1 << 20;
+/// Most bytes of dirty free space zeroed at once when clean space runs short: one merged
+/// zeroing per run, and at the `Host` level one flush, per batch. The first batch after a
+/// mount is [`FIRST_ZERO_BATCH`] and each one after doubles, so that a mount's first small file
+/// does not wait for the whole array.
+pub const ZERO_BATCH: u64 = 64 << 20;
+/// The first batch of zeroing after a mount.
+pub const FIRST_ZERO_BATCH: u64 = 256 << 10;
+/// Freed runs shorter than this are recycled (zeroed by stores and handed out first, see
+/// [`crate::alloc`]) as soon as they may be.
+pub const RECYCLE_RUN: u64 = moneta_device::media::ZERO_BY_STORES;
+/// Bytes recycled at most per commit (`Device`) or durability point (`Host`).
+pub const RECYCLE_MAX: u64 = 256 << 10;
+/// Bytes of recycled space kept at most.
+pub const HOT_MAX: u64 = 4 << 20;
+/// Free ranges of a file's data closer than this are flushed as one range by `fsync` (fewer
+/// system calls; what lies between is written back too, if dirty).
+pub const SYNC_GAP: u64 = 64 << 10;
 
+/// How a file system is mounted.
+#[derive(Clone, Copy, Debug)]
+pub struct MountOptions {
+    /// What commits and `fsync` make durable.
+    pub durability: Durability,
+    /// Bytes a file growing at its end keeps in reserve after its last chunk; 0 keeps none.
+    pub append_reserve: u64,
+    /// The array was formatted just now and its free space reads as zeros (nothing needs
+    /// zeroing before it is handed out).
+    pub fresh: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            durability: Durability::Device,
+            append_reserve: DEFAULT_APPEND_RESERVE,
+            fresh: false,
+        }
+    }
+}
+
+/// What a durability point for `fsync` must flush: made under the file-system lock by
+/// [`Fs::sync_plan`], flushed by the caller (outside the lock, together with other callers'
+/// plans: a group commit), and finished by [`Fs::sync_done`].
+#[derive(Clone, Debug, Default)]
+pub struct SyncPlan {
+    /// Array ranges to flush together.
+    pub ranges: Vec<(u64, u64)>,
+    /// The last metadata transaction the flush makes durable.
+    pub seq: u64,
+    /// Freed runs (chunks) zeroed for the flush, recycled once it is done.
+    pub recycled: Vec<(u64, u64)>,
+}
 /// A failed call: a Linux errno and what happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsError {
@@ -237,6 +299,22 @@ pub struct Opened {
 /// must not return until no channel can reach them (revocation before reuse).
 pub type Revoker = Box<dyn FnMut(&[(u64, u64)]) -> FsResult<()> + Send>;
 
+/// Sorts ranges and joins those less than `gap` apart.
+fn coalesce(mut ranges: Vec<(u64, u64)>, gap: u64) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (a, l) in ranges {
+        match out.last_mut() {
+            Some((b, m)) if *b + *m + gap >= a => *m = (*m).max(a + l - *b),
+            _ => out.push((a, l)),
+        }
+    }
+    out
+}
+
+/// Runs of chunks, or ranges of array bytes: (first, length).
+type Runs = Vec<(u64, u64)>;
+
 /// Identity of a file for permission records: inode number and generation.
 pub fn file_id(ino: u64, generation: u32) -> u64 {
     (ino << 32) | generation as u64
@@ -280,7 +358,16 @@ pub struct Fs {
     symlinks: HashMap<u64, (u64, Vec<u8>)>,
     extents: HashMap<u64, BTreeMap<u64, Ext>>,
     free_extents: BTreeSet<u64>,
-    chunks: ChunkMap,
+    space: Space,
+    /// Chunks held in reserve ahead of a file's appends: (first, end).
+    reserves: HashMap<u64, (u64, u64)>,
+    /// Chunks a reserve may hold.
+    reserve_chunks: u64,
+    /// Files whose space is being freed in transactions of their own (too many extents for
+    /// the call's): an orphan until the last one.
+    doomed: Vec<u64>,
+    /// Bytes the next batch of zeroing takes at least.
+    next_zero_batch: u64,
     open: HashMap<u64, u32>,
     txn: Txn,
     dirty: BTreeSet<u64>,
@@ -322,6 +409,21 @@ pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> 
     media.zero(g.backup_superblock_addr(), BLOCK)?;
     media.flush(g.backup_superblock_addr(), BLOCK)?;
     media.zero(0, g.data_off)?;
+    if let Some(sums) = g.integrity() {
+        // The data region reads as zeros: every block's checksum is that of zeros, so that
+        // free space is clean (handed out without zeroing) from the start.
+        let zero_sum = moneta_device::integrity::block_sum(&[0u8; DATA_BLOCK as usize]);
+        let piece: Vec<u8> = std::iter::repeat_n(zero_sum.to_le_bytes(), 16 << 10)
+            .flatten()
+            .collect();
+        let (start, len) = (sums.sums_off, sums.sums_len());
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(piece.len() as u64) as usize;
+            journal::write(media, start + at, &piece[..n]);
+            at += n as u64;
+        }
+    }
     let now = Time::now();
     let dir = |nlink: u32, mode: u32| Inode {
         mode: S_IFDIR | mode,
@@ -358,6 +460,7 @@ pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> 
         name: crate::repair::LOST_FOUND.to_vec(),
     };
     journal::write(media, g.dirent_addr(0), &entry.encode(0));
+    journal::format(media, &g);
     let mut uuid = [0u8; 16];
     uuid[..8].copy_from_slice(&(now.sec as u64).to_le_bytes());
     uuid[8..12].copy_from_slice(&now.nsec.to_le_bytes());
@@ -374,10 +477,14 @@ pub fn mkfs(media: &dyn Media, o: &MkfsOptions) -> Result<Geometry, MountError> 
 }
 
 impl Fs {
+    /// Mounts the image on `media` with the default options (the `Device` level).
+    pub fn mount(media: Arc<dyn Media>) -> Result<Fs, MountError> {
+        Fs::mount_with(media, MountOptions::default())
+    }
+
     /// Mounts the image on `media`: replays the journal, checks the tables (refusing an
     /// inconsistent image), frees files that were unlinked while open.
-    pub fn mount(media: Arc<dyn Media>) -> Result<Fs, MountError> {
-        let durable = media.persistent();
+    pub fn mount_with(media: Arc<dyn Media>, opts: MountOptions) -> Result<Fs, MountError> {
         let t = tables::load(&*media)?;
         let report = tables::check(&t);
         if let Some((copy, why)) = &t.sb_damage {
@@ -395,9 +502,9 @@ impl Fs {
                 first: first.text.clone(),
             });
         }
-        let mut journal = Journal::new(&t.sb.geometry, t.recovered.seq, durable);
+        let mut journal = Journal::open(&t.sb.geometry, &t.recovered, opts.durability);
         journal.replay(&*media, &t.recovered)?;
-        let mut fs = Fs::from_tables(media, t, journal);
+        let mut fs = Fs::from_tables(media, t, journal, &opts);
         let orphans: Vec<u64> = report
             .problems
             .iter()
@@ -416,7 +523,7 @@ impl Fs {
         Ok(fs)
     }
 
-    fn from_tables(media: Arc<dyn Media>, t: Tables, journal: Journal) -> Fs {
+    fn from_tables(media: Arc<dyn Media>, t: Tables, journal: Journal, opts: &MountOptions) -> Fs {
         let g = t.sb.geometry;
         let mut fs = Fs {
             media,
@@ -430,7 +537,11 @@ impl Fs {
             symlinks: HashMap::new(),
             extents: HashMap::new(),
             free_extents: BTreeSet::new(),
-            chunks: ChunkMap::from_words(t.bitmap, g.chunk_count),
+            space: Space::new(ChunkMap::from_words(t.bitmap, g.chunk_count), opts.fresh),
+            reserves: HashMap::new(),
+            reserve_chunks: opts.append_reserve / g.chunk_size,
+            doomed: Vec::new(),
+            next_zero_batch: FIRST_ZERO_BATCH,
             sums: g.integrity(),
             open: HashMap::new(),
             txn: Txn::default(),
@@ -510,6 +621,22 @@ impl Fs {
         self.journal.seq()
     }
 
+    /// The durability level it was mounted with.
+    pub fn durability(&self) -> Durability {
+        self.journal.level()
+    }
+
+    /// The array.
+    pub fn media(&self) -> Arc<dyn Media> {
+        self.media.clone()
+    }
+
+    /// Free chunks by state: (clean, dirty, pending, held in reserves), for reports and tests.
+    pub fn space_states(&self) -> (u64, u64, u64, u64) {
+        let s = &self.space;
+        (s.clean(), s.dirty(), s.pending(), s.held())
+    }
+
     // ---- internal helpers -------------------------------------------------------------
 
     fn check_alive(&self) -> FsResult<()> {
@@ -539,23 +666,186 @@ impl Fs {
         }
     }
 
+    /// Commits the call's change, then frees the space of files too large to free in it.
     fn commit(&mut self) -> FsResult<()> {
+        self.commit_one()?;
+        self.settle()
+    }
+
+    /// Commits what was changed so far as one transaction.
+    fn commit_one(&mut self) -> FsResult<()> {
         for ino in std::mem::take(&mut self.dirty) {
             let rec = self.inodes[(ino - 1) as usize].encode(ino);
             self.txn.put(self.g.inode_addr(ino), &rec);
         }
-        for (w, v) in self.chunks.take_dirty() {
+        for (w, v) in self.space.take_dirty_words() {
             self.txn
                 .put(self.g.bitmap_off + w as u64 * 8, &v.to_le_bytes());
         }
         let txn = std::mem::take(&mut self.txn);
-        if let Err(err) = self.journal.commit(&*self.media, &txn) {
-            let msg = format!("metadata commit failed: {err}");
-            tracing::error!("{msg}");
-            self.failed = Some(msg.clone());
-            return e(libc::EIO, msg);
+        match self.journal.commit(&*self.media, txn) {
+            Ok(seq) => {
+                self.space.committed(seq, self.journal.durable_seq());
+                if self.journal.level() == Durability::Device {
+                    // Freed space may be reused at once: recycle what is short.
+                    let (runs, _) = self.recycle()?;
+                    self.space.recycled(&runs);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                let msg = format!("metadata commit failed: {err}");
+                tracing::error!("{msg}");
+                self.failed = Some(msg.clone());
+                e(libc::EIO, msg)
+            }
+        }
+    }
+
+    /// Journal bytes the transaction being built will take, about.
+    fn txn_estimate(&self) -> u64 {
+        self.txn.body_len()
+            + self.dirty.len() as u64 * (16 + INODE_SIZE)
+            + self.space.bits().dirty_words() as u64 * 24
+    }
+
+    /// Journal bytes a call's transaction may grow to before freeing or allocating more waits
+    /// for a transaction of its own: half the log, leaving room for the rest of the call.
+    fn txn_budget(&self) -> u64 {
+        self.journal.capacity() / 2
+    }
+
+    /// Frees, in transactions of their own, the space of the files [`Fs::release`] could not
+    /// free in the call's: each transaction frees extents from the file's end until it is
+    /// full, the last clears the inode. Until then the inode is an orphan (no name, no link),
+    /// which a mount after a crash frees.
+    fn settle(&mut self) -> FsResult<()> {
+        while let Some(&ino) = self.doomed.last() {
+            let budget = self.txn_budget();
+            loop {
+                let done = self.free_from(ino, 0, budget);
+                if done {
+                    self.forget(ino);
+                }
+                if let Err(err) = self.commit_one() {
+                    return Err(self.fail(&err));
+                }
+                if done {
+                    break;
+                }
+            }
+            self.doomed.pop();
         }
         Ok(())
+    }
+
+    /// Zeroes a batch of dirty free space (at least `want` chunks, when there are) so that
+    /// it can be handed out; at the `Host` level it is flushed first, since a crash that kept
+    /// an allocation but not the zeroing would show a file another file's bytes.
+    fn zero_batch(&mut self, want: u64) -> FsResult<()> {
+        let runs = self.space.take_dirty(want);
+        let mut ranges = Vec::with_capacity(runs.len() * 2);
+        for &(s, l) in &runs {
+            let (addr, len) = (self.g.chunk_addr(s), l * self.g.chunk_size);
+            if let Err(err) = self.zero(addr, len) {
+                self.space.zeroed(&runs, false);
+                return e(libc::EIO, format!("cannot zero free space: {err}"));
+            }
+            ranges.push((addr, len));
+            ranges.extend(self.sums.and_then(|c| c.sums_range(addr, len)));
+        }
+        if self.journal.level() == Durability::Host {
+            if let Err(err) = self.media.flush_ranges(&journal::merge(ranges)) {
+                self.space.zeroed(&runs, false);
+                return e(libc::EIO, format!("cannot flush zeroed free space: {err}"));
+            }
+        }
+        self.space.zeroed(&runs, true);
+        Ok(())
+    }
+
+    /// Zeroes short runs freed durably since the last call (a few: see [`RECYCLE_MAX`]) to
+    /// recycle them; returns them (chunks) and the array ranges zeroed (with their checksums),
+    /// which at the `Host` level must be flushed before the runs are recycled.
+    fn recycle(&mut self) -> FsResult<(Runs, Runs)> {
+        let cs = self.g.chunk_size;
+        let runs = self.space.take_short_dirty(
+            (RECYCLE_RUN / cs).max(1),
+            (RECYCLE_MAX / cs).max(1),
+            (HOT_MAX / cs).max(1),
+        );
+        let mut ranges = Vec::with_capacity(runs.len() * 2);
+        // At the host level the zeros are flushed soon: written so that the flush does not
+        // have to write-protect the mapping (`Media::write_file`).
+        let by_file = self.journal.level() == Durability::Host && self.sums.is_none();
+        let longest = (RECYCLE_RUN / cs).max(1) * cs;
+        let zeros = vec![0u8; if by_file { longest as usize } else { 0 }];
+        for &(s, l) in &runs {
+            let (addr, len) = (self.g.chunk_addr(s), l * cs);
+            let zeroed = if by_file {
+                self.media.write_file(addr, &zeros[..len as usize])
+            } else {
+                self.zero(addr, len)
+            };
+            if let Err(err) = zeroed {
+                self.space.zeroed(&runs, false);
+                return e(libc::EIO, format!("cannot zero freed space: {err}"));
+            }
+            ranges.push((addr, len));
+            ranges.extend(self.sums.and_then(|c| c.sums_range(addr, len)));
+        }
+        Ok((runs, ranges))
+    }
+
+    /// Makes at least `need` chunks available to `ino` (clean, or in its own reserve):
+    /// zeroes dirty space, makes freed space durable (`Host`), takes other files' reserves
+    /// back. The caller checked that `need` chunks are free.
+    fn make_room(&mut self, ino: u64, need: u64) -> FsResult<()> {
+        loop {
+            let batch = (self.next_zero_batch / self.g.chunk_size).max(1);
+            let own = self.reserves.get(&ino).map_or(0, |&(s, e)| e - s);
+            let have = self.space.clean() + own;
+            if have >= need {
+                return Ok(());
+            }
+            if self.space.dirty() > 0 {
+                self.zero_batch((need - have).max(batch))?;
+                self.next_zero_batch = (self.next_zero_batch * 2).min(ZERO_BATCH);
+            } else if self.space.pending() > 0 {
+                // Freed by transactions that are not durable yet: make them so.
+                self.sync_now(&[])?;
+            } else if self.reserves.len() > usize::from(own > 0) {
+                let others: Vec<u64> = self
+                    .reserves
+                    .keys()
+                    .copied()
+                    .filter(|&i| i != ino)
+                    .collect();
+                for other in others {
+                    self.drop_reserve(other);
+                }
+            } else if own > 0 {
+                self.drop_reserve(ino);
+            } else {
+                return e(libc::ENOSPC, "no space left");
+            }
+        }
+    }
+
+    /// A durability point now, under the lock: the log and `extra`, flushed together.
+    fn sync_now(&mut self, extra: &[(u64, u64)]) -> FsResult<()> {
+        if let Err(err) = self.journal.sync(&*self.media, extra) {
+            return e(libc::EIO, format!("flush failed: {err}"));
+        }
+        self.space.durable(self.journal.durable_seq());
+        Ok(())
+    }
+
+    /// Gives a file's reserve back.
+    fn drop_reserve(&mut self, ino: u64) {
+        if let Some((s, e)) = self.reserves.remove(&ino) {
+            self.space.unreserve(s, e - s);
+        }
     }
 
     /// Marks the file system failed after a change was half made in memory.
@@ -878,30 +1168,36 @@ impl Fs {
         })
     }
 
-    /// Frees the chunks of `ino` from file chunk `from` on; the caller revoked them.
-    fn free_from(&mut self, ino: u64, from: u64) {
-        let Some(m) = self.extents.get_mut(&ino) else {
-            return;
+    /// Frees the chunks of `ino` from file chunk `from` on, the caller having revoked them,
+    /// from the end backwards until the transaction being built reaches `budget` bytes.
+    /// Returns whether all of them are freed.
+    fn free_from(&mut self, ino: u64, from: u64, budget: u64) -> bool {
+        let Some(m) = self.extents.get(&ino) else {
+            return true;
         };
         let start = m.range(..=from).next_back().map_or(from, |(k, _)| *k);
-        let keys: Vec<u64> = m.range(start..).map(|(k, _)| *k).collect();
-        let mut frees = Vec::new();
+        let keys: Vec<u64> = m.range(start..).rev().map(|(k, _)| *k).collect();
+        let mut freed = false;
+        let mut done = true;
         for fc in keys {
+            if freed && self.txn_estimate() > budget {
+                done = false;
+                break;
+            }
+            let m = self.extents.get_mut(&ino).expect("listed above");
             let x = m[&fc];
             if fc + x.count <= from {
                 continue;
             }
-            if fc >= from {
+            let (s, l) = if fc >= from {
                 m.remove(&fc);
-                frees.push((x.dev, x.count));
                 self.txn
                     .put(self.g.extent_addr(x.slot), &[0u8; EXTENT_SIZE as usize]);
                 self.free_extents.insert(x.slot);
+                (x.dev, x.count)
             } else {
                 let keep = from - fc;
-                frees.push((x.dev + keep, x.count - keep));
-                let nx = Ext { count: keep, ..x };
-                m.insert(fc, nx);
+                m.insert(fc, Ext { count: keep, ..x });
                 let rec = ExtentRec {
                     ino,
                     file_chunk: fc,
@@ -910,26 +1206,39 @@ impl Fs {
                 };
                 self.txn
                     .put(self.g.extent_addr(x.slot), &rec.encode(x.slot));
-            }
+                (x.dev + keep, x.count - keep)
+            };
+            self.space.free_run(s, l);
+            freed = true;
         }
-        if m.is_empty() {
+        if self.extents.get(&ino).is_some_and(|m| m.is_empty()) {
             self.extents.remove(&ino);
         }
-        if !frees.is_empty() {
+        if freed {
             // Space left the file: translations handed out so far must not match again.
             self.layouts.remove(&ino);
         }
-        for (s, l) in frees {
-            self.chunks.free_run(s, l);
-        }
+        done
     }
 
     /// Frees an inode with no names and no open handles: its chunks (revoked first), its
-    /// symlink target, its record.
+    /// symlink target, its record; a file with more extents than the call's transaction can
+    /// hold is freed after it, in transactions of its own ([`Fs::settle`]).
     fn release(&mut self, ino: u64) -> FsResult<()> {
         let ranges = self.ranges_from(ino, 0);
         self.revoke(&ranges)?;
-        self.free_from(ino, 0);
+        self.drop_reserve(ino);
+        let budget = self.txn_budget();
+        if self.free_from(ino, 0, budget) {
+            self.forget(ino);
+        } else {
+            self.doomed.push(ino);
+        }
+        Ok(())
+    }
+
+    /// Clears an inode whose space is freed: its symlink target, its record.
+    fn forget(&mut self, ino: u64) {
         if let Some((slot, _)) = self.symlinks.remove(&ino) {
             self.txn
                 .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
@@ -943,7 +1252,6 @@ impl Fs {
             ..Default::default()
         };
         self.free_inodes.insert(ino);
-        Ok(())
     }
 
     /// Drops one name of `ino`; frees it when no name and no handle is left.
@@ -1115,8 +1423,9 @@ impl Fs {
         if *count == 0 {
             self.open.remove(&ino);
             // No handle is left, so no channel holds the file's records: the next open starts
-            // a new tag, and the table holds tags of open files only.
+            // a new tag, and the table holds tags of open files only. Its reserve goes back.
             self.layouts.remove(&ino);
+            self.drop_reserve(ino);
             if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
                 self.check_alive()?;
                 if let Err(err) = self.release(ino) {
@@ -1234,35 +1543,91 @@ impl Fs {
             }
         }
         let need: u64 = missing.iter().map(|r| r.1).sum();
-        if need > self.chunks.free() {
+        if need > self.space.free() {
             return e(
                 libc::ENOSPC,
                 format!(
                     "no space left: {need} chunks needed, {} free",
-                    self.chunks.free()
+                    self.space.free()
                 ),
             );
         }
-        for (fc, count) in missing {
-            let goal = self.extents.get(&ino).and_then(|m| {
-                m.range(..fc)
-                    .next_back()
-                    .filter(|(k, x)| **k + x.count == fc)
-                    .map(|(_, x)| x.dev + x.count)
-            });
-            let runs = self.chunks.alloc(goal, count).expect("free space checked");
-            let mut file_chunk = fc;
-            for (dev, n) in runs {
-                if let Err(err) = self.zero(self.g.chunk_addr(dev), n * cs) {
-                    let err = FsError {
-                        errno: libc::EIO,
-                        message: format!("cannot zero new chunks: {err}"),
-                    };
-                    return Err(self.fail(&err));
+        if need > 0 {
+            self.make_room(ino, need)?;
+        }
+        // Whether the range reaches past the file's last chunk: an append, after which the
+        // file keeps a reserve past its new last chunk.
+        let appends = need > 0
+            && self
+                .extents
+                .get(&ino)
+                .is_none_or(|m| m.range(last + 1..).next().is_none());
+        let budget = self.txn_budget();
+        let mut allocated = 0;
+        'runs: for (fc, count) in missing {
+            let (mut f, mut left) = (fc, count);
+            while left > 0 {
+                if allocated > 0 && self.txn_estimate() > budget {
+                    // Too many extents for one transaction (a fragmented array): what is
+                    // allocated stands, the rest stays a hole the client extends again.
+                    break 'runs;
                 }
-                self.add_extent(ino, file_chunk, dev, n);
-                file_chunk += n;
+                // The chunk after the extent that ends at `f`, if one does.
+                let goal = self.extents.get(&ino).and_then(|m| {
+                    m.range(..f)
+                        .next_back()
+                        .filter(|(k, x)| **k + x.count == f)
+                        .map(|(_, x)| x.dev + x.count)
+                });
+                if let (Some(g), Some(&(rs, re))) = (goal, self.reserves.get(&ino)) {
+                    if g == rs {
+                        let k = left.min(re - rs);
+                        self.space.claim(rs, k);
+                        if rs + k == re {
+                            self.reserves.remove(&ino);
+                        } else {
+                            self.reserves.insert(ino, (rs + k, re));
+                        }
+                        self.add_extent(ino, f, rs, k);
+                        (f, left, allocated) = (f + k, left - k, allocated + k);
+                        continue;
+                    }
+                }
+                let runs =
+                    self.space
+                        .take(goal, left.min(u32::MAX as u64), self.free_extents.len() + 1);
+                if runs.is_empty() {
+                    // The rest of the free space is this file's reserve, which does not
+                    // continue it here: give it back and take from it.
+                    if self.reserves.contains_key(&ino) {
+                        self.drop_reserve(ino);
+                        continue;
+                    }
+                    break 'runs;
+                }
+                for (i, &(d, n)) in runs.iter().enumerate() {
+                    if !self.continues(ino, f, d) && self.free_extents.is_empty() {
+                        self.space.untake(&runs[i..]);
+                        if allocated == 0 {
+                            return e(
+                                libc::ENOSPC,
+                                "no free extent records: the file system is too fragmented \
+                                 (mkfs with a larger --chunk-size, or fewer, larger files)",
+                            );
+                        }
+                        break 'runs;
+                    }
+                    self.add_extent(ino, f, d, n);
+                    (f, left, allocated) = (f + n, left - n, allocated + n);
+                }
             }
+        }
+        if appends {
+            self.keep_reserve(ino);
+        }
+        let old = self.inode(ino).size;
+        if let Err(err) = self.zero_tail(ino, old, end) {
+            return Err(self.fail(&err));
         }
         let now = Time::now();
         let node = self.inode_mut(ino);
@@ -1271,6 +1636,65 @@ impl Fs {
         node.ctime = now;
         self.commit()?;
         self.map(ino, off, len, max)
+    }
+
+    /// Whether an extent of `ino` ends at file chunk `fc` and data chunk `dev`, so that chunks
+    /// from `dev` at `fc` extend it.
+    fn continues(&self, ino: u64, fc: u64, dev: u64) -> bool {
+        self.extents.get(&ino).is_some_and(|m| {
+            m.range(..fc)
+                .next_back()
+                .is_some_and(|(k, x)| k + x.count == fc && x.dev + x.count == dev)
+        })
+    }
+
+    /// Keeps a reserve right after `ino`'s last chunk on the array (Moneta-D's 1 MB ahead of
+    /// appends): other allocations leave those chunks alone, so the file's next appends extend
+    /// its last extent.
+    fn keep_reserve(&mut self, ino: u64) {
+        let Some(after) = self
+            .extents
+            .get(&ino)
+            .and_then(|m| m.values().next_back())
+            .map(|x| x.dev + x.count)
+        else {
+            return;
+        };
+        if self.reserves.get(&ino).is_some_and(|&(s, _)| s == after) {
+            return;
+        }
+        self.drop_reserve(ino);
+        if after < self.g.chunk_count && self.reserve_chunks > 0 {
+            let k = self.space.reserve(after, self.reserve_chunks);
+            if k > 0 {
+                self.reserves.insert(ino, (after, after + k));
+            }
+        }
+    }
+
+    /// Zeroes the bytes of `ino`'s chunk holding its old end `old` from there to `new_end`
+    /// (or the chunk's end), before the file grows over them: they read as zeros even when a
+    /// crash of the machine kept an earlier truncate but not its zeroing of them.
+    fn zero_tail(&mut self, ino: u64, old: u64, new_end: u64) -> FsResult<()> {
+        let cs = self.g.chunk_size;
+        if new_end <= old || old.is_multiple_of(cs) {
+            return Ok(());
+        }
+        if let Some(from) = self.addr_of(ino, old) {
+            let len = ((old / cs + 1) * cs).min(new_end) - old;
+            if let Err(err) = self.zero(from, len) {
+                return e(libc::EIO, format!("cannot zero past the end: {err}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The array address of byte `off` of `ino`, if a chunk holds it (whatever the size).
+    fn addr_of(&self, ino: u64, off: u64) -> Option<u64> {
+        let cs = self.g.chunk_size;
+        let fc = off / cs;
+        let (&k, x) = self.extents.get(&ino)?.range(..=fc).next_back()?;
+        (k + x.count > fc).then(|| self.g.chunk_addr(x.dev + fc - k) + off % cs)
     }
 
     fn add_extent(&mut self, ino: u64, fc: u64, dev: u64, n: u64) {
@@ -1334,22 +1758,31 @@ impl Fs {
             // read past the new end (or write there without growing the file) on a stale size.
             let ranges = self.ranges_from(ino, size / cs);
             self.revoke(&ranges)?;
+            self.drop_reserve(ino);
             if !size.is_multiple_of(cs) {
-                let (_, m) = self.map(ino, size, 1, 1)?;
-                if let Some(Mapping {
-                    file_off,
-                    dev: Some(dev),
-                    ..
-                }) = m.first().copied()
-                {
-                    let from = dev + (size - file_off);
-                    let to = dev + (old.min((size / cs + 1) * cs) - file_off);
-                    if let Err(err) = self.zero(from, to - from) {
+                if let Some(from) = self.addr_of(ino, size) {
+                    let to = old.min((size / cs + 1) * cs);
+                    if let Err(err) = self.zero(from, to - size) {
                         return e(libc::EIO, format!("cannot zero the tail: {err}"));
                     }
                 }
             }
-            self.free_from(ino, keep);
+            let budget = self.txn_budget();
+            while !self.free_from(ino, keep, budget) {
+                // More extents than one transaction holds: this one ends the file where the
+                // space it still holds ends.
+                let held = self
+                    .extents
+                    .get(&ino)
+                    .and_then(|m| m.iter().next_back())
+                    .map_or(0, |(k, x)| (k + x.count) * cs);
+                self.inode_mut(ino).size = held.clamp(size, old);
+                if let Err(err) = self.commit_one() {
+                    return Err(self.fail(&err));
+                }
+            }
+        } else {
+            self.zero_tail(ino, old, size)?;
         }
         let now = Time::now();
         let n = self.inode_mut(ino);
@@ -1833,27 +2266,86 @@ impl Fs {
         StatFs {
             chunk_size: self.g.chunk_size,
             chunks: self.g.chunk_count,
-            chunks_free: self.chunks.free(),
+            chunks_free: self.space.free(),
             inodes: self.g.inode_count,
             inodes_free: self.free_inodes.len() as u64,
             name_max: NAME_MAX as u64,
         }
     }
 
-    /// `fsync`: flushes the file's chunks and the last metadata change to the backing store.
+    /// `fsync` of `ino`, a durability point: at the `Host` level the file's data (and their
+    /// checksums) and every metadata change so far reach the host's disk in one ordered flush
+    /// ([`Fs::sync_plan`], the flush, [`Fs::sync_done`]); at the `Device` level they are in
+    /// the array already and nothing is flushed.
     pub fn fsync(&mut self, ino: u64) -> FsResult<()> {
+        let Some(plan) = self.sync_plan(Some(ino))? else {
+            return Ok(());
+        };
+        let flushed = self.media.flush_ranges(&plan.ranges);
+        self.sync_done(&plan, flushed)
+    }
+
+    /// What a durability point for `fsync` of `ino` (or of the metadata alone, `None`) must
+    /// flush; `None` at the `Device` level, where nothing is. The caller flushes the ranges
+    /// (with `Media::flush_ranges`, outside the file-system lock if it likes, merged with
+    /// other callers' plans) and then calls [`Fs::sync_done`].
+    pub fn sync_plan(&mut self, ino: Option<u64>) -> FsResult<Option<SyncPlan>> {
         self.check_alive()?;
-        for (addr, len) in self.ranges_from(ino, 0) {
-            let sums = self
-                .sums
-                .map_or(Ok(()), |s| s.flush_sums(&*self.media, addr, len));
-            if let Err(err) = self.media.flush(addr, len).and(sums) {
-                return e(libc::EIO, format!("flush failed: {err}"));
-            }
+        if self.journal.level() == Durability::Device {
+            return Ok(None);
         }
-        if let Err(err) = self.journal.sync(&*self.media) {
+        let (seq, mut ranges) = self.journal.pending();
+        if let Some(ino) = ino {
+            let data = self.ranges_from(ino, 0);
+            for &(addr, len) in &data {
+                ranges.extend(self.sums.and_then(|c| c.sums_range(addr, len)));
+            }
+            ranges.extend(coalesce(data, SYNC_GAP));
+        }
+        // Short runs whose free is durable already are zeroed now and flushed with the rest
+        // (never on their own: a flush just for them would cost what recycling saves).
+        let (recycled, zeroed) = if ranges.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            self.recycle()?
+        };
+        ranges.extend(zeroed);
+        Ok(Some(SyncPlan {
+            ranges: journal::merge(ranges),
+            seq,
+            recycled,
+        }))
+    }
+
+    /// Finishes a durability point whose ranges were flushed with result `flushed`: the
+    /// metadata up to the plan's transaction is durable and its images go in place.
+    pub fn sync_done(&mut self, plan: &SyncPlan, flushed: std::io::Result<()>) -> FsResult<()> {
+        if let Err(err) = flushed {
+            self.space.zeroed(&plan.recycled, false);
             return e(libc::EIO, format!("flush failed: {err}"));
         }
+        self.space.recycled(&plan.recycled);
+        if let Err(err) = self.journal.made_durable(&*self.media, plan.seq) {
+            let msg = format!("metadata could not be written in place: {err}");
+            self.failed = Some(msg.clone());
+            return e(libc::EIO, msg);
+        }
+        self.space.durable(self.journal.durable_seq());
+        Ok(())
+    }
+
+    /// Makes everything durable and the tables independent of the journal (a checkpoint):
+    /// what a clean stop does. Reserves go back.
+    pub fn unmount(&mut self) -> FsResult<()> {
+        self.check_alive()?;
+        let files: Vec<u64> = self.reserves.keys().copied().collect();
+        for ino in files {
+            self.drop_reserve(ino);
+        }
+        if let Err(err) = self.journal.checkpoint(&*self.media) {
+            return e(libc::EIO, format!("checkpoint failed: {err}"));
+        }
+        self.space.durable(self.journal.durable_seq());
         Ok(())
     }
 

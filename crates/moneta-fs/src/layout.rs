@@ -1,13 +1,13 @@
 //! The on-array format of nvfs: every structure, its size and its byte offsets.
 //!
-//! All integers are little-endian. An image (format version 2) is laid out as
+//! All integers are little-endian. An image (format version 3) is laid out as
 //!
 //! ```text
 //! 0                  superblock (the first 512 bytes of a 4 KiB block, CRC-32 protected)
-//! journal_off        journal: a 4 KiB header block, then the body of the last transaction
+//! journal_off        journal: a 4 KiB head block, then a circular log of transactions
 //! inode_off          inode table: inode_count records of 128 bytes (inode n at index n - 1)
 //! dirent_off         directory-entry table: dirent_count records of 280 bytes
-//! extent_off         extent table: extent_count records of 32 bytes (one per chunk at most)
+//! extent_off         extent table: extent_count records of 32 bytes
 //! bitmap_off         chunk bitmap: one bit per data chunk, 1 = in use
 //! inode_mirror_off   second copy of the inode table
 //! extent_mirror_off  second copy of the extent table
@@ -20,6 +20,11 @@
 //! of whole-record images, logged to the journal and then written in place (see
 //! [`crate::journal`]), the inode and extent records in both copies.
 //!
+//! The chunk is the allocation unit: one 4 KiB block by default, so a small file takes space
+//! near its size (format version 3; version 2 gave out 1 MiB chunks and sized its tables for
+//! them). Files that grow by appends keep a reservation ahead of them in memory (see
+//! [`crate::fs`]), which keeps them in few extents without taking space on the array.
+//!
 //! What one damaged 512-byte sector may cost, and why the layout is so: every inode,
 //! directory-entry and extent record carries a CRC-32C of its bytes and its own index, so a
 //! damaged record is found and never trusted; an all-zero record is a free one. The inode and
@@ -28,13 +33,14 @@
 //! leaves one good copy. Directory entries have none: losing one loses a name, and `fsck`
 //! puts the file in `/lost+found`. The bitmap is redundant with the extents. The superblock has
 //! a backup in the array's last block, away from the start where most accidents (a stray
-//! `dd`, a partition table) land. Version 1 images (no checksums, no copies) are refused with
-//! a message: this build does not read them.
+//! `dd`, a partition table) land. Images of versions 1 (no checksums, no copies) and 2 (1 MiB
+//! chunks, a journal of one transaction) are refused with a message: this build does not read
+//! them.
 
 /// Bytes 0..8 of a formatted image.
 pub const MAGIC: [u8; 8] = *b"NVFS\x00\x01\r\n";
 /// Format version this code reads and writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Superblock flag: the data region has a CRC-32C per [`DATA_BLOCK`] bytes at `sums_off`.
 pub const FLAG_DATA_CHECKSUMS: u32 = 1;
 /// Bytes per checksummed data block.
@@ -57,8 +63,19 @@ pub const ROOT_INO: u64 = 1;
 pub const SYMLINK_TARGET: u64 = u64::MAX;
 /// Smallest chunk (allocation unit).
 pub const MIN_CHUNK: u64 = 4096;
-/// Default chunk: 1 MiB, the paper's answer to fragmentation.
-pub const DEFAULT_CHUNK: u64 = 1 << 20;
+/// Default chunk: one 4 KiB block, so that a small file takes space near its size. (Version 2
+/// gave out 1 MiB chunks, the paper's answer to fragmentation; appending files keep a 1 MiB
+/// reservation ahead of them instead, see [`crate::fs::DEFAULT_APPEND_RESERVE`].)
+pub const DEFAULT_CHUNK: u64 = 4096;
+/// Array bytes per inode when mkfs is not told the count (ext4's default ratio).
+pub const BYTES_PER_INODE: u64 = 16 << 10;
+/// Array bytes per byte of journal when mkfs sizes the journal, within
+/// [`MIN_JOURNAL`]..=[`MAX_JOURNAL`].
+pub const BYTES_PER_JOURNAL_BYTE: u64 = 1024;
+/// Smallest journal log (after its head block).
+pub const MIN_JOURNAL: u64 = 64 << 10;
+/// Largest journal log mkfs makes.
+pub const MAX_JOURNAL: u64 = 64 << 20;
 /// Most hard links to one inode (as ext4).
 pub const LINK_MAX: u32 = 65000;
 
@@ -103,9 +120,9 @@ pub enum FormatError {
     /// Another version.
     #[error(
         "nvfs format version {0} is not supported: this build reads version {VERSION} \
-         (record checksums, a backup superblock, mirrored inode and extent tables); the image \
-         is left as it is: copy its files out with the moneta build that made it, then make a \
-         new file system with `moneta mkfs --force`"
+         (4 KiB allocation, a metadata log of many transactions; version 2 gave out 1 MiB \
+         chunks); the image is left as it is: copy its files out with the moneta build that \
+         made it, then make a new file system with `moneta mkfs --force`"
     )]
     Version(u32),
     /// Checksum mismatch.
@@ -165,9 +182,9 @@ pub struct Geometry {
 pub struct MkfsOptions {
     /// Allocation unit (a power of two, at least 4 KiB).
     pub chunk_size: u64,
-    /// Inodes; `None` picks one per 64 KiB of array (at least 1,024).
+    /// Inodes; `None` picks one per 16 KiB of array (at least 1,024).
     pub inode_count: Option<u64>,
-    /// Directory entries; `None` picks twice the inodes.
+    /// Directory entries; `None` picks one and a half per inode.
     pub dirent_count: Option<u64>,
     /// Owner of the root directory.
     pub root_uid: u32,
@@ -205,20 +222,27 @@ impl Geometry {
         }
         let inode_count = o
             .inode_count
-            .unwrap_or_else(|| (array_size / (64 << 10)).clamp(1024, 1 << 22));
-        let dirent_count = o.dirent_count.unwrap_or(inode_count * 2);
+            .unwrap_or_else(|| (array_size / BYTES_PER_INODE).clamp(1024, 1 << 22));
+        let dirent_count = o.dirent_count.unwrap_or(inode_count * 3 / 2);
         if inode_count == 0 || inode_count > u32::MAX as u64 || dirent_count == 0 {
             return bad("inode and directory-entry counts must be at least 1".into());
         }
-        // At most this many chunks; every table sized by it is large enough.
+        // At most this many chunks; the bitmap sized by it is large enough.
         let max_chunks = array_size / o.chunk_size;
-        let extent_count = max_chunks.max(1);
+        // Most files are one extent. Two records per inode, or one per 16 chunks when that is
+        // more; never more than one per chunk (a file's extents cannot outnumber its chunks, so
+        // a table of one per chunk cannot fill up). A fragmented file system can fill a smaller
+        // one: extends then fail with ENOSPC.
+        let extent_count = (inode_count * 2)
+            .max(max_chunks / 16)
+            .min(max_chunks)
+            .max(1);
         let bitmap_len = round_up(max_chunks.div_ceil(8).max(8), 8);
-        // A transaction touches a handful of inodes and entries plus, at worst, every extent
-        // record and the whole bitmap (freeing a fragmented file).
+        // The log holds many transactions between checkpoints; calls that would make one too
+        // large for it (freeing a fragmented file) split themselves.
         let journal_len = BLOCK
             + round_up(
-                (64u64 << 10).max(extent_count * (EXTENT_SIZE + 16) + bitmap_len * 3),
+                (array_size / BYTES_PER_JOURNAL_BYTE).clamp(MIN_JOURNAL, MAX_JOURNAL),
                 BLOCK,
             );
         let journal_off = BLOCK;
@@ -304,11 +328,11 @@ impl Geometry {
         if ordered.iter().any(|&(end, next)| end > next) {
             return bad("regions overlap");
         }
-        if self.journal_len < 2 * BLOCK || !self.bitmap_len.is_multiple_of(8) {
+        if self.journal_len < BLOCK + MIN_JOURNAL || !self.bitmap_len.is_multiple_of(8) {
             return bad("journal or bitmap size");
         }
-        if self.bitmap_len * 8 < self.chunk_count || self.extent_count < self.chunk_count {
-            return bad("bitmap or extent table smaller than the chunk count");
+        if self.bitmap_len * 8 < self.chunk_count || self.extent_count == 0 {
+            return bad("bitmap smaller than the chunk count, or no extent records");
         }
         if !self.data_off.is_multiple_of(self.chunk_size)
             || self.chunk_count == 0
@@ -775,9 +799,13 @@ mod tests {
     fn geometry_of_a_gigabyte() {
         let g = Geometry::compute(1 << 30, &MkfsOptions::default()).unwrap();
         g.check().unwrap();
-        assert_eq!(g.inode_count, 16384);
+        assert_eq!(g.inode_count, 65536);
+        assert_eq!(g.chunk_size, 4096);
         assert_eq!(g.data_off % g.chunk_size, 0);
-        assert!(g.chunk_count >= 1000, "{g:?}");
+        assert!(g.chunk_count >= 245_000, "{g:?}");
+        assert_eq!(g.journal_len, BLOCK + (1 << 20));
+        // Metadata: about 5% of the array, mostly the inode and entry tables.
+        assert!(g.data_off < 56 << 20, "{} bytes of metadata", g.data_off);
         assert!(!g.data_checksums());
         assert!(g.data_off + g.chunk_count * g.chunk_size <= g.backup_superblock_addr());
         let sb = encode_superblock(&g, [7; 16], 42);
@@ -790,17 +818,19 @@ mod tests {
         };
         let gs = Geometry::compute(1 << 30, &sums).unwrap();
         gs.check().unwrap();
-        assert!(gs.sums_len >= gs.chunk_count * 256 * 4, "{gs:?}");
+        assert!(gs.sums_len >= gs.chunk_count * 4, "{gs:?}");
         let i = gs.integrity().unwrap();
         i.validate(1 << 30).unwrap();
         let d = decode_superblock(&encode_superblock(&gs, [7; 16], 42), 1 << 30).unwrap();
         assert_eq!(d.geometry, gs);
-        // Version 1 is refused with a message that says what to do.
-        let mut v1 = sb;
-        v1[8] = 1;
-        let err = decode_superblock(&v1, 1 << 30).unwrap_err();
-        assert_eq!(err, FormatError::Version(1));
-        assert!(err.to_string().contains("moneta mkfs"), "{err}");
+        // Versions 1 and 2 are refused with a message that says what to do.
+        for old in [1, 2] {
+            let mut v = sb;
+            v[8] = old;
+            let err = decode_superblock(&v, 1 << 30).unwrap_err();
+            assert_eq!(err, FormatError::Version(old as u32));
+            assert!(err.to_string().contains("moneta mkfs"), "{err}");
+        }
         let mut bad = sb;
         bad[20] ^= 1;
         assert_eq!(decode_superblock(&bad, 1 << 30), Err(FormatError::Checksum));
@@ -816,7 +846,7 @@ mod tests {
 
     #[test]
     fn tiny_arrays_are_refused() {
-        assert!(Geometry::compute(1 << 20, &MkfsOptions::default()).is_err());
+        assert!(Geometry::compute(512 << 10, &MkfsOptions::default()).is_err());
         let small = MkfsOptions {
             chunk_size: 4096,
             inode_count: Some(16),

@@ -14,9 +14,10 @@ pub mod repair;
 pub mod tables;
 
 pub use fs::{
-    file_id, mkfs, Cred, DirEntry, Fs, FsError, FsResult, Mapping, MountError, Opened, Revoker,
-    SetTime, Stat, StatFs,
+    file_id, mkfs, Cred, DirEntry, Fs, FsError, FsResult, Mapping, MountError, MountOptions,
+    Opened, Revoker, SetTime, Stat, StatFs, SyncPlan,
 };
+pub use journal::Durability;
 pub use layout::{FormatError, Geometry, MkfsOptions, Time};
 pub use tables::{Fix, Problem, Report, Severity};
 
@@ -63,7 +64,13 @@ pub fn fsck(media: &dyn Media, repair: bool) -> Result<FsckOutcome, MountError> 
             geometry,
         });
     }
-    let mut journal = journal::Journal::new(&geometry, t.recovered.seq, media.persistent());
+    // Offline: every transaction goes to the disk in order (a backing file) or to memory.
+    let level = if media.persistent() {
+        journal::Durability::Host
+    } else {
+        journal::Durability::Device
+    };
+    let mut journal = journal::Journal::open(&geometry, &t.recovered, level);
     journal.replay(media, &t.recovered)?;
     let mut repaired = Vec::new();
     let (mut t, mut report) = (t, None);

@@ -456,15 +456,14 @@ pub fn repair(
         // still have made (`/lost+found`) stands on its own, and is kept.
         let made = model.apply(m, &mut part, fix);
         if open.body_len() + part.body_len() > room {
-            journal.commit(m, &open)?;
-            open = Txn::default();
+            journal.commit(m, std::mem::take(&mut open))?;
         }
         open.append(part);
         if made {
             done.push(fix.clone());
         }
     }
-    journal.commit(m, &open)?;
-    journal.sync(m)?;
+    journal.commit(m, open)?;
+    journal.checkpoint(m)?;
     Ok(done)
 }

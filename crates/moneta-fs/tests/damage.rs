@@ -117,13 +117,16 @@ fn build(checksums: bool) -> Image {
         ("superblock", vec![(0, 512)]),
         ("backup superblock", vec![(g.backup_superblock_addr(), 512)]),
     ];
-    let mut h = [0u8; 24];
-    // SAFETY: `h` is valid for 24 bytes inside the journal.
-    unsafe { a.read(g.journal_off, h.as_mut_ptr(), 24) };
-    let body = u32::from_le_bytes(h[20..24].try_into().unwrap()) as u64;
+    // The journal's head and the log from its tail (which the mount's checkpoint put at the
+    // log's start) to its end: the transactions since the mount.
+    let r = moneta_fs::journal::Journal::recover(&*a, &g);
+    assert!(r.transactions > 0 && r.live == r.end, "{r:?}");
     meta.push((
         "journal",
-        vec![(g.journal_off, 32), (g.journal_off + layout::BLOCK, body)],
+        vec![
+            (g.journal_off, moneta_fs::journal::HEAD),
+            (g.journal_off + layout::BLOCK, r.end),
+        ],
     ));
     let used: Vec<u64> = (1..=g.inode_count)
         .filter(|i| t.inodes[(i - 1) as usize].is_used())

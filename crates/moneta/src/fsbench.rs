@@ -72,11 +72,18 @@ pub fn run(files: usize, json: bool) -> Result<Vec<FsRecord>, String> {
     let dir = std::env::temp_dir().join(format!("moneta-fsbench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(err)?;
     let socket = dir.join("monetad.sock");
-    // Room for every small file's 1 MiB chunk; the volatile array is sparse.
-    let size = ((files as u64 + 2048) << 20).max(4 << 30);
+    // An inode per 16 KiB of array: room for every small file (the volatile array is
+    // sparse). No reserves, so the two files grown in turn below interleave.
+    let size = ((files as u64) << 16).max(1 << 30);
     crate::daemon::start(
         &socket,
-        &["--volatile".into(), "--size".into(), size.to_string()],
+        &[
+            "--volatile".into(),
+            "--size".into(),
+            size.to_string(),
+            "--append-reserve".into(),
+            "0".into(),
+        ],
         &dir.join("monetad.log"),
     )?;
     let r = measure(&socket, files);

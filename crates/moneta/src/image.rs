@@ -17,7 +17,7 @@ pub struct MkfsArgs {
     /// Array size when creating the file (e.g. 4G) [default: 1G].
     #[arg(long, value_parser = monetad::config::parse_size)]
     pub size: Option<u64>,
-    /// Allocation unit: a power of two of at least 4K [default: 1M].
+    /// Allocation unit: a power of two of at least 4K [default: 4K].
     #[arg(long, value_parser = monetad::config::parse_size)]
     pub chunk_size: Option<u64>,
     /// Inodes [default: one per 64 KiB of array, at least 1024].

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use moneta_device::model::ModelConfig;
 use moneta_device::{DeviceConfig, DmaGeometry, Timing};
+use moneta_fs::Durability;
 use serde::Deserialize;
 
 /// Default array size for a new backing file: 1 GiB (sparse).
@@ -134,9 +135,27 @@ pub struct Args {
     #[arg(long)]
     pub trace: bool,
     /// Allocation unit of the file system made on a new array (a power of two, at least 4K)
-    /// [default: 1M].
+    /// [default: 4K].
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
+    /// What a completed call and `fsync` make durable (docs/nvfs.md, "Durability"): `device`,
+    /// the array's own persistence (everything survives the daemon; `fsync` costs a round
+    /// trip; a crash of the machine may lose what the host has not written back) or `host`
+    /// (metadata reaches the host's disk in an order that survives a crash of the machine,
+    /// and `fsync` makes a file and every metadata change before it durable there, with one
+    /// ordered flush). A volatile array has only `device` [default: host with a backing file,
+    /// device with --volatile].
+    #[arg(long, value_parser = Durability::parse)]
+    pub durability: Option<Durability>,
+    /// Bytes a file growing at its end keeps reserved after its last chunk (in memory, given
+    /// back at its last close), so that files appended side by side stay in one extent each;
+    /// 0 keeps none [default: 1M].
+    #[arg(long, value_parser = parse_size)]
+    pub append_reserve: Option<u64>,
+    /// A test hook: copy every range flushed to the host's disk into this file as well, so a
+    /// test can make the image a crash of the machine would leave.
+    #[arg(long, hide = true)]
+    pub durable_shadow: Option<PathBuf>,
     /// Make the file system on a new array with data checksums (`moneta mkfs
     /// --data-checksums`). An existing image keeps what it was made with.
     #[arg(long)]
@@ -202,6 +221,8 @@ struct FileConfig {
     user_records: Option<usize>,
     raw: Option<bool>,
     chunk_size: Option<toml::Value>,
+    durability: Option<String>,
+    append_reserve: Option<toml::Value>,
     data_checksums: Option<bool>,
     poller_cpu: Option<toml::Value>,
     /// A preset's name, or a table: `preset` (default `pcm`), `seed`, and any parameter.
@@ -319,6 +340,12 @@ pub struct Config {
     pub raw: bool,
     /// Allocation unit of a file system made on a new array.
     pub chunk_size: u64,
+    /// What calls and `fsync` make durable.
+    pub durability: Durability,
+    /// Bytes a file growing at its end keeps reserved after its last chunk.
+    pub append_reserve: u64,
+    /// Where flushed ranges are copied as well (a test hook).
+    pub durable_shadow: Option<PathBuf>,
     /// A file system made on a new array keeps data checksums.
     pub data_checksums: bool,
 }
@@ -451,6 +478,28 @@ impl Config {
                 "chunk size {chunk_size} is not a power of two of at least 4K"
             ));
         }
+        let durability = match (args.durability, &file.durability) {
+            (Some(d), _) => Some(d),
+            (None, Some(name)) => Some(Durability::parse(name)?),
+            (None, None) => None,
+        };
+        // A backing file is kept to keep its files: fsync means what programs take it to
+        // mean. A memfd has no disk to reach.
+        let durability = match (&array, durability) {
+            (ArraySource::Volatile(_), Some(Durability::Host)) => {
+                return Err(
+                    "--durability host needs a backing file (--device): a volatile array \
+                     has no disk to make anything durable on"
+                        .into(),
+                )
+            }
+            (ArraySource::Volatile(_), _) => Durability::Device,
+            (ArraySource::File(..), d) => d.unwrap_or(Durability::Host),
+        };
+        let append_reserve = args
+            .append_reserve
+            .or(toml_size(&file.append_reserve, "append_reserve")?)
+            .unwrap_or(moneta_fs::fs::DEFAULT_APPEND_RESERVE);
         Ok(Config {
             socket: args
                 .socket
@@ -463,6 +512,9 @@ impl Config {
             shares,
             raw: args.raw || file.raw.unwrap_or(false),
             chunk_size,
+            durability,
+            append_reserve,
+            durable_shadow: args.durable_shadow.clone(),
             data_checksums: args.data_checksums || file.data_checksums.unwrap_or(false),
         })
     }
@@ -515,6 +567,47 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(&bad).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn durability_defaults_to_the_arrays_kind_and_is_checked() {
+        let dir = std::env::temp_dir().join(format!("monetad-dur-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("d.toml");
+        let resolve = |toml: &str, flag: Option<Durability>, volatile: bool| {
+            std::fs::write(&p, toml).unwrap();
+            Config::resolve(&Args {
+                config: Some(p.clone()),
+                device: (!volatile).then(|| dir.join("img")),
+                volatile,
+                durability: flag,
+                ..Default::default()
+            })
+            .map(|c| c.durability)
+        };
+        assert_eq!(resolve("", None, false), Ok(Durability::Host));
+        assert_eq!(resolve("", None, true), Ok(Durability::Device));
+        assert_eq!(
+            resolve("durability = \"device\"\n", None, false),
+            Ok(Durability::Device)
+        );
+        assert_eq!(
+            resolve("durability = \"device\"\n", Some(Durability::Host), false),
+            Ok(Durability::Host),
+            "the flag wins"
+        );
+        let e = resolve("", Some(Durability::Host), true).unwrap_err();
+        assert!(e.contains("needs a backing file"), "{e}");
+        let e = resolve("durability = \"disk\"\n", None, false).unwrap_err();
+        assert!(e.contains("neither"), "{e}");
+        std::fs::write(&p, "volatile = true\nappend_reserve = \"64K\"\n").unwrap();
+        let c = Config::resolve(&Args {
+            config: Some(p.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.append_reserve, 64 << 10);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -3,7 +3,7 @@
 //! It wires the emulated device ([`moneta_device`]) to its control server ([`server`]): opens the
 //! array, starts the poller, binds the control socket, and runs until asked to stop (a shutdown
 //! request from its user or root, `SIGTERM` or `SIGINT`), when in-flight requests finish, the
-//! array is flushed, and the socket is removed.
+//! file system checkpoints its journal, the array is flushed, and the socket is removed.
 
 pub mod config;
 pub mod locks;
@@ -15,7 +15,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 
-use moneta_device::{Device, MappedArray, SystemClock};
+use moneta_device::{Device, DeviceFlush, MappedArray, Media, SystemClock};
+use moneta_fs::Durability;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 
 pub use config::{Args, ArraySource, Config};
@@ -231,6 +232,15 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         ArraySource::Volatile(size) => (MappedArray::volatile(*size)?, true),
     };
     let media = Arc::new(media);
+    // What the file system and the engine write through: the array, or (a test hook) the
+    // array with a copy of every flushed range kept aside.
+    let shared: Arc<dyn Media> = match &config.durable_shadow {
+        Some(path) => Arc::new(
+            testing::DurableShadow::new(media.clone(), path)
+                .map_err(|e| DaemonError::Config(format!("--durable-shadow: {e}")))?,
+        ),
+        None => media.clone(),
+    };
     let fs = if config.raw {
         None
     } else {
@@ -243,17 +253,30 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
                 data_checksums: config.data_checksums,
                 ..Default::default()
             };
-            moneta_fs::mkfs(&*media, &opts)?;
+            moneta_fs::mkfs(&*shared, &opts)?;
         }
-        Some(moneta_fs::Fs::mount(
-            media.clone() as Arc<dyn moneta_device::Media>
-        )?)
+        let opts = moneta_fs::MountOptions {
+            durability: config.durability,
+            append_reserve: config.append_reserve,
+            // A file this call created, or memory: its free space reads as zeros.
+            fresh,
+        };
+        Some(moneta_fs::Fs::mount_with(shared.clone(), opts)?)
     };
     let array_size = moneta_device::Media::size(&*media);
     // The device keeps the file system's data checksums, when it has them.
     let mut device_config = config.device.clone();
     device_config.integrity = fs.as_ref().and_then(|f| f.integrity());
-    let device = Arc::new(Device::start(device_config, media, SystemClock::best())?);
+    // At the device level a channel's FLUSH and the engine's stop leave the backing file to
+    // the host's writeback: the array's own persistence is all the level promises.
+    let device = Arc::new(match config.durability {
+        Durability::Device => Device::start(
+            device_config,
+            DeviceFlush(shared.clone()),
+            SystemClock::best(),
+        )?,
+        Durability::Host => Device::start(device_config, shared.clone(), SystemClock::best())?,
+    });
     if let Some(cpu) = config.device.poller_cpu {
         // A poller with a CPU of its own has it to itself: the daemon's threads started from
         // here on (connections, the reaper) run elsewhere, as the clients' libmoneta keeps
@@ -263,6 +286,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
     let manager = fs.map(|fs| Arc::new(manager::Manager::new(fs, device.clone())));
+    let stopping = manager.clone();
     if let Some(m) = &manager {
         m.start_reaper()
             .map_err(|e| DaemonError::Config(format!("cannot start the bundle reaper: {e}")))?;
@@ -302,6 +326,15 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     tracing::info!(?why, "stopping");
     // Idempotent: after a shutdown request the device has already stopped.
     let _ = device.shutdown();
+    if let Some(m) = stopping {
+        if let Err(e) = m.unmount() {
+            tracing::error!("the file system could not checkpoint its journal: {e}");
+        }
+    }
+    // At every level a clean stop leaves the whole array on the host's disk.
+    if let Err(e) = shared.flush(0, array_size) {
+        tracing::error!("cannot flush the array: {e}");
+    }
     tracing::info!("stopped: array flushed");
     Ok(())
 }

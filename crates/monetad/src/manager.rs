@@ -22,6 +22,10 @@
 //!   files. A bundle holds its files open until it is claimed or until the pipe that comes with
 //!   it hangs up, which the kernel reports once no process holds its write end any more; a
 //!   reaper thread waits for those hang-ups.
+//! - `fsync` at the `Host` durability level is a group commit: each call gathers what it needs
+//!   flushed under the file-system lock, one caller at a time flushes everything gathered so
+//!   far outside that lock (one ordered flush, `Media::flush_ranges`), and the calls that came
+//!   during it share the next one. At the `Device` level it flushes nothing.
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
@@ -29,18 +33,19 @@
 //!   fork bundle's copies of a handle share it (as a forked child shares its parent's open
 //!   files), and its locks go when the last handle carrying it is closed or released.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use rustix::event::epoll;
 
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
+use moneta_device::Media;
 use moneta_device::{Device, LookupAnswer, LookupService, TableOp};
-use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, Time};
+use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
@@ -61,6 +66,34 @@ pub struct Manager {
     /// Hang-ups of the bundles' pipes (read ends), keyed by bundle id.
     hangups: OwnedFd,
     locks: Mutex<LockState>,
+    /// The array, for flushes made outside the file-system lock.
+    media: Arc<dyn Media>,
+    syncs: Syncs,
+}
+
+/// Flushes that outlive this many later ones forget their failure (each waiter reads its
+/// own well before).
+const SYNC_ERRORS_KEPT: usize = 64;
+
+/// The group commit of `fsync`s.
+#[derive(Default)]
+struct Syncs {
+    state: Mutex<SyncState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// What the callers waiting for the next flush need flushed.
+    queued: SyncPlan,
+    /// Flushes started, and finished: flush `n` carries what was queued while flush `n - 1`
+    /// ran.
+    started: u64,
+    finished: u64,
+    /// A caller is flushing.
+    flushing: bool,
+    /// Flushes that failed, and why.
+    failed: BTreeMap<u64, FsError>,
 }
 
 /// Advisory locks and what owns them.
@@ -408,6 +441,7 @@ impl Manager {
             fs: Arc::downgrade(&fs),
             registry: registry.clone(),
         }));
+        let media = fs.lock().unwrap_or_else(|e| e.into_inner()).media();
         Manager {
             fs,
             registry,
@@ -415,6 +449,60 @@ impl Manager {
             bundles: Mutex::new(Bundles::default()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
             locks: Mutex::new(LockState::default()),
+            media,
+            syncs: Syncs::default(),
+        }
+    }
+
+    /// Checkpoints the file system's journal (a clean stop): everything is durable and the
+    /// tables stand without it.
+    pub fn unmount(&self) -> Result<(), FsError> {
+        self.fs().unmount()
+    }
+
+    /// `fsync` of `ino` (or of the metadata alone): a durability point shared with the
+    /// callers that come while another's flush runs.
+    pub fn fsync(&self, ino: u64) -> Result<(), FsError> {
+        let Some(plan) = self.fs().sync_plan(Some(ino))? else {
+            return Ok(());
+        };
+        let s = &self.syncs;
+        let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.queued.ranges.extend(plan.ranges);
+        st.queued.recycled.extend(plan.recycled);
+        st.queued.seq = st.queued.seq.max(plan.seq);
+        // The flush that will carry this plan: the next one to start.
+        let mine = st.started;
+        loop {
+            if st.finished > mine {
+                return match st.failed.get(&mine) {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(()),
+                };
+            }
+            if st.flushing {
+                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            // Nobody flushes: this caller flushes everything queued, for everyone.
+            let n = st.started;
+            st.started += 1;
+            st.flushing = true;
+            let mut batch = std::mem::take(&mut st.queued);
+            drop(st);
+            batch.ranges = moneta_fs::journal::merge(batch.ranges);
+            let flushed = self.media.flush_ranges(&batch.ranges);
+            let result = self.fs().sync_done(&batch, flushed);
+            st = s.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = result {
+                st.failed.insert(n, e);
+                while st.failed.len() > SYNC_ERRORS_KEPT {
+                    st.failed.pop_first();
+                }
+            }
+            st.finished = n + 1;
+            st.flushing = false;
+            s.done.notify_all();
         }
     }
 
@@ -910,7 +998,7 @@ impl Manager {
             }
             FsRequest::Fsync { handle } => {
                 let h = Self::handle(s, handle)?;
-                self.fs().fsync(h.ino).map_err(failure)?;
+                self.fsync(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
             }
             FsRequest::Stat { target } => {

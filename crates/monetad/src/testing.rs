@@ -1,7 +1,8 @@
-//! A daemon inside the calling process, for documentation examples and quick experiments: a
-//! volatile 64 MiB array with nvfs, on a socket in a private temporary directory, stopped when
-//! the guard is dropped. `MONETA_SOCKET` is set to its socket, so
-//! `libmoneta::Moneta::connect_default()` reaches it.
+//! Test helpers. [`Daemon`]: a daemon inside the calling process, for documentation examples
+//! and quick experiments: a volatile 64 MiB array with nvfs, on a socket in a private
+//! temporary directory, stopped when the guard is dropped. `MONETA_SOCKET` is set to its
+//! socket, so `libmoneta::Moneta::connect_default()` reaches it. [`DurableShadow`]: an array
+//! that keeps a copy of what it flushed, behind `monetad --durable-shadow`.
 //!
 //! ```
 //! let d = monetad::testing::Daemon::start();
@@ -9,9 +10,14 @@
 //! assert_eq!(m.stat("/").unwrap().ino, 1);
 //! ```
 
-use std::path::PathBuf;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use moneta_device::{MappedArray, Media};
 
 use crate::config::{ArraySource, Config};
 
@@ -44,7 +50,10 @@ impl Daemon {
             socket_mode: 0o600,
             shares: crate::server::Shares::for_channels(1024),
             raw: false,
-            chunk_size: 1 << 20,
+            chunk_size: moneta_fs::layout::DEFAULT_CHUNK,
+            durability: moneta_fs::Durability::Device,
+            append_reserve: moneta_fs::fs::DEFAULT_APPEND_RESERVE,
+            durable_shadow: None,
             data_checksums: false,
         };
         let thread = std::thread::Builder::new()
@@ -81,5 +90,79 @@ impl Drop for Daemon {
             let _ = t.join();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An array that copies every range it flushes to the host's disk into a second file of the
+/// same size (whole pages, as `msync` writes them), after the flush and before it returns. So
+/// that file holds what the disk would hold after a crash of the machine if the kernel had
+/// written nothing back on its own; a test makes the images such a crash could leave by taking
+/// each page that differs from the array either from it or from the array.
+pub struct DurableShadow {
+    inner: Arc<MappedArray>,
+    shadow: std::fs::File,
+}
+
+/// Bytes per page the shadow copies.
+const PAGE: u64 = 4096;
+
+impl DurableShadow {
+    /// Over `inner`, copying into the existing file at `path` (which should hold the array as
+    /// it was durably when the daemon started).
+    pub fn new(inner: Arc<MappedArray>, path: &Path) -> io::Result<DurableShadow> {
+        let shadow = std::fs::OpenOptions::new().write(true).open(path)?;
+        if shadow.metadata()?.len() != inner.size() {
+            return Err(io::Error::other(format!(
+                "{} is not the array's size",
+                path.display()
+            )));
+        }
+        Ok(DurableShadow { inner, shadow })
+    }
+
+    fn keep(&self, addr: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let first = addr / PAGE * PAGE;
+        let end = (addr.saturating_add(len).div_ceil(PAGE) * PAGE).min(self.inner.size());
+        let mut buf = vec![0u8; (end - first) as usize];
+        // SAFETY: `buf` holds the range, which lies inside the array.
+        unsafe { self.inner.read(first, buf.as_mut_ptr(), buf.len()) };
+        self.shadow.write_all_at(&buf, first)
+    }
+}
+
+impl Media for DurableShadow {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn persistent(&self) -> bool {
+        self.inner.persistent()
+    }
+    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.read(addr, dst, len) }
+    }
+    unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.write(addr, src, len) }
+    }
+    fn flush(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.inner.flush(addr, len)?;
+        self.keep(addr, len)
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.flush_ranges(ranges)?;
+        for &(addr, len) in ranges {
+            self.keep(addr, len)?;
+        }
+        Ok(())
+    }
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_file(addr, bytes)
+    }
+    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.inner.zero(addr, len)
     }
 }

@@ -403,10 +403,19 @@ fn a_hard_miss_looks_up_only_the_missing_extent() {
     const CHUNK: usize = 64 << 10;
     let d = Daemon::start_fs(
         "64M",
-        &["--chunk-size", "64K", "--table-entries", "16", "--no-merge"],
+        &[
+            "--chunk-size",
+            "64K",
+            "--table-entries",
+            "16",
+            "--no-merge",
+            "--append-reserve",
+            "0",
+        ],
     );
     {
-        // Files of single-chunk extents: each chunk written in turn with a spacer's.
+        // Files of single-chunk extents: each chunk written in turn with a spacer's (no
+        // reserves keep them apart).
         let w = Moneta::connect(&d.socket).unwrap();
         for (name, extents) in [("/a", 12u8), ("/b", 8)] {
             let f = w.open(name, &rw()).unwrap();

@@ -50,7 +50,7 @@ fn every_call_through_the_socket() {
     let FsReply::StatFs(sf) = c.fs(FsRequest::Statfs).unwrap() else {
         panic!()
     };
-    assert_eq!(sf.chunk_size, 1 << 20);
+    assert_eq!(sf.chunk_size, 4096);
     let free0 = sf.chunks_free;
     let FsReply::Stat(dst) = c
         .fs(FsRequest::Mkdir {

@@ -296,6 +296,8 @@ fn each_user_gets_a_share_of_the_permission_table() {
         "128",
         "--user-records",
         "32",
+        "--append-reserve",
+        "0",
     ]);
     d.control()
         .fs(moneta_abi::fsproto::FsRequest::Chmod {

@@ -69,7 +69,14 @@ impl BenchDaemon {
             args.extend(["--table-entries".into(), n.to_string()]);
         }
         if let Some(c) = chunk_for_extents(a)? {
-            args.extend(["--chunk-size".into(), c.to_string()]);
+            // Pieces written out of order are extents of their own only when no reserve
+            // ahead of a file's appends keeps the next ones beside them.
+            args.extend([
+                "--chunk-size".into(),
+                c.to_string(),
+                "--append-reserve".into(),
+                "0".into(),
+            ]);
         }
         if let Some(m) = &a.model {
             args.extend(["--model".into(), m.clone()]);
