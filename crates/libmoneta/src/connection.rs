@@ -222,7 +222,7 @@ impl Inner {
         let ch = self.live()?;
         let seen = self.epoch.load(Ordering::Acquire);
         let retry = handle_free(&req).then(|| req.clone());
-        match ch.control().fs(req) {
+        match ch.fs(req) {
             Ok(reply) => Ok((reply, seen)),
             Err(ClientError::Disconnected) => {
                 self.reconnect(seen)?;
@@ -230,7 +230,7 @@ impl Inner {
                     Some(req) => {
                         let ch = self.live()?;
                         let now = self.epoch.load(Ordering::Acquire);
-                        Ok((ch.control().fs(req)?, now))
+                        Ok((ch.fs(req)?, now))
                     }
                     None => Err(ClientError::DeviceGone),
                 }

@@ -439,7 +439,7 @@ pub struct Mapped {
     pub extents: Vec<FsExtent>,
 }
 
-fn mapped(r: FsReply) -> Result<Mapped, ClientError> {
+pub(crate) fn mapped(r: FsReply) -> Result<Mapped, ClientError> {
     match r {
         FsReply::Extents {
             size,

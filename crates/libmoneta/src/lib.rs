@@ -33,6 +33,7 @@ pub mod control;
 mod fdnum;
 pub mod file;
 pub mod fork;
+mod fscall;
 mod generation;
 pub mod lock;
 pub mod paths;

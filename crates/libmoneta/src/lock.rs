@@ -92,7 +92,7 @@ impl File {
         wait: bool,
     ) -> Result<Option<LockInfo>, ClientError> {
         let handle = self.h()?;
-        let reply = self.channel().control().fs(FsRequest::Lock {
+        let reply = self.channel().fs(FsRequest::Lock {
             handle,
             kind,
             cmd,

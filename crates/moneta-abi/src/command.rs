@@ -3,7 +3,7 @@
 //! Word 0: opcode (bits 0-15), flags (bits 16-31: completion mode, barrier, barrier epoch),
 //! sequence number (bits 32-63).
 //! Word 1: array address in bytes. Word 2: length in bytes. Word 3: cookie (echoed back).
-//! Word 4: file tag (0: any). Words 5-7: reserved, zero.
+//! Word 4: file tag (0: any; the handle for `OP_LOOKUP`). Words 5-7: reserved, zero.
 //!
 //! A non-zero file tag makes the command succeed only on records installed with that tag: the
 //! permission manager installs a file's records with a tag that changes whenever space leaves
@@ -38,6 +38,15 @@ pub const OP_FLUSH: u16 = 3;
 /// buffer ([`LookupReply`]); [`Status::Refer`] sends the caller to `FS_LOOKUP` on the control
 /// socket instead.
 pub const OP_LOOKUP: u16 = 4;
+
+/// A file-system call through the channel: the control protocol's `FS` request, as a whole
+/// message (header and payload, exactly as on the control socket), at the start of the tag's
+/// slice; word 2 is its length in bytes (1 to `slice_size`), words 1 and 4 are zero. The device
+/// answers it for the channel's control connection, with that connection's credentials and
+/// handles, and writes the reply message (what the socket would send) from the start of the
+/// slice; the status entry's `bytes` is its length. [`Status::Refer`] sends the caller to the
+/// control socket with the same request: the device answers only calls it can answer at once.
+pub const OP_FS: u16 = 5;
 
 /// Bytes of a [`OP_LOOKUP`] answer's header in the DMA slice.
 pub const LOOKUP_HEADER: usize = 24;
@@ -100,6 +109,8 @@ pub enum Opcode {
     Flush,
     /// [`OP_LOOKUP`].
     Lookup,
+    /// [`OP_FS`].
+    Fs,
     /// Any other value: answered with [`Status::Malformed`].
     Unsupported(u16),
 }
@@ -113,6 +124,7 @@ impl Opcode {
             OP_WRITE => Opcode::Write,
             OP_FLUSH => Opcode::Flush,
             OP_LOOKUP => Opcode::Lookup,
+            OP_FS => Opcode::Fs,
             other => Opcode::Unsupported(other),
         }
     }
@@ -125,6 +137,7 @@ impl Opcode {
             Opcode::Write => OP_WRITE,
             Opcode::Flush => OP_FLUSH,
             Opcode::Lookup => OP_LOOKUP,
+            Opcode::Fs => OP_FS,
             Opcode::Unsupported(v) => v,
         }
     }

@@ -298,6 +298,10 @@ status_report! {
     lookups,
     /// `OP_LOOKUP` commands it referred to the control socket.
     lookups_referred,
+    /// `OP_FS` commands the device answered (file-system calls through the channel).
+    fs_calls,
+    /// `OP_FS` commands it referred to the control socket.
+    fs_calls_referred,
 }
 
 /// The array model's report ([`OP_MODEL`]): after the result word, a byte count (u32), four

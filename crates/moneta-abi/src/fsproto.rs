@@ -517,6 +517,26 @@ impl Writer {
 }
 
 impl FsRequest {
+    /// Whether the device may answer this call through the channel (`OP_FS`): the common
+    /// calls whose work is bounded. It refers every other call, and any of these it cannot
+    /// answer at once, to the control socket.
+    pub fn on_channel(&self) -> bool {
+        matches!(
+            self,
+            FsRequest::Open { .. }
+                | FsRequest::Close { .. }
+                | FsRequest::Lookup { .. }
+                | FsRequest::Extend { .. }
+                | FsRequest::Fsync { .. }
+                | FsRequest::Stat { .. }
+                | FsRequest::Statfs
+                | FsRequest::Unlink { .. }
+                | FsRequest::Rename { .. }
+                | FsRequest::Utimes { .. }
+                | FsRequest::Lock { .. }
+        )
+    }
+
     /// The op code.
     pub fn op(&self) -> u16 {
         match self {

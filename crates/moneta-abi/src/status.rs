@@ -29,9 +29,10 @@ pub enum Status {
     /// The channel closed while the command waited for a physical tag. (Commands rung after a
     /// shutdown began are never taken: their client sees the daemon's socket close.)
     Aborted = 8,
-    /// The device could not answer an `OP_LOOKUP` now (the file system was busy, the handle is
-    /// not one it knows, the array has no file system): ask the permission manager with
-    /// `FS_LOOKUP` on the control socket, which answers or gives the error.
+    /// The device could not answer an `OP_LOOKUP` or `OP_FS` now (the file system was busy,
+    /// the handle is not one it knows, the call would have to wait, the array has no file
+    /// system): ask the permission manager on the control socket (`FS_LOOKUP`, or the same
+    /// `FS` request), which answers or gives the error.
     Refer = 9,
 }
 

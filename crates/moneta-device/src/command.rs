@@ -59,6 +59,9 @@ pub fn validate(
             }
         }
         Opcode::Flush if !in_array(cmd.addr, cmd.len) => Some(Status::OutOfRange),
+        // The request lies in the tag's own slice; nothing else is addressed.
+        Opcode::Fs if cmd.len == 0 || cmd.len > geometry.slice_size as u64 => Some(Status::BadDma),
+        Opcode::Fs if cmd.addr != 0 || cmd.file != 0 => Some(Status::Malformed),
         _ => None,
     };
     match status {

@@ -21,8 +21,8 @@ pub mod scheduler;
 pub use channel::{ChannelMem, DmaGeometry};
 pub use clock::{Clock, MonotonicClock, SystemClock};
 pub use engine::{
-    allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, LookupAnswer,
-    LookupService, OpenedChannel, TableOp, MAX_LOOKUP_EXTENTS,
+    allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, FileService,
+    FsAnswer, LookupAnswer, OpenedChannel, TableOp, MAX_LOOKUP_EXTENTS,
 };
 pub use integrity::{Integrity, IntegrityConfig};
 pub use media::{DeviceFlush, MappedArray, Media, MediaError};

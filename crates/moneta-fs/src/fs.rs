@@ -54,6 +54,11 @@ pub const HOT_MAX: u64 = 4 << 20;
 /// system calls; what lies between is written back too, if dirty).
 pub const SYNC_GAP: u64 = 64 << 10;
 
+/// The errno of a call refused in quick mode ([`Fs::set_quick`]) because it would have to
+/// wait (zero free space, flush, revoke records): never a real errno, the caller asks again
+/// where waiting is allowed. The call changed nothing.
+pub const NOT_QUICK: i32 = -1;
+
 /// How a file system is mounted.
 #[derive(Clone, Copy, Debug)]
 pub struct MountOptions {
@@ -372,6 +377,8 @@ pub struct Fs {
     txn: Txn,
     dirty: BTreeSet<u64>,
     revoker: Option<Revoker>,
+    /// Quick mode: refuse with [`NOT_QUICK`] what would wait (see [`Fs::set_quick`]).
+    quick: bool,
     failed: Option<String>,
     /// Where the data checksums are, when the image keeps them.
     sums: Option<IntegrityConfig>,
@@ -547,6 +554,7 @@ impl Fs {
             txn: Txn::default(),
             dirty: BTreeSet::new(),
             revoker: None,
+            quick: false,
             failed: None,
             layouts: HashMap::new(),
             next_layout: 1,
@@ -801,6 +809,12 @@ impl Fs {
     /// zeroes dirty space, makes freed space durable (`Host`), takes other files' reserves
     /// back. The caller checked that `need` chunks are free.
     fn make_room(&mut self, ino: u64, need: u64) -> FsResult<()> {
+        if self.quick {
+            let own = self.reserves.get(&ino).map_or(0, |&(s, e)| e - s);
+            if self.space.clean() + own < need {
+                return e(NOT_QUICK, "the space must be zeroed or made durable first");
+            }
+        }
         loop {
             let batch = (self.next_zero_batch / self.g.chunk_size).max(1);
             let own = self.reserves.get(&ino).map_or(0, |&(s, e)| e - s);
@@ -1147,6 +1161,12 @@ impl Fs {
     fn revoke(&mut self, ranges: &[(u64, u64)]) -> FsResult<()> {
         if ranges.is_empty() {
             return Ok(());
+        }
+        // Quick callers keep away from calls that free space ([`Fs::hold`]); this
+        // catches a mistake before anything changed in the calls that revoke first.
+        debug_assert!(!self.quick, "a revocation in quick mode");
+        if self.quick {
+            return e(NOT_QUICK, "freeing space revokes records first");
         }
         match self.revoker.as_mut() {
             Some(r) => r(ranges),
@@ -2347,6 +2367,58 @@ impl Fs {
         }
         self.space.durable(self.journal.durable_seq());
         Ok(())
+    }
+
+    /// Checkpoints the journal when [`Fs::quick_ready`] says its log has too little room for
+    /// quick calls: what a helper thread does for them, since a checkpoint at the `Host` level
+    /// flushes.
+    pub fn checkpoint_if_full(&mut self) -> FsResult<()> {
+        self.check_alive()?;
+        if self.quick_ready() {
+            return Ok(());
+        }
+        if let Err(err) = self.journal.checkpoint(&*self.media) {
+            return e(libc::EIO, format!("checkpoint failed: {err}"));
+        }
+        self.space.durable(self.journal.durable_seq());
+        Ok(())
+    }
+
+    /// Quick mode, for a caller that must not wait (the device's poller answering a file
+    /// call from a channel): calls that would zero free space, make frees durable or revoke
+    /// records fail with [`NOT_QUICK`] before they change anything. The caller also checks
+    /// [`Fs::quick_ready`] first and keeps away from calls that free space.
+    pub fn set_quick(&mut self, on: bool) {
+        self.quick = on;
+    }
+
+    /// Whether a call may run in quick mode now: the file system has not failed and, at the
+    /// `Host` level, the log has room for a call's transaction without a checkpoint (which
+    /// flushes).
+    pub fn quick_ready(&self) -> bool {
+        self.failed.is_none()
+            && (self.journal.level() == Durability::Device
+                || self.journal.room() >= self.journal.capacity() / 2 + journal::TXN_HEADER)
+    }
+
+    /// Counts one more open handle of an inode in use, open or not: a caller that unlinks or
+    /// renames over a file in quick mode holds it first, so that losing its last name does not
+    /// free it there, and closes it later where freeing may wait.
+    pub fn hold(&mut self, ino: u64) -> FsResult<()> {
+        if !self.exists(ino) {
+            return e(libc::ENOENT, "no such inode");
+        }
+        *self.open.entry(ino).or_default() += 1;
+        Ok(())
+    }
+
+    /// The inode's link count (0 for one not in use).
+    pub fn nlink(&self, ino: u64) -> u32 {
+        if self.exists(ino) {
+            self.inode(ino).nlink
+        } else {
+            0
+        }
     }
 
     /// Open handles counted for `ino`.

@@ -441,6 +441,11 @@ impl Journal {
         self.log_len - TXN_HEADER
     }
 
+    /// Log bytes free before the next transaction needs a checkpoint.
+    pub fn room(&self) -> u64 {
+        self.log_len.saturating_sub(self.live)
+    }
+
     /// The sequence number of the last transaction.
     pub fn seq(&self) -> u64 {
         self.seq

@@ -285,7 +285,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             tracing::warn!("cannot keep the daemon's threads off CPU {cpu}: {e}");
         }
     }
-    let manager = fs.map(|fs| Arc::new(manager::Manager::new(fs, device.clone())));
+    let manager = fs.map(|fs| manager::Manager::new(fs, device.clone()));
     let stopping = manager.clone();
     if let Some(m) = &manager {
         m.start_reaper()

@@ -36,7 +36,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use rustix::event::epoll;
@@ -44,10 +44,12 @@ use rustix::event::epoll;
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
 use moneta_device::Media;
-use moneta_device::{Device, LookupAnswer, LookupService, TableOp};
+use moneta_device::{Device, FileService, FsAnswer, LookupAnswer, TableOp};
 use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
+
+mod quick;
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
@@ -69,6 +71,19 @@ pub struct Manager {
     /// The array, for flushes made outside the file-system lock.
     media: Arc<dyn Media>,
     syncs: Syncs,
+    /// Files whose last name or handle a quick call dropped, for the releaser thread to close
+    /// (see `quick.rs`).
+    releases: Mutex<Releases>,
+    release_wake: Condvar,
+}
+
+/// Work the poller's quick calls leave for the releaser thread.
+#[derive(Default)]
+struct Releases {
+    /// Inodes held once more than their handles: closing that hold frees them.
+    inos: Vec<u64>,
+    /// The journal needs a checkpoint before quick calls can go on.
+    checkpoint: bool,
 }
 
 /// Flushes that outlive this many later ones forget their failure (each waiter reads its
@@ -174,9 +189,11 @@ pub struct Session {
     handles: HashMap<u64, Handle>,
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
     per_file: HashMap<u64, (u32, u32)>,
-    /// The channel whose `OP_LOOKUP` commands see this session's handles, and where they are
-    /// published for the poller.
+    /// The channel whose `OP_LOOKUP` and `OP_FS` commands see this session's handles, and
+    /// where they are published for the poller.
     published: Option<(u32, Registry)>,
+    /// This session as the server shares it with the poller ([`Session::shared`]).
+    me: Weak<Mutex<Session>>,
     next: u64,
     /// The last bundle claimed, with its pairs, for reading them in pages.
     claimed: Option<Claimed>,
@@ -192,6 +209,7 @@ impl Session {
             handles: HashMap::new(),
             per_file: HashMap::new(),
             published: None,
+            me: Weak::new(),
             next: 1,
             claimed: None,
         }
@@ -201,6 +219,15 @@ impl Session {
     pub fn with_pid(mut self, pid: i32) -> Session {
         self.pid = pid;
         self
+    }
+
+    /// The session behind a mutex that the connection's thread and the poller's quick calls
+    /// share (the poller only ever tries it).
+    pub fn shared(mut self) -> Arc<Mutex<Session>> {
+        Arc::new_cyclic(|me| {
+            self.me = me.clone();
+            Mutex::new(self)
+        })
     }
 
     /// The rights this connection's handles of `ino` carry together.
@@ -254,20 +281,24 @@ type Registry = Arc<Mutex<HashMap<u32, Published>>>;
 
 /// One channel's published handles.
 #[derive(Default)]
-struct Published(HashMap<u64, (u64, u32)>);
+struct Published {
+    handles: HashMap<u64, (u64, u32)>,
+    /// The connection's session, for the poller's `OP_FS` calls.
+    session: Weak<Mutex<Session>>,
+}
 
 impl Published {
     fn insert(&mut self, handle: u64, v: (u64, u32)) {
-        self.0.insert(handle, v);
+        self.handles.insert(handle, v);
     }
 
     fn remove(&mut self, handle: &u64) {
-        self.0.remove(handle);
+        self.handles.remove(handle);
     }
 
     /// Every handle of `ino` carries the connection's rights on it.
     fn set_rights(&mut self, ino: u64, rights: u32) {
-        for v in self.0.values_mut() {
+        for v in self.handles.values_mut() {
             if v.0 == ino {
                 v.1 = rights;
             }
@@ -280,14 +311,26 @@ fn lock_registry(r: &Registry) -> MutexGuard<'_, HashMap<u32, Published>> {
     r.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The poller's side of the soft miss (`OP_LOOKUP`): answers from the published handles and
-/// the file system when both are free at once, and otherwise not at all.
+/// The poller's side of the soft miss (`OP_LOOKUP`) and of file calls through the channel
+/// (`OP_FS`): answers from the published handles and the file system when both are free at
+/// once, and otherwise not at all.
 struct Front {
-    fs: std::sync::Weak<Mutex<Fs>>,
+    fs: Weak<Mutex<Fs>>,
     registry: Registry,
+    manager: Weak<Manager>,
 }
 
-impl LookupService for Front {
+impl FileService for Front {
+    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsAnswer> {
+        let session = {
+            let registry = self.registry.try_lock().ok()?;
+            registry.get(&channel)?.session.upgrade()?
+        };
+        self.manager
+            .upgrade()?
+            .quick_request(&session, channel, request, room)
+    }
+
     fn try_lookup(
         &self,
         channel: u32,
@@ -302,7 +345,7 @@ impl LookupService for Front {
         // either this sees neither lock free or no handle, or the removal comes after the
         // records it would have to remove.
         let registry = self.registry.try_lock().ok()?;
-        let &(ino, rights) = registry.get(&channel)?.0.get(&handle)?;
+        let &(ino, rights) = registry.get(&channel)?.handles.get(&handle)?;
         let fs = self.fs.upgrade()?;
         let mut fs = fs.try_lock().ok()?;
         let (size, maps) = fs.map(ino, offset, len, max).ok()?;
@@ -314,6 +357,37 @@ impl LookupService for Front {
             runs: maps.iter().map(|m| (m.file_off, m.len, m.dev)).collect(),
         })
     }
+}
+
+/// The removals of `channel`'s records of `ino`: they lie inside its extents, since they were
+/// installed over extents and space that left the file was revoked from every channel then.
+/// (A directory has no extents and no records.)
+fn removals(fs: &Fs, ino: u64, channel: u32) -> Vec<TableOp> {
+    let maps = fs
+        .map(ino, 0, u64::MAX, usize::MAX)
+        .map(|(_, m)| m)
+        .unwrap_or_default();
+    maps.iter()
+        .filter_map(|m| {
+            m.dev.map(|start| TableOp::RemoveRange {
+                channel,
+                start,
+                len: m.len,
+            })
+        })
+        .collect()
+}
+
+fn statfs_reply(fs: &Fs) -> FsReply {
+    let t = fs.statfs();
+    FsReply::StatFs(FsStatFs {
+        chunk_size: t.chunk_size,
+        chunks: t.chunks,
+        chunks_free: t.chunks_free,
+        inodes: t.inodes,
+        inodes_free: t.inodes_free,
+        name_max: t.name_max,
+    })
 }
 
 fn failure(e: FsError) -> Failure {
@@ -422,8 +496,9 @@ fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
 }
 
 impl Manager {
-    /// A manager over `fs` for `device`; installs the revocation hook.
-    pub fn new(mut fs: Fs, device: Arc<Device>) -> Manager {
+    /// A manager over `fs` for `device`; installs the revocation hook and answers the
+    /// poller's file calls.
+    pub fn new(mut fs: Fs, device: Arc<Device>) -> Arc<Manager> {
         let d = device.clone();
         fs.set_revoker(Box::new(move |ranges| {
             let ops = ranges
@@ -435,28 +510,34 @@ impl Manager {
                 message: format!("revocation failed: {e}"),
             })
         }));
+        let media = fs.media();
         let fs = Arc::new(Mutex::new(fs));
         let registry = Registry::default();
-        device.set_lookup_service(Arc::new(Front {
-            fs: Arc::downgrade(&fs),
-            registry: registry.clone(),
-        }));
-        let media = fs.lock().unwrap_or_else(|e| e.into_inner()).media();
-        Manager {
-            fs,
-            registry,
-            device,
-            bundles: Mutex::new(Bundles::default()),
-            hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
-            locks: Mutex::new(LockState::default()),
-            media,
-            syncs: Syncs::default(),
-        }
+        Arc::new_cyclic(|me| {
+            device.set_file_service(Arc::new(Front {
+                fs: Arc::downgrade(&fs),
+                registry: registry.clone(),
+                manager: me.clone(),
+            }));
+            Manager {
+                fs,
+                registry,
+                device,
+                bundles: Mutex::new(Bundles::default()),
+                hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
+                locks: Mutex::new(LockState::default()),
+                media,
+                syncs: Syncs::default(),
+                releases: Mutex::new(Releases::default()),
+                release_wake: Condvar::new(),
+            }
+        })
     }
 
     /// Checkpoints the file system's journal (a clean stop): everything is durable and the
     /// tables stand without it.
     pub fn unmount(&self) -> Result<(), FsError> {
+        self.settle_releases();
         self.fs().unmount()
     }
 
@@ -512,12 +593,17 @@ impl Manager {
         self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the thread that releases fork bundles whose pipes hung up.
+    /// Starts the thread that releases fork bundles whose pipes hung up, and the one that
+    /// finishes what quick calls leave (see `quick.rs`).
     pub fn start_reaper(self: &Arc<Self>) -> std::io::Result<()> {
         let me = self.clone();
         std::thread::Builder::new()
             .name("moneta-reaper".into())
-            .spawn(move || me.reap())
+            .spawn(move || me.reap())?;
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("moneta-releaser".into())
+            .spawn(move || me.release_loop())
             .map(|_| ())
     }
 
@@ -711,7 +797,10 @@ impl Manager {
         if s.published.is_some() {
             return;
         }
-        let mut p = Published::default();
+        let mut p = Published {
+            session: s.me.clone(),
+            ..Default::default()
+        };
         for (&handle, h) in &s.handles {
             p.insert(handle, (h.ino, s.rights(h.ino)));
         }
@@ -743,6 +832,30 @@ impl Manager {
             if let Err(e) = fs.close(h.ino) {
                 tracing::warn!(ino = h.ino, "closing a handle of a finished session: {e}");
             }
+        }
+    }
+
+    /// A new handle of `s` for a file just opened, with an open file description of its own.
+    fn opened(s: &mut Session, locks: &mut LockState, o: moneta_fs::Opened) -> FsReply {
+        locks.next_ofd += 1;
+        let ofd = locks.next_ofd;
+        locks.ofds.insert(ofd, 1);
+        let handle = s.next;
+        s.next += 1;
+        s.add(
+            handle,
+            Handle {
+                ino: o.ino,
+                read: o.read,
+                write: o.write,
+                ofd,
+            },
+        );
+        let rights = if o.read { RIGHT_READ } else { 0 } | if o.write { RIGHT_WRITE } else { 0 };
+        FsReply::Opened {
+            handle,
+            rights,
+            stat: wire_stat(&o.stat),
         }
     }
 
@@ -799,7 +912,7 @@ impl Manager {
     /// `OP_FS_LOCK` on handle `h` of session `s`.
     #[allow(clippy::too_many_arguments)]
     fn lock(
-        &self,
+        locks: &mut LockState,
         s: &Session,
         h: &Handle,
         kind: LockKind,
@@ -825,7 +938,7 @@ impl Manager {
             )),
             // flock does not care how the file was opened, and reports no deadlocks.
             (LockKind::Flock, LockCmd::Set) => {
-                self.locks()
+                locks
                     .table
                     .flock(h.ino, h.ofd, s.pid, mode)
                     .map_err(lock_failure)?;
@@ -839,7 +952,7 @@ impl Manager {
                         "a lock test needs a read or write type",
                     ));
                 };
-                let found = self.locks().table.test(h.ino, owner, mode, range);
+                let found = locks.table.test(h.ino, owner, mode, range);
                 Ok(FsReply::Lock(match found {
                     Some(held) => wire_lock(&held),
                     None => FsLock {
@@ -869,7 +982,7 @@ impl Manager {
                     }
                     _ => {}
                 }
-                self.locks()
+                locks
                     .table
                     .set(h.ino, owner, s.pid, mode, range, wait, Instant::now())
                     .map_err(lock_failure)?;
@@ -887,6 +1000,8 @@ impl Manager {
         req: FsRequest,
     ) -> Result<FsReply, Failure> {
         self.publish(s, channel);
+        // What quick calls left is done first: a call here sees every unlinked file freed.
+        self.settle_releases();
         let cred = s.cred.clone();
         match req {
             FsRequest::Open { flags, mode, path } => {
@@ -900,31 +1015,7 @@ impl Manager {
                     .fs()
                     .open(&cred, &path, flags as i32, mode)
                     .map_err(failure)?;
-                let ofd = {
-                    let mut locks = self.locks();
-                    locks.next_ofd += 1;
-                    let id = locks.next_ofd;
-                    locks.ofds.insert(id, 1);
-                    id
-                };
-                let handle = s.next;
-                s.next += 1;
-                s.add(
-                    handle,
-                    Handle {
-                        ino: o.ino,
-                        read: o.read,
-                        write: o.write,
-                        ofd,
-                    },
-                );
-                let rights =
-                    if o.read { RIGHT_READ } else { 0 } | if o.write { RIGHT_WRITE } else { 0 };
-                Ok(FsReply::Opened {
-                    handle,
-                    rights,
-                    stat: wire_stat(&o.stat),
-                })
+                Ok(Self::opened(s, &mut self.locks(), o))
             }
             FsRequest::Close { handle } => {
                 let h = Self::handle(s, handle)?;
@@ -943,21 +1034,7 @@ impl Manager {
                     // installed over extents, and space that left the file was revoked from
                     // every channel then. Under the file-system lock, so none can be added
                     // meanwhile (the poller's lookups give up on a busy lock).
-                    // (A directory has no extents and no records.)
-                    let maps = fs
-                        .map(h.ino, 0, u64::MAX, usize::MAX)
-                        .map(|(_, m)| m)
-                        .unwrap_or_default();
-                    let ops: Vec<TableOp> = maps
-                        .iter()
-                        .filter_map(|m| {
-                            m.dev.map(|start| TableOp::RemoveRange {
-                                channel,
-                                start,
-                                len: m.len,
-                            })
-                        })
-                        .collect();
+                    let ops = removals(&fs, h.ino, channel);
                     if !ops.is_empty() {
                         self.device.update(ops).map_err(|e| {
                             fail(errno::EIO, &format!("cannot revoke records: {e}"))
@@ -1124,19 +1201,9 @@ impl Manager {
                 len,
             } => {
                 let h = Self::handle(s, handle)?;
-                self.lock(s, &h, kind, cmd, ty, wait, start, len)
+                Self::lock(&mut self.locks(), s, &h, kind, cmd, ty, wait, start, len)
             }
-            FsRequest::Statfs => {
-                let t = self.fs().statfs();
-                Ok(FsReply::StatFs(FsStatFs {
-                    chunk_size: t.chunk_size,
-                    chunks: t.chunks,
-                    chunks_free: t.chunks_free,
-                    inodes: t.inodes,
-                    inodes_free: t.inodes_free,
-                    name_max: t.name_max,
-                }))
-            }
+            FsRequest::Statfs => Ok(statfs_reply(&self.fs())),
         }
     }
 }

@@ -121,13 +121,20 @@ fn device_failure(e: DeviceError) -> Failure {
     fail(errno, e.to_string())
 }
 
+/// The connection's session; its state stays consistent between calls, so a panic elsewhere
+/// leaves it usable.
+fn lock_session(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct Conn {
     fd: OwnedFd,
     uid: u32,
     pid: i32,
     channel: Option<u32>,
     protocol_errors: u32,
-    session: Session,
+    /// Shared with the poller, which answers some file calls through the channel.
+    session: Arc<Mutex<Session>>,
 }
 
 impl Server {
@@ -313,7 +320,8 @@ impl Server {
                     gid: cred.gid,
                     groups: cred.groups,
                 })
-                .with_pid(cred.pid),
+                .with_pid(cred.pid)
+                .shared(),
             };
             let spawned = std::thread::Builder::new()
                 .name("moneta-conn".into())
@@ -408,7 +416,7 @@ impl Server {
         }
         if let Some(m) = &self.manager {
             // Before the channel goes: its id may be given to another connection at once.
-            m.unpublish(&mut c.session);
+            m.unpublish(&mut lock_session(&c.session));
         }
         let had_channel = c.channel.is_some();
         if let Some(id) = c.channel.take() {
@@ -418,7 +426,7 @@ impl Server {
             }
         }
         if let Some(m) = &self.manager {
-            m.end_session(&mut c.session);
+            m.end_session(&mut lock_session(&c.session));
         }
         had_channel
     }
@@ -540,7 +548,7 @@ impl Server {
                     .map_err(device_failure)
             })),
             Request::Fs(FsRequest::Fork) => match &self.manager {
-                Some(m) => match m.fork(&c.session) {
+                Some(m) => match m.fork(&lock_session(&c.session)) {
                     Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), vec![pipe]),
                     Err(f) => empty(Err(f)),
                 },
@@ -551,7 +559,8 @@ impl Server {
             },
             Request::Fs(f) => match &self.manager {
                 Some(m) => (
-                    m.call(&mut c.session, c.channel, f).map(ReplyBody::Fs),
+                    m.call(&mut lock_session(&c.session), c.channel, f)
+                        .map(ReplyBody::Fs),
                     Vec::new(),
                 ),
                 None => empty(Err(fail(

@@ -5,7 +5,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 
-use moneta_abi::fsproto::HOLE;
+use moneta_abi::fsproto::{FsRequest, HOLE};
 use moneta_abi::{Completion, Opcode, Status};
 
 use crate::channel::{command, Tag};
@@ -64,7 +64,11 @@ impl File {
         let ctl = self.ch().control();
         let m = if extend {
             c.extends.fetch_add(1, Ordering::Relaxed);
-            ctl.fs_extend_mapped(handle, off, len)?
+            crate::control::mapped(self.ch().fs(FsRequest::Extend {
+                handle,
+                offset: off,
+                len,
+            })?)?
         } else {
             c.soft_misses.fetch_add(1, Ordering::Relaxed);
             // Ahead of the request, only up to what the map already translates: after a hard

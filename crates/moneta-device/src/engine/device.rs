@@ -288,10 +288,10 @@ impl Device {
         Ok(())
     }
 
-    /// Lets the poller answer `OP_LOOKUP` commands through `service` (once; later calls are
-    /// ignored). Without it they complete with `Status::Refer`.
-    pub fn set_lookup_service(&self, service: Arc<dyn LookupService>) {
-        let _ = self.shared.lookup.set(service);
+    /// Lets the poller answer `OP_LOOKUP` and `OP_FS` commands through `service` (once; later
+    /// calls are ignored). Without it they complete with `Status::Refer`.
+    pub fn set_file_service(&self, service: Arc<dyn FileService>) {
+        let _ = self.shared.files.set(service);
     }
 
     /// Clean shutdown: intake stops, requests in flight finish, the array is flushed, the
@@ -381,6 +381,8 @@ impl Device {
             trace_media_ns: g(&s.trace_media_ns),
             lookups: g(&s.lookups),
             lookups_referred: g(&s.lookups_referred),
+            fs_calls: g(&s.fs_calls),
+            fs_calls_referred: g(&s.fs_calls_referred),
         }
     }
 }

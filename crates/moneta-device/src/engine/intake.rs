@@ -85,6 +85,21 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, 0, now);
             return;
         }
+        if cmd.opcode == Opcode::Fs {
+            // Answered in this pass, as a lookup.
+            let (status, bytes) = match self.serve_fs(id, tag, &cmd) {
+                Some(bytes) => {
+                    self.local.fs_calls += 1;
+                    (Status::Ok, bytes)
+                }
+                None => {
+                    self.local.fs_calls_referred += 1;
+                    (Status::Refer, 0)
+                }
+            };
+            self.publish_completion(id, tag as u8, cmd.completion, status, &cmd, bytes, now);
+            return;
+        }
         let ch = self.channels[id as usize].as_mut().expect("active channel");
         ch.in_flight |= bit;
         let p = Pending {
@@ -150,7 +165,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// the records it answers and writes the answer into the tag's slice. `Status::Refer`
     /// whenever that cannot be done now.
     pub(super) fn serve_lookup(&mut self, id: u32, tag: usize, cmd: &Decoded) -> Status {
-        let Some(service) = self.shared.lookup.get().cloned() else {
+        let Some(service) = self.shared.files.get().cloned() else {
             return Status::Refer;
         };
         let Some(ch) = self.channels[id as usize].as_ref() else {
@@ -198,5 +213,73 @@ impl<M: Media, C: Clock> Poller<M, C> {
         // mapping (the answer is capped to the slice).
         unsafe { std::ptr::copy_nonoverlapping(reply.as_ptr(), dst, reply.len()) };
         Status::Ok
+    }
+
+    /// A file-system call on the channel: copies the request out of the tag's slice (the
+    /// client may change its memory meanwhile; the service sees one copy), asks the permission
+    /// manager, makes the answer's changes to this channel's records and writes the reply into
+    /// the slice. The reply's length, or `None` to refer the call to the control socket.
+    pub(super) fn serve_fs(&mut self, id: u32, tag: usize, cmd: &Decoded) -> Option<u64> {
+        let service = self.shared.files.get().cloned()?;
+        let ch = self.channels[id as usize].as_ref()?;
+        let slice = ch.mem.geometry().slice_size;
+        // Validation bounded `len` by the slice.
+        let src = ch.mem.dma((tag * slice) as u64, cmd.len)?;
+        let mut request = vec![0u8; cmd.len as usize];
+        // SAFETY: `src` spans `cmd.len` bytes of the tag's slice inside the sealed mapping; the
+        // bytes are copied once, whatever the client writes meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src, request.as_mut_ptr(), request.len()) };
+        let answer = service.try_call(id, &request, slice)?;
+        let size = self.media.size();
+        // The manager is trusted, but its changes may touch only this channel's records and
+        // the array.
+        let fits =
+            |start: u64, len: u64| len > 0 && start.checked_add(len).is_some_and(|e| e <= size);
+        if answer.reply.len() > slice
+            || !answer.ops.iter().all(|op| match *op {
+                TableOp::Insert {
+                    channel,
+                    start,
+                    len,
+                    rights,
+                    ..
+                } => channel == id && fits(start, len) && rights & !(READ | WRITE) == 0,
+                TableOp::RemoveRange {
+                    channel,
+                    start,
+                    len,
+                    ..
+                } => channel == id && fits(start, len),
+                _ => false,
+            })
+        {
+            tracing::error!(channel = id, "the file service's answer was out of bounds");
+            return None;
+        }
+        for op in answer.ops {
+            let r = match op {
+                TableOp::Insert {
+                    start,
+                    len,
+                    rights,
+                    file,
+                    ..
+                } => self.table.insert(id, start, len, rights, file),
+                TableOp::RemoveRange { start, len, .. } => self.table.remove_range(id, start, len),
+                _ => unreachable!("checked above"),
+            };
+            match r {
+                Ok(ev) => count_evictions(&self.channels, &ev),
+                // The call is done: a record that could not be installed is a miss later.
+                Err(e) => tracing::warn!(channel = id, "a file call's record: {e}"),
+            }
+        }
+        let ch = self.channels[id as usize].as_ref()?;
+        let dst = ch
+            .mem
+            .dma((tag * slice) as u64, answer.reply.len() as u64)?;
+        // SAFETY: `dst` spans the reply's bytes inside the tag's slice (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(answer.reply.as_ptr(), dst, answer.reply.len()) };
+        Some(answer.reply.len() as u64)
     }
 }

@@ -57,11 +57,23 @@ pub struct LookupAnswer {
     pub runs: Vec<(u64, u64, Option<u64>)>,
 }
 
-/// The permission manager's side of `OP_LOOKUP`, which the poller calls with a command in
-/// hand: it must answer at once, without waiting for any lock, and `None` whenever it cannot
-/// (the file system is busy, the handle is unknown): the client then asks on the control
-/// socket. The poller installs the records itself, before it completes the command.
-pub trait LookupService: Send + Sync {
+/// What an `OP_FS` call came to: the reply message for the client, and the changes to the
+/// calling channel's records the poller makes before it completes the command (records of an
+/// extended file to install; records of a closed file to remove).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsAnswer {
+    /// The reply message, as the control socket would send it.
+    pub reply: Vec<u8>,
+    /// [`TableOp::Insert`] and [`TableOp::RemoveRange`] of the calling channel only.
+    pub ops: Vec<TableOp>,
+}
+
+/// The permission manager's side of `OP_LOOKUP` and `OP_FS`, which the poller calls with a
+/// command in hand: it must answer at once, without waiting for any lock or for the disk, and
+/// `None` whenever it cannot (the file system is busy, the handle is unknown, the call would
+/// wait): the client then asks on the control socket. The poller installs the records itself,
+/// before it completes the command.
+pub trait FileService: Send + Sync {
     /// Maps `[offset, offset + len)` of the file open as `handle` by the connection that owns
     /// `channel`, at most `max` runs.
     fn try_lookup(
@@ -72,6 +84,11 @@ pub trait LookupService: Send + Sync {
         len: u64,
         max: usize,
     ) -> Option<LookupAnswer>;
+
+    /// Answers the `FS` request message `request` (copied out of the channel's memory, so
+    /// untrusted bytes that no longer change) for the connection that owns `channel`, with a
+    /// reply of at most `room` bytes.
+    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsAnswer>;
 }
 
 /// A change to the permission table, applied by the poller in order.
@@ -197,7 +214,7 @@ enum Control {
 #[derive(Default)]
 struct Shared {
     /// The permission manager's answer to `OP_LOOKUP`, once it is set.
-    lookup: std::sync::OnceLock<Arc<dyn LookupService>>,
+    files: std::sync::OnceLock<Arc<dyn FileService>>,
     commands: AtomicU64,
     command_errors: AtomicU64,
     bytes_read: AtomicU64,
@@ -213,6 +230,8 @@ struct Shared {
     trace_media_ns: AtomicU64,
     lookups: AtomicU64,
     lookups_referred: AtomicU64,
+    fs_calls: AtomicU64,
+    fs_calls_referred: AtomicU64,
     retag_stalls: AtomicU64,
     phys_in_use: AtomicU64,
     table_used: AtomicU64,
@@ -247,6 +266,8 @@ struct Local {
     trace_media_ns: u64,
     lookups: u64,
     lookups_referred: u64,
+    fs_calls: u64,
+    fs_calls_referred: u64,
 }
 
 /// An opened channel, for the control server to hand to its client.

@@ -131,6 +131,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
         s.lookups.store(l.lookups, Ordering::Relaxed);
         s.lookups_referred
             .store(l.lookups_referred, Ordering::Relaxed);
+        s.fs_calls.store(l.fs_calls, Ordering::Relaxed);
+        s.fs_calls_referred
+            .store(l.fs_calls_referred, Ordering::Relaxed);
         s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
         s.phys_in_use
             .store(self.retag.in_use() as u64, Ordering::Relaxed);

@@ -1,0 +1,370 @@
+//! File-system calls through the channel (`OP_FS`): the device's poller answers the common
+//! calls of a connection itself, in the pass that takes the command, with no daemon thread to
+//! wake on either side; whatever it cannot answer at once it refers to the control socket,
+//! where the same request gets the same answer.
+//!
+//! The poller must never wait: it serves every channel's data. So a quick call
+//!
+//! - only *tries* the locks it needs (the connection's session, the file system, the lock
+//!   table) and refers the call when one is busy, before it has changed anything;
+//! - runs with the file system in quick mode ([`Fs::set_quick`]), where anything that would
+//!   zero free space, flush or revoke records fails with [`NOT_QUICK`] before any change, and
+//!   is referred;
+//! - is refused up front at the `Host` durability level when the journal's log is short of
+//!   room (a checkpoint there flushes): the releaser thread makes the checkpoint, and the
+//!   socket answers meanwhile;
+//! - never frees space itself. Freeing revokes every channel's records and waits until no
+//!   request issued before is in flight, which only the poller can confirm. An unlink or a
+//!   rename that takes a file's last name first *holds* the file (one more open count, as a
+//!   handle would), so the file lives on as an orphan, exactly as a file unlinked while open
+//!   does; a close that drops the last handle of an unlinked file leaves that handle for
+//!   later. The releaser thread then closes those holds, which frees the space with the usual
+//!   revocation. A crash before that leaves an orphan, which the next mount frees (as any).
+//!   Every call on the socket first finishes what is queued, so it sees the space freed.
+//!
+//! Credentials are the session's (`SO_PEERCRED` at connect), never taken from the channel's
+//! memory; the request is decoded from one copy the poller made of the tag's slice, so a
+//! client that rewrites it meanwhile only changes what it asked. The changes to the calling
+//! channel's records (new extents to install, a closed file's records to remove) are returned
+//! to the poller, which makes them before it completes the command.
+
+use std::sync::{Arc, Mutex};
+
+use moneta_abi::control::{decode_request, encode_reply, errno, Failure, ReplyBody, Request};
+use moneta_abi::fsproto::*;
+use moneta_device::{FsAnswer, TableOp};
+use moneta_fs::fs::NOT_QUICK;
+use moneta_fs::{Durability, Fs};
+
+use super::*;
+
+/// Bytes of an extents reply besides the extents (message header, result, size, count, tag),
+/// with room to spare.
+const EXTENTS_OVERHEAD: usize = 128;
+/// Bytes of each extent in an extents reply.
+const EXTENT_BYTES: usize = 24;
+
+impl Manager {
+    /// Answers the `FS` request message `request` of the session that owns `channel`, with
+    /// a reply of at most `room` bytes; `None` refers it to the control socket.
+    pub(super) fn quick_request(
+        &self,
+        session: &Arc<Mutex<Session>>,
+        channel: u32,
+        request: &[u8],
+        room: usize,
+    ) -> Option<FsAnswer> {
+        let (seq, Request::Fs(req)) = decode_request(request).ok()? else {
+            return None;
+        };
+        if !req.on_channel() {
+            return None;
+        }
+        let op = req.op();
+        let mut s = session.try_lock().ok()?;
+        let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
+        let mut ops = Vec::new();
+        let result = self.quick_call(&mut s, channel, req, max, &mut ops)?;
+        drop(s);
+        let mut reply = encode_reply(op, seq, &result.clone().map(ReplyBody::Fs));
+        if reply.len() > room {
+            // Only a failure's message can be long: cut it to fit.
+            let Err(f) = result else {
+                tracing::error!("a quick call's reply does not fit the slice");
+                return None;
+            };
+            let keep = room.saturating_sub(reply.len() - f.message.len());
+            let mut message = f.message;
+            while message.len() > keep {
+                message.pop();
+            }
+            reply = encode_reply(
+                op,
+                seq,
+                &Err(Failure {
+                    errno: f.errno,
+                    message,
+                }),
+            );
+        }
+        Some(FsAnswer { reply, ops })
+    }
+
+    /// One call of `s` on the poller. `None` refers it, and then nothing has changed.
+    fn quick_call(
+        &self,
+        s: &mut Session,
+        channel: u32,
+        req: FsRequest,
+        max: usize,
+        ops: &mut Vec<TableOp>,
+    ) -> Option<Result<FsReply, Failure>> {
+        // The lock table first (some calls need it), then the file system; both only tried.
+        let mut locks = self.locks.try_lock().ok()?;
+        let mut fs = self.fs.try_lock().ok()?;
+        if !fs.quick_ready() {
+            if fs.durability() == Durability::Host {
+                self.queue_release(None);
+            }
+            return None;
+        }
+        let pending = self.releases_pending();
+        fs.set_quick(true);
+        let r = self.quick_in(&mut fs, &mut locks, s, channel, req, max, ops, pending);
+        fs.set_quick(false);
+        match r {
+            Some(Err(f)) if f.errno == NOT_QUICK => {
+                ops.clear();
+                None
+            }
+            // Space that a queued release will free may be what this call lacks.
+            Some(Err(f)) if f.errno == errno::ENOSPC && pending => None,
+            other => other,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn quick_in(
+        &self,
+        fs: &mut Fs,
+        locks: &mut LockState,
+        s: &mut Session,
+        channel: u32,
+        req: FsRequest,
+        max: usize,
+        ops: &mut Vec<TableOp>,
+        pending: bool,
+    ) -> Option<Result<FsReply, Failure>> {
+        let cred = s.cred.clone();
+        let r = match req {
+            FsRequest::Open { flags, mode, path } => {
+                if s.handles.len() >= MAX_HANDLES {
+                    return Some(Err(fail(
+                        errno::EMFILE,
+                        "too many open files on this connection",
+                    )));
+                }
+                let flags = flags as i32;
+                if flags & libc::O_TRUNC != 0 {
+                    // Truncating a file with data frees space: the socket does that.
+                    let follow = flags & libc::O_NOFOLLOW == 0;
+                    if let Ok(ino) = fs.lookup(&cred, &path, follow) {
+                        if fs.stat_ino(ino).size > 0 {
+                            return None;
+                        }
+                    }
+                }
+                fs.open(&cred, &path, flags, mode)
+                    .map(|o| Self::opened(s, locks, o))
+                    .map_err(failure)
+            }
+            FsRequest::Close { handle } => (|| {
+                let h = Self::handle(s, handle)?;
+                let before = s.rights(h.ino);
+                s.remove(handle);
+                locks.table.release(h.ino, Owner::Session(s.id));
+                locks.close_ofd(h.ofd);
+                if s.rights(h.ino) != before {
+                    ops.extend(removals(fs, h.ino, channel));
+                }
+                if fs.open_count(h.ino) == 1 && fs.nlink(h.ino) == 0 {
+                    // The last handle of an unlinked file: closing it frees the file.
+                    self.queue_release(Some(h.ino));
+                } else {
+                    fs.close(h.ino).map_err(failure)?;
+                }
+                Ok(FsReply::Empty)
+            })(),
+            FsRequest::Lookup {
+                handle,
+                offset,
+                len,
+            } => (|| {
+                let h = Self::handle(s, handle)?;
+                let (size, maps) = fs.map(h.ino, offset, len, max).map_err(failure)?;
+                let file = fs.layout_tag(h.ino);
+                ops.extend(inserts(s, channel, &h, &maps, file));
+                Ok(extents(size, file, &maps))
+            })(),
+            FsRequest::Extend {
+                handle,
+                offset,
+                len,
+            } => (|| {
+                let h = Self::handle(s, handle)?;
+                if !h.write {
+                    return Err(fail(errno::EBADF, "the handle is not open for writing"));
+                }
+                let (size, maps) = fs.extend(h.ino, offset, len, max).map_err(failure)?;
+                let file = fs.layout_tag(h.ino);
+                ops.extend(inserts(s, channel, &h, &maps, file));
+                Ok(extents(size, file, &maps))
+            })(),
+            FsRequest::Fsync { handle } => {
+                // At the `Device` level a durability point flushes nothing; at `Host` it
+                // does, and the socket's group commit shares the flush.
+                if fs.durability() != Durability::Device {
+                    return None;
+                }
+                Self::handle(s, handle)
+                    .and_then(|h| fs.fsync(h.ino).map_err(failure))
+                    .map(|()| FsReply::Empty)
+            }
+            FsRequest::Stat { target } => (|| {
+                let st = match &target {
+                    Target::Handle(h) => fs.stat_ino(Self::handle(s, *h)?.ino),
+                    Target::Path { path, follow } => {
+                        fs.stat(&cred, path, *follow).map_err(failure)?
+                    }
+                };
+                Ok(FsReply::Stat(wire_stat(&st)))
+            })(),
+            FsRequest::Statfs => {
+                if pending {
+                    // The free space must count what the queued releases free.
+                    return None;
+                }
+                Ok(statfs_reply(fs))
+            }
+            FsRequest::Unlink { path } => {
+                let held = self.hold_last_name(fs, &cred, &path);
+                let r = fs.unlink(&cred, &path).map_err(failure);
+                self.after_hold(fs, held);
+                r.map(|()| FsReply::Empty)
+            }
+            FsRequest::Rename { flags, from, to } => {
+                let held = if flags & RENAME_NOREPLACE != 0 {
+                    None
+                } else {
+                    self.hold_last_name(fs, &cred, &to)
+                };
+                let r = fs
+                    .rename(&cred, &from, &to, flags & RENAME_NOREPLACE != 0)
+                    .map_err(failure);
+                self.after_hold(fs, held);
+                r.map(|()| FsReply::Empty)
+            }
+            FsRequest::Utimes {
+                target,
+                atime,
+                mtime,
+            } => (|| {
+                let ino = match &target {
+                    Target::Handle(h) => Self::handle(s, *h)?.ino,
+                    Target::Path { path, follow } => {
+                        fs.lookup(&cred, path, *follow).map_err(failure)?
+                    }
+                };
+                fs.utimes(&cred, ino, set_time(atime), set_time(mtime))
+                    .map_err(failure)?;
+                Ok(FsReply::Empty)
+            })(),
+            FsRequest::Lock {
+                handle,
+                kind,
+                cmd,
+                ty,
+                wait,
+                start,
+                len,
+            } => Self::handle(s, handle)
+                .and_then(|h| Self::lock(locks, s, &h, kind, cmd, ty, wait, start, len)),
+            _ => return None,
+        };
+        Some(r)
+    }
+
+    /// Before a call that may take the last name of the regular file at `path` (without
+    /// following a final symlink): holds that file, so that losing the name does not free it
+    /// on the poller. The file held, if any.
+    fn hold_last_name(&self, fs: &mut Fs, cred: &moneta_fs::Cred, path: &[u8]) -> Option<u64> {
+        let ino = fs.lookup(cred, path, false).ok()?;
+        let st = fs.stat_ino(ino);
+        if st.mode & libc::S_IFMT != libc::S_IFREG || st.nlink != 1 {
+            return None;
+        }
+        fs.hold(ino).ok()?;
+        Some(ino)
+    }
+
+    /// After the call: a held file that lost its last name and has no other handle is left
+    /// for the releaser; otherwise the hold goes at once (it frees nothing).
+    fn after_hold(&self, fs: &mut Fs, held: Option<u64>) {
+        let Some(ino) = held else { return };
+        if fs.nlink(ino) == 0 && fs.open_count(ino) == 1 {
+            self.queue_release(Some(ino));
+        } else if let Err(e) = fs.close(ino) {
+            tracing::warn!(ino, "dropping a quick call's hold: {e}");
+        }
+    }
+
+    /// Leaves the last handle of `ino` for the releaser thread to close (or, with `None`,
+    /// asks it for a checkpoint).
+    fn queue_release(&self, ino: Option<u64>) {
+        let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+        match ino {
+            Some(ino) => r.inos.push(ino),
+            None => r.checkpoint = true,
+        }
+        self.release_wake.notify_one();
+    }
+
+    fn releases_pending(&self) -> bool {
+        !self
+            .releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .inos
+            .is_empty()
+    }
+
+    /// Closes the holds quick calls left (freeing their files, with revocation) and makes
+    /// the checkpoint they asked for, here and now.
+    pub(super) fn settle_releases(&self) {
+        let work = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        if work.inos.is_empty() && !work.checkpoint {
+            return;
+        }
+        let mut fs = self.fs();
+        for ino in work.inos {
+            if let Err(e) = fs.close(ino) {
+                tracing::warn!(ino, "freeing an unlinked file: {e}");
+            }
+        }
+        if work.checkpoint {
+            if let Err(e) = fs.checkpoint_if_full() {
+                tracing::warn!("checkpoint for quick calls: {e}");
+            }
+        }
+    }
+
+    /// The releaser thread: settles what quick calls leave as soon as they leave it.
+    pub(super) fn release_loop(&self) {
+        loop {
+            {
+                let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+                while r.inos.is_empty() && !r.checkpoint {
+                    r = self.release_wake.wait(r).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            self.settle_releases();
+        }
+    }
+}
+
+/// The records to install in `channel` for the mapped runs of `h`'s file, with the session's
+/// rights on it.
+fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -> Vec<TableOp> {
+    let rights = s.rights(h.ino) as u8;
+    maps.iter()
+        .filter_map(|m| {
+            m.dev.map(|start| TableOp::Insert {
+                channel,
+                start,
+                len: m.len,
+                rights,
+                file,
+            })
+        })
+        .collect()
+}

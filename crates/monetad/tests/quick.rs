@@ -1,0 +1,488 @@
+//! File-system calls through the channel (`OP_FS`, docs/abi.md §4.3): the same answers as the
+//! control socket, unlinked files freed with revocation, referrals for what the poller may not
+//! do, and forged commands that hurt only their sender. Real daemons, real channels.
+
+mod common;
+
+use common::*;
+use libmoneta::{Channel, ClientError};
+use moneta_abi::control::{encode_request, Request};
+use moneta_abi::fsproto::*;
+use moneta_abi::{Command, Completion, Opcode, Status};
+
+const CREAT: i32 = libc::O_CREAT | libc::O_RDWR;
+
+/// A reply with what differs between two connections' worlds taken out (handles, inode
+/// numbers, times, layout tags, array addresses): its kind, sizes, modes and errno.
+fn norm(r: Result<FsReply, ClientError>) -> String {
+    match r {
+        Ok(FsReply::Empty) => "ok".into(),
+        Ok(FsReply::Opened { rights, stat, .. }) => {
+            format!(
+                "opened rights {rights} mode {:o} size {}",
+                stat.mode, stat.size
+            )
+        }
+        Ok(FsReply::Stat(s)) => format!(
+            "stat mode {:o} nlink {} size {} blocks {}",
+            s.mode, s.nlink, s.size, s.blocks
+        ),
+        Ok(FsReply::Extents { size, extents, .. }) => format!(
+            "extents size {size} runs {:?}",
+            extents
+                .iter()
+                .map(|x| (x.file_off, x.len, x.dev == HOLE))
+                .collect::<Vec<_>>()
+        ),
+        Ok(FsReply::Lock(l)) => format!("lock {:?} {} {}", l.ty, l.start, l.len),
+        Ok(FsReply::StatFs(s)) => format!("statfs {} {}", s.chunks, s.inodes),
+        Ok(other) => format!("{other:?}"),
+        Err(ClientError::Refused { errno, .. }) => format!("errno {errno}"),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+fn path(dir: &str, name: &str) -> Vec<u8> {
+    format!("/{dir}/{name}").into_bytes()
+}
+
+/// The same sequence of calls in directory `dir`, each made by `call`; the normalised
+/// replies.
+fn sequence(
+    dir: &str,
+    call: &dyn Fn(FsRequest) -> Result<FsReply, ClientError>,
+    handle_of: &dyn Fn(&Result<FsReply, ClientError>) -> u64,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut note = |r: Result<FsReply, ClientError>| {
+        out.push(norm(r));
+    };
+    let open = |p: Vec<u8>, flags: i32, mode: u32| FsRequest::Open {
+        flags: flags as u32,
+        mode,
+        path: p,
+    };
+    let f = path(dir, "f");
+    let r = call(open(f.clone(), CREAT | libc::O_EXCL, 0o640));
+    let h = handle_of(&r);
+    note(r);
+    note(call(open(f.clone(), CREAT | libc::O_EXCL, 0o640)));
+    note(call(open(path(dir, "missing"), libc::O_RDONLY, 0)));
+    note(call(open(
+        format!("/{dir}").into_bytes(),
+        libc::O_WRONLY,
+        0,
+    )));
+    note(call(open(path(dir, "f/x"), libc::O_RDONLY, 0)));
+    // O_TRUNC of an empty file is answered; of one with data, referred (and the same).
+    let r = call(open(f.clone(), libc::O_WRONLY | libc::O_TRUNC, 0));
+    let h2 = handle_of(&r);
+    note(r);
+    note(call(FsRequest::Extend {
+        handle: h,
+        offset: 0,
+        len: 10_000,
+    }));
+    note(call(FsRequest::Extend {
+        handle: h,
+        offset: APPEND,
+        len: 5_000,
+    }));
+    note(call(FsRequest::Lookup {
+        handle: h,
+        offset: 0,
+        len: u64::MAX,
+    }));
+    note(call(FsRequest::Stat {
+        target: Target::Handle(h),
+    }));
+    note(call(FsRequest::Stat {
+        target: Target::Path {
+            path: f.clone(),
+            follow: true,
+        },
+    }));
+    note(call(FsRequest::Stat {
+        target: Target::Handle(h + 1000),
+    }));
+    note(call(FsRequest::Utimes {
+        target: Target::Handle(h),
+        atime: WireTime {
+            sec: 0,
+            nsec: UTIME_OMIT,
+        },
+        mtime: WireTime {
+            sec: 0,
+            nsec: UTIME_NOW,
+        },
+    }));
+    note(call(FsRequest::Lock {
+        handle: h,
+        kind: LockKind::Posix,
+        cmd: LockCmd::Set,
+        ty: LockType::Write,
+        wait: false,
+        start: 0,
+        len: 100,
+    }));
+    note(call(FsRequest::Lock {
+        handle: h,
+        kind: LockKind::Flock,
+        cmd: LockCmd::Test,
+        ty: LockType::Read,
+        wait: false,
+        start: 0,
+        len: 0,
+    }));
+    note(call(FsRequest::Fsync { handle: h }));
+    let r = call(open(f.clone(), libc::O_RDWR | libc::O_TRUNC, 0));
+    let h3 = handle_of(&r);
+    note(r);
+    note(call(FsRequest::Stat {
+        target: Target::Handle(h),
+    }));
+    note(call(FsRequest::Rename {
+        flags: 0,
+        from: f.clone(),
+        to: path(dir, "g"),
+    }));
+    note(call(FsRequest::Stat {
+        target: Target::Path {
+            path: f.clone(),
+            follow: true,
+        },
+    }));
+    note(call(FsRequest::Rename {
+        flags: RENAME_NOREPLACE,
+        from: path(dir, "g"),
+        to: path(dir, "g"),
+    }));
+    for handle in [h, h2, h3] {
+        note(call(FsRequest::Close { handle }));
+    }
+    note(call(FsRequest::Close { handle: h }));
+    note(call(FsRequest::Unlink {
+        path: path(dir, "g"),
+    }));
+    note(call(FsRequest::Unlink {
+        path: path(dir, "g"),
+    }));
+    note(call(FsRequest::Unlink {
+        path: format!("/{dir}").into_bytes(),
+    }));
+    out
+}
+
+fn opened_handle(r: &Result<FsReply, ClientError>) -> u64 {
+    match r {
+        Ok(FsReply::Opened { handle, .. }) => *handle,
+        _ => 0,
+    }
+}
+
+#[test]
+fn calls_through_the_channel_answer_as_the_socket_does() {
+    let d = Daemon::start_fs("64M", &[]);
+    let ch = d.channel();
+    let sock = d.channel();
+    for dir in ["a", "b"] {
+        sock.control()
+            .fs(FsRequest::Mkdir {
+                mode: 0o755,
+                path: format!("/{dir}").into_bytes(),
+            })
+            .unwrap();
+    }
+    let before = sock.control().fs(FsRequest::Statfs).unwrap();
+    // The connection's first file call on the socket publishes its handles for the device.
+    ch.control().fs(FsRequest::Statfs).unwrap();
+    let st0 = d.control().status().unwrap();
+    let fast = sequence("a", &|r| ch.fs(r), &opened_handle);
+    let st1 = d.control().status().unwrap();
+    let slow = sequence("b", &|r| sock.control().fs(r), &opened_handle);
+    assert_eq!(fast, slow);
+    assert!(fast.iter().any(|r| r.starts_with("extents")), "{fast:?}");
+    assert!(fast.iter().filter(|r| r.starts_with("errno")).count() >= 6);
+    // The device answered nearly all of them (the O_TRUNC of a file with data it referred),
+    // and the socket path none.
+    let answered = st1.fs_calls - st0.fs_calls;
+    let referred = st1.fs_calls_referred - st0.fs_calls_referred;
+    assert!(
+        answered >= fast.len() as u64 - 2,
+        "{answered} of {}",
+        fast.len()
+    );
+    assert!(referred >= 1, "the truncation with data is referred");
+    let st2 = d.control().status().unwrap();
+    assert_eq!(st2.fs_calls, st1.fs_calls);
+    // Both files are gone, their space free again (a call on the socket waits for the frees
+    // the channel's unlink left).
+    assert_eq!(
+        norm(sock.control().fs(FsRequest::Statfs)),
+        norm(Ok(before.clone()))
+    );
+    let (FsReply::StatFs(a), FsReply::StatFs(b)) =
+        (before, sock.control().fs(FsRequest::Statfs).unwrap())
+    else {
+        panic!("statfs replies")
+    };
+    assert_eq!(
+        (a.chunks_free, a.inodes_free),
+        (b.chunks_free, b.inodes_free)
+    );
+}
+
+#[test]
+fn a_file_unlinked_through_the_channel_is_freed_after_its_last_handle() {
+    let d = Daemon::start_fs("32M", &[]);
+    let ch = d.channel();
+    let other = d.channel();
+    let c = ch.control();
+    let free = |c: &libmoneta::Control| match c.fs(FsRequest::Statfs).unwrap() {
+        FsReply::StatFs(s) => s.chunks_free,
+        r => panic!("{r:?}"),
+    };
+    let empty = free(c);
+    let (h, _, _) = c.fs_open(b"/f", CREAT, 0o644).unwrap();
+    file_write(&ch, h, 0, &[7u8; 1 << 20]).unwrap();
+    c.fs_close(h).unwrap();
+    // Another connection holds it open; this one unlinks it through the channel.
+    let (oh, _, _) = other.control().fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    ch.fs(FsRequest::Unlink {
+        path: b"/f".to_vec(),
+    })
+    .unwrap();
+    assert_eq!(
+        norm(c.fs(FsRequest::Stat {
+            target: Target::Path {
+                path: b"/f".to_vec(),
+                follow: true
+            }
+        })),
+        format!("errno {}", libc::ENOENT)
+    );
+    // Still whole for the reader that has it open, and its space still taken.
+    assert_eq!(file_read(&other, oh).unwrap(), vec![7u8; 1 << 20]);
+    assert!(free(c) < empty);
+    // The reader's last close, through its channel, lets the file go.
+    other.control().fs(FsRequest::Statfs).unwrap();
+    other.fs(FsRequest::Close { handle: oh }).unwrap();
+    assert_eq!(free(c), empty);
+    // A file with data whose last name goes through the channel while nobody holds it.
+    let (h, _, _) = c.fs_open(b"/g", CREAT, 0o644).unwrap();
+    file_write(&ch, h, 0, &[9u8; 300_000]).unwrap();
+    let x = c.fs_lookup(h, 0, 1).unwrap().1[0];
+    c.fs_close(h).unwrap();
+    ch.fs(FsRequest::Rename {
+        flags: 0,
+        from: b"/missing".to_vec(),
+        to: b"/g".to_vec(),
+    })
+    .unwrap_err();
+    ch.fs(FsRequest::Unlink {
+        path: b"/g".to_vec(),
+    })
+    .unwrap();
+    // Whatever the daemon does meanwhile, its records are revoked before the space returns:
+    // a forged read of the old address misses.
+    let mut buf = [0u8; 16];
+    let r = ch.read(x.dev, &mut buf, Completion::Dma);
+    assert!(
+        matches!(r, Err(ClientError::Status(Status::PermissionMiss))),
+        "{r:?}"
+    );
+    assert_eq!(free(c), empty);
+    // A rename over a file with data frees the file it replaces.
+    let (h, _, _) = c.fs_open(b"/old", CREAT, 0o644).unwrap();
+    file_write(&ch, h, 0, &[1u8; 200_000]).unwrap();
+    c.fs_close(h).unwrap();
+    let (h, _, _) = c.fs_open(b"/new", CREAT, 0o644).unwrap();
+    c.fs_close(h).unwrap();
+    ch.fs(FsRequest::Rename {
+        flags: 0,
+        from: b"/new".to_vec(),
+        to: b"/old".to_vec(),
+    })
+    .unwrap();
+    assert_eq!(free(c), empty);
+    assert!(d.control().status().unwrap().fs_calls >= 4);
+}
+
+/// Rings `OP_FS` on `ch` with `msg` in the slice and the given words; the completion.
+fn ring_fs(ch: &Channel, msg: &[u8], len: u64, addr: u64, file: u64) -> (Status, Vec<u8>) {
+    let tag = ch.tag();
+    ch.write_dma(tag, 0, msg);
+    ch.submit(
+        tag,
+        &Command::new(Opcode::Fs, Completion::Dma, addr, len, file),
+    );
+    let c = ch.wait(tag, Completion::Dma);
+    let out = match c {
+        Ok(c) => {
+            let mut b = vec![0u8; (c.bytes as usize).min(ch.slice_size())];
+            ch.read_dma(tag, 0, &mut b);
+            (c.status, b)
+        }
+        Err(ClientError::Status(s)) => (s, Vec::new()),
+        Err(e) => panic!("{e}"),
+    };
+    ch.release(tag);
+    out
+}
+
+#[test]
+fn forged_fs_commands_hurt_only_their_sender() {
+    let d = Daemon::start_fs("16M", &[]);
+    let ch = d.channel();
+    let c = ch.control();
+    let (h, _, _) = c.fs_open(b"/mine", CREAT, 0o600).unwrap();
+    let stat = encode_request(
+        5,
+        &Request::Fs(FsRequest::Stat {
+            target: Target::Handle(h),
+        }),
+    );
+    let slice = ch.slice_size() as u64;
+    // Shape: length within the slice, no address, no file word.
+    assert_eq!(ring_fs(&ch, &stat, 0, 0, 0).0, Status::BadDma);
+    assert_eq!(ring_fs(&ch, &stat, slice + 1, 0, 0).0, Status::BadDma);
+    assert_eq!(
+        ring_fs(&ch, &stat, stat.len() as u64, 8, 0).0,
+        Status::Malformed
+    );
+    assert_eq!(
+        ring_fs(&ch, &stat, stat.len() as u64, 0, h).0,
+        Status::Malformed
+    );
+    // A good one: the socket's reply message, with its sequence number.
+    let (st, reply) = ring_fs(&ch, &stat, stat.len() as u64, 0, 0);
+    assert_eq!(st, Status::Ok);
+    let r = moneta_abi::control::decode_reply(&reply, stat_op()).unwrap();
+    assert_eq!(r.seq, 5);
+    assert!(matches!(
+        r.result,
+        Ok(moneta_abi::control::ReplyBody::Fs(FsReply::Stat(_)))
+    ));
+    // Garbage, a cut request and a request of the wrong length are referred: the socket
+    // then answers the protocol error.
+    let noise: Vec<u8> = (0..slice).map(|i| (i * 131 % 251) as u8).collect();
+    assert_eq!(ring_fs(&ch, &noise, slice, 0, 0).0, Status::Refer);
+    assert_eq!(
+        ring_fs(&ch, &stat, stat.len() as u64 - 3, 0, 0).0,
+        Status::Refer
+    );
+    assert_eq!(ring_fs(&ch, &stat, slice, 0, 0).0, Status::Refer);
+    // Control operations other than file calls are never carried out from a channel.
+    for req in [Request::Shutdown, Request::Status, Request::Ping] {
+        let m = encode_request(1, &req);
+        assert_eq!(ring_fs(&ch, &m, m.len() as u64, 0, 0).0, Status::Refer);
+    }
+    // Calls the device does not make on the channel are referred (and change nothing).
+    for req in [
+        FsRequest::Mkdir {
+            mode: 0o777,
+            path: b"/d".to_vec(),
+        },
+        FsRequest::Chmod {
+            target: Target::Handle(h),
+            mode: 0o666,
+        },
+        FsRequest::Fork,
+    ] {
+        let m = encode_request(1, &Request::Fs(req));
+        assert_eq!(ring_fs(&ch, &m, m.len() as u64, 0, 0).0, Status::Refer);
+    }
+    assert!(c.fs_stat(b"/d", true).is_err());
+    // Another connection's handle, through this channel: not this connection's.
+    let other = d.channel();
+    other.control().fs(FsRequest::Statfs).unwrap();
+    let close = encode_request(2, &Request::Fs(FsRequest::Close { handle: h }));
+    let (st, reply) = ring_fs(&other, &close, close.len() as u64, 0, 0);
+    assert_eq!(st, Status::Ok);
+    let r = moneta_abi::control::decode_reply(&reply, OP_FS_CLOSE).unwrap();
+    assert_eq!(r.result.unwrap_err().errno, libc::EBADF);
+    // The daemon is well and the file still open on its own connection.
+    d.control().ping().unwrap();
+    assert!(matches!(
+        c.fs(FsRequest::Stat {
+            target: Target::Handle(h)
+        }),
+        Ok(FsReply::Stat(_))
+    ));
+}
+
+fn stat_op() -> u16 {
+    FsRequest::Stat {
+        target: Target::Handle(0),
+    }
+    .op()
+}
+
+#[test]
+fn at_the_host_level_fsync_goes_to_the_socket() {
+    let dir = TempDir::new("quick-host");
+    let img = dir.0.join("img");
+    let img_s = img.to_string_lossy().to_string();
+    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let ch = d.channel();
+    ch.control().fs(FsRequest::Statfs).unwrap();
+    let (h, _, _) = match ch
+        .fs(FsRequest::Open {
+            flags: CREAT as u32,
+            mode: 0o644,
+            path: b"/f".to_vec(),
+        })
+        .unwrap()
+    {
+        FsReply::Opened {
+            handle,
+            rights,
+            stat,
+        } => (handle, rights, stat),
+        r => panic!("{r:?}"),
+    };
+    file_write(&ch, h, 0, b"durable").unwrap();
+    let st0 = d.control().status().unwrap();
+    ch.fs(FsRequest::Fsync { handle: h }).unwrap();
+    let st1 = d.control().status().unwrap();
+    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred + 1);
+    ch.fs(FsRequest::Close { handle: h }).unwrap();
+    // Many creates and unlinks through the channel fill the journal's log; checkpoints made
+    // beside the poller keep answering them.
+    for i in 0..3000 {
+        let p = format!("/n{i}").into_bytes();
+        match ch
+            .fs(FsRequest::Open {
+                flags: (CREAT | libc::O_EXCL) as u32,
+                mode: 0o644,
+                path: p.clone(),
+            })
+            .unwrap()
+        {
+            FsReply::Opened { handle, .. } => {
+                ch.fs(FsRequest::Close { handle }).unwrap();
+            }
+            r => panic!("{r:?}"),
+        }
+        ch.fs(FsRequest::Unlink { path: p }).unwrap();
+    }
+    let st2 = d.control().status().unwrap();
+    assert!(
+        st2.fs_calls - st1.fs_calls > 6000,
+        "{} answered, {} referred",
+        st2.fs_calls - st1.fs_calls,
+        st2.fs_calls_referred - st1.fs_calls_referred
+    );
+    // The daemon killed now: the image mounts (it checks it), every name gone, the synced
+    // file whole.
+    drop(ch);
+    let mut d = d;
+    d.kill9();
+    d.spawn();
+    let ch = d.channel();
+    let c = ch.control();
+    assert!(c.fs_stat(b"/n0", true).is_err());
+    assert!(c.fs_stat(b"/n2999", true).is_err());
+    let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(file_read(&ch, h).unwrap(), b"durable");
+}
