@@ -7,17 +7,20 @@
 //!   `soft-miss+read` adds the first 512-byte read through the channel.
 //! - `soft-miss-socket`: the same first lookup as `FS_LOOKUP` on the control socket alone.
 //! - `lookup-again`: the channel lookup when the record is already there.
-//! - `fstat`: attributes of an open file (a handle); the kernel does `fstat(2)` on tmpfs.
-//! - `stat`: attributes by path, two directories deep; the kernel does `stat(2)`.
-//! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed; the kernel does
-//!   `open(O_CREAT)`, `write`, `close` on tmpfs.
+//! - The calls, each made through the channel (`nvfs`: `OP_FS`, as libmoneta makes them) and
+//!   on the control socket alone (`nvfs-socket`), against the kernel's on tmpfs: `fstat` (of
+//!   a handle), `stat` (by path, two directories deep), `create` (open with `O_CREAT |
+//!   O_EXCL`, then close), `rename`, `unlink`, `lock-unlock` (a POSIX write lock on the whole
+//!   file, set and removed), `write-fsync` (fsync after a 4 KiB write through the channel).
+//! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
+//!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use libmoneta::{Channel, Control};
-use moneta_abi::fsproto::{FsRequest, Target, HOLE};
+use libmoneta::Channel;
+use moneta_abi::fsproto::{FsReply, FsRequest, LockCmd, LockKind, LockType, Target, HOLE};
 use moneta_abi::Completion;
 use serde::Serialize;
 
@@ -184,7 +187,6 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
         record("nvfs", "lookup-again", again, 0.0),
         referred_again,
     ));
-    // fstat and stat.
     c.fs(FsRequest::Mkdir {
         mode: 0o755,
         path: b"/d1".to_vec(),
@@ -195,63 +197,49 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
         path: b"/d1/d2".to_vec(),
     })
     .map_err(err)?;
-    let (sh, _, _) = c
-        .fs_open(b"/d1/d2/f", libc::O_CREAT | libc::O_RDWR, 0o644)
-        .map_err(err)?;
-    let n = 20_000;
-    let mut fst = Vec::with_capacity(n);
-    let mut st = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (r, ns) = timed(|| {
-            c.fs(FsRequest::Stat {
-                target: Target::Handle(sh),
-            })
-        });
-        r.map_err(err)?;
-        fst.push(ns);
-        let (r, ns) = timed(|| c.fs_stat(b"/d1/d2/f", true));
-        r.map_err(err)?;
-        st.push(ns);
-    }
-    out.push(record("nvfs", "fstat", fst, 0.0));
-    out.push(record("nvfs", "stat", st, 0.0));
+    // The calls, through the channel (as libmoneta makes them) and on the socket alone.
+    let n = (files / 2).clamp(100, 5_000);
+    let fast = |r: FsRequest| ch.fs(r);
+    let slow = |r: FsRequest| c.fs(r);
+    out.extend(calls("nvfs", "c", &fast, &ch, n)?);
+    out.extend(calls("nvfs-socket", "s", &slow, &ch, n)?);
+    // What the device answered and what it sent to the socket (the O_EXCL creates, renames
+    // and unlinks, whose frees wait for the releaser, and so on).
+    let st = c.status().map_err(err)?;
+    out.push(FsRecord {
+        referred: st.fs_calls_referred,
+        ..record("nvfs", "channel-calls", Vec::new(), 0.0)
+    });
+    out.last_mut().expect("pushed").ops = st.fs_calls;
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
-    let kf = std::fs::File::create(kdir.join("d1/d2/f")).map_err(err)?;
-    let (mut kfst, mut kst) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let kpath = kdir.join("d1/d2/f");
-    for _ in 0..n {
-        let (r, ns) = timed(|| rustix::fs::fstat(&kf));
-        r.map_err(err)?;
-        kfst.push(ns);
-        let (r, ns) = timed(|| rustix::fs::stat(&kpath));
-        r.map_err(err)?;
-        kst.push(ns);
-    }
-    out.push(record("kernel-tmpfs", "fstat", kfst, 0.0));
-    out.push(record("kernel-tmpfs", "stat", kst, 0.0));
+    out.extend(kernel_calls(&kdir, n).map_err(err)?);
     // Small files.
-    c.fs(FsRequest::Mkdir {
-        mode: 0o755,
-        path: b"/small".to_vec(),
-    })
-    .map_err(err)?;
-    let data = vec![0x42u8; 4096];
-    let mut each = Vec::with_capacity(files);
-    let t = Instant::now();
-    for i in 0..files {
-        let name = format!("/small/f{i}");
-        let (r, ns) = timed(|| small_file(&ch, c, name.as_bytes(), &data));
-        r?;
-        each.push(ns);
+    for (label, call) in [("nvfs", &fast as &Call), ("nvfs-socket", &slow as &Call)] {
+        let dir = format!("/small-{label}");
+        c.fs(FsRequest::Mkdir {
+            mode: 0o755,
+            path: dir.clone().into_bytes(),
+        })
+        .map_err(err)?;
+        let data = vec![0x42u8; 4096];
+        let mut each = Vec::with_capacity(files);
+        let t = Instant::now();
+        for i in 0..files {
+            let name = format!("{dir}/f{i}");
+            let (r, ns) = timed(|| small_file(&ch, call, name.as_bytes(), &data));
+            r?;
+            each.push(ns);
+        }
+        out.push(record(
+            label,
+            "create-write-close",
+            each,
+            t.elapsed().as_secs_f64(),
+        ));
     }
-    out.push(record(
-        "nvfs",
-        "create-write-close",
-        each,
-        t.elapsed().as_secs_f64(),
-    ));
     std::fs::create_dir_all(kdir.join("small")).map_err(err)?;
+    let data = vec![0x42u8; 4096];
     let mut keach = Vec::with_capacity(files);
     let t = Instant::now();
     for i in 0..files {
@@ -277,14 +265,238 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     Ok(out)
 }
 
-fn small_file(ch: &Channel, c: &Control, name: &[u8], data: &[u8]) -> Result<(), String> {
-    let (h, _, _) = c
-        .fs_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644)
-        .map_err(err)?;
-    let (_, ext) = c.fs_extend(h, 0, data.len() as u64).map_err(err)?;
-    let x = ext.first().ok_or("no extent")?;
+/// A file-system call made one way or another.
+type Call<'a> = dyn Fn(FsRequest) -> Result<FsReply, libmoneta::ClientError> + 'a;
+
+fn opened(r: FsReply) -> Result<u64, String> {
+    match r {
+        FsReply::Opened { handle, .. } => Ok(handle),
+        r => Err(format!("unexpected reply {r:?}")),
+    }
+}
+
+fn open_req(path: String, flags: i32) -> FsRequest {
+    FsRequest::Open {
+        flags: flags as u32,
+        mode: 0o644,
+        path: path.into_bytes(),
+    }
+}
+
+/// `n` of each call, made with `call`, in a directory of its own (`tag` names it): fstat,
+/// stat two directories deep, create (open with `O_CREAT | O_EXCL`, then close), rename,
+/// unlink, a POSIX write lock set and removed, and fsync of a 4 KiB file.
+fn calls(
+    label: &'static str,
+    tag: &str,
+    call: &Call,
+    ch: &Channel,
+    n: usize,
+) -> Result<Vec<FsRecord>, String> {
+    let f = format!("/d1/d2/{tag}");
+    let h = opened(call(open_req(f.clone(), libc::O_CREAT | libc::O_RDWR)).map_err(err)?)?;
+    let x = match call(FsRequest::Extend {
+        handle: h,
+        offset: 0,
+        len: 4096,
+    })
+    .map_err(err)?
+    {
+        FsReply::Extents { extents, .. } => extents.first().copied().ok_or("no extent")?,
+        r => return Err(format!("unexpected reply {r:?}")),
+    };
+    let data = [0x17u8; 4096];
+    let dir = format!("/m-{tag}");
+    call(FsRequest::Mkdir {
+        mode: 0o755,
+        path: dir.clone().into_bytes(),
+    })
+    .map_err(err)?;
+    let (mut fst, mut st, mut cr, mut rn, mut ul, mut lk, mut fs) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let lock = |ty| FsRequest::Lock {
+        handle: h,
+        kind: LockKind::Posix,
+        cmd: LockCmd::Set,
+        ty,
+        wait: false,
+        start: 0,
+        len: 0,
+    };
+    for i in 0..n {
+        let (r, ns) = timed(|| {
+            call(FsRequest::Stat {
+                target: Target::Handle(h),
+            })
+        });
+        r.map_err(err)?;
+        fst.push(ns);
+        let (r, ns) = timed(|| {
+            call(FsRequest::Stat {
+                target: Target::Path {
+                    path: f.clone().into_bytes(),
+                    follow: true,
+                },
+            })
+        });
+        r.map_err(err)?;
+        st.push(ns);
+        let name = format!("{dir}/f{i}");
+        let (r, ns) = timed(|| -> Result<(), String> {
+            let h = opened(
+                call(open_req(
+                    name.clone(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                ))
+                .map_err(err)?,
+            )?;
+            call(FsRequest::Close { handle: h }).map_err(err)?;
+            Ok(())
+        });
+        r?;
+        cr.push(ns);
+        let to = format!("{dir}/r{i}");
+        let (r, ns) = timed(|| {
+            call(FsRequest::Rename {
+                flags: 0,
+                from: name.clone().into_bytes(),
+                to: to.clone().into_bytes(),
+            })
+        });
+        r.map_err(err)?;
+        rn.push(ns);
+        let (r, ns) = timed(|| {
+            call(FsRequest::Unlink {
+                path: to.into_bytes(),
+            })
+        });
+        r.map_err(err)?;
+        ul.push(ns);
+        let (r, ns) = timed(|| -> Result<(), String> {
+            call(lock(LockType::Write)).map_err(err)?;
+            call(lock(LockType::Unlock)).map_err(err)?;
+            Ok(())
+        });
+        r?;
+        lk.push(ns);
+        ch.write(x.dev, &data, Completion::Dma).map_err(err)?;
+        let (r, ns) = timed(|| call(FsRequest::Fsync { handle: h }));
+        r.map_err(err)?;
+        fs.push(ns);
+    }
+    call(FsRequest::Close { handle: h }).map_err(err)?;
+    Ok(vec![
+        record(label, "fstat", fst, 0.0),
+        record(label, "stat", st, 0.0),
+        record(label, "create", cr, 0.0),
+        record(label, "rename", rn, 0.0),
+        record(label, "unlink", ul, 0.0),
+        record(label, "lock-unlock", lk, 0.0),
+        record(label, "write-fsync", fs, 0.0),
+    ])
+}
+
+/// The same calls on the kernel's tmpfs.
+fn kernel_calls(kdir: &std::path::Path, n: usize) -> std::io::Result<Vec<FsRecord>> {
+    use rustix::fs::{Mode, OFlags};
+    let kpath = kdir.join("d1/d2/f");
+    let kf = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&kpath)?;
+    let dir = kdir.join("m");
+    std::fs::create_dir_all(&dir)?;
+    let data = [0x17u8; 4096];
+    let (mut fst, mut st, mut cr, mut rn, mut ul, mut lk, mut fs) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let setlk = |ty: libc::c_short| {
+        let fl = libc::flock {
+            l_type: ty,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: 0,
+            l_len: 0,
+            l_pid: 0,
+        };
+        // SAFETY: F_SETLK with a valid flock on a descriptor this function owns.
+        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&kf), libc::F_SETLK, &fl) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for i in 0..n {
+        let (r, ns) = timed(|| rustix::fs::fstat(&kf));
+        r?;
+        fst.push(ns);
+        let (r, ns) = timed(|| rustix::fs::stat(&kpath));
+        r?;
+        st.push(ns);
+        let name = dir.join(format!("f{i}"));
+        let (r, ns) = timed(|| {
+            rustix::fs::open(
+                &name,
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map(drop)
+        });
+        r?;
+        cr.push(ns);
+        let to = dir.join(format!("r{i}"));
+        let (r, ns) = timed(|| rustix::fs::rename(&name, &to));
+        r?;
+        rn.push(ns);
+        let (r, ns) = timed(|| rustix::fs::unlink(&to));
+        r?;
+        ul.push(ns);
+        let (r, ns) = timed(|| -> std::io::Result<()> {
+            setlk(libc::F_WRLCK as libc::c_short)?;
+            setlk(libc::F_UNLCK as libc::c_short)
+        });
+        r?;
+        lk.push(ns);
+        kf.write_all_at(&data, 0)?;
+        let (r, ns) = timed(|| kf.sync_all());
+        r?;
+        fs.push(ns);
+    }
+    let k = "kernel-tmpfs";
+    Ok(vec![
+        record(k, "fstat", fst, 0.0),
+        record(k, "stat", st, 0.0),
+        record(k, "create", cr, 0.0),
+        record(k, "rename", rn, 0.0),
+        record(k, "unlink", ul, 0.0),
+        record(k, "lock-unlock", lk, 0.0),
+        record(k, "write-fsync", fs, 0.0),
+    ])
+}
+
+fn small_file(ch: &Channel, call: &Call, name: &[u8], data: &[u8]) -> Result<(), String> {
+    let h = opened(
+        call(FsRequest::Open {
+            flags: (libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY) as u32,
+            mode: 0o644,
+            path: name.to_vec(),
+        })
+        .map_err(err)?,
+    )?;
+    let x = match call(FsRequest::Extend {
+        handle: h,
+        offset: 0,
+        len: data.len() as u64,
+    })
+    .map_err(err)?
+    {
+        FsReply::Extents { extents, .. } => extents.first().copied().ok_or("no extent")?,
+        r => return Err(format!("unexpected reply {r:?}")),
+    };
     ch.write(x.dev, data, Completion::Dma).map_err(err)?;
-    c.fs_close(h).map_err(err)
+    call(FsRequest::Close { handle: h }).map_err(err)?;
+    Ok(())
 }
 
 fn kernel_dir() -> Result<PathBuf, String> {
@@ -300,7 +512,7 @@ fn print_table(recs: &[FsRecord]) {
     let mut t = comfy_table::Table::new();
     t.set_header(["path", "op", "ops", "p50", "p99", "mean", "vs kernel (p50)"]);
     let us = |ns: u64| format!("{:.2} µs", ns as f64 / 1000.0);
-    for r in recs {
+    for r in recs.iter().filter(|r| r.op != "channel-calls") {
         let k = recs
             .iter()
             .find(|k| k.path == "kernel-tmpfs" && k.op == r.op && r.path != "kernel-tmpfs");
@@ -318,10 +530,20 @@ fn print_table(recs: &[FsRecord]) {
         ]);
     }
     println!("{t}");
-    for r in recs.iter().filter(|r| r.referred > 0) {
+    for r in recs
+        .iter()
+        .filter(|r| r.referred > 0 && r.op != "channel-calls")
+    {
         println!(
             "{} {}: {} of {} channel lookups referred to the control socket",
             r.path, r.op, r.referred, r.ops
+        );
+    }
+    for r in recs.iter().filter(|r| r.op == "channel-calls") {
+        println!(
+            "file calls through the channel: {} answered by the device, {} referred to the \
+             control socket",
+            r.ops, r.referred
         );
     }
     for r in recs.iter().filter(|r| r.op == "create-write-close") {

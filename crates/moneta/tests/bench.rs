@@ -505,3 +505,37 @@ fn the_model_is_measured_against_itself() {
     ]);
     assert!(!o.status.success() && text(&o).contains("private daemon"));
 }
+
+#[test]
+fn the_file_system_calls_both_ways_and_the_kernels() {
+    let recs = bench(&["--path", "nvfs", "--files", "200"]);
+    for op in [
+        "fstat",
+        "stat",
+        "create",
+        "rename",
+        "unlink",
+        "lock-unlock",
+        "write-fsync",
+        "create-write-close",
+    ] {
+        for path in ["nvfs", "nvfs-socket", "kernel-tmpfs"] {
+            let r = recs
+                .iter()
+                .find(|r| r["path"] == path && r["op"] == op)
+                .unwrap_or_else(|| panic!("no {path} {op} in {recs:?}"));
+            assert!(r["ops"].as_u64().unwrap() >= 100, "{r}");
+            assert!(r["p50_ns"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
+    // Through the channel the device answered the calls (9 per round, 100 rounds, counted
+    // before the small files), and the socket's side asked none.
+    let calls = recs
+        .iter()
+        .find(|r| r["op"] == "channel-calls")
+        .expect("the device's counts");
+    let answered = calls["ops"].as_u64().unwrap();
+    let referred = calls["referred"].as_u64().unwrap();
+    assert!(answered + referred >= 800, "{calls}");
+    assert!(answered >= 400, "{calls}");
+}

@@ -354,8 +354,53 @@ fn intruder_role(args: &[String]) -> i32 {
         })),
         libc::EPERM
     );
+    // The same calls through the channel (the device answers them with this connection's
+    // credentials, whatever the request says) refuse the same way.
+    let st = |p: &[u8]| FsRequest::Open {
+        flags: libc::O_RDONLY as u32,
+        mode: 0,
+        path: p.to_vec(),
+    };
+    assert_eq!(refused(ch.fs(st(b"/shared/secret"))), libc::EACCES);
+    assert_eq!(
+        refused(ch.fs(FsRequest::Open {
+            flags: (libc::O_WRONLY | libc::O_TRUNC) as u32,
+            mode: 0,
+            path: b"/shared/secret".to_vec(),
+        })),
+        libc::EACCES
+    );
+    assert_eq!(
+        refused(ch.fs(FsRequest::Unlink {
+            path: b"/shared/secret".to_vec()
+        })),
+        libc::EPERM
+    );
+    assert_eq!(
+        refused(ch.fs(FsRequest::Rename {
+            flags: 0,
+            from: b"/shared/secret".to_vec(),
+            to: b"/shared/taken".to_vec(),
+        })),
+        libc::EPERM
+    );
     // Handles are per connection: guessing one finds nothing, on the socket or through the
     // channel (the owner's handles are 1 and 2, on its own channel).
+    for guess in 0..8 {
+        assert_eq!(
+            refused(ch.fs(FsRequest::Close { handle: guess })),
+            libc::EBADF
+        );
+        assert_eq!(
+            refused(ch.fs(FsRequest::Stat {
+                target: Target::Handle(guess)
+            })),
+            libc::EBADF
+        );
+    }
+    let s = c.status().unwrap();
+    // All but the truncating open (referred: it would free space).
+    assert!(s.fs_calls >= 19 && s.fs_calls_referred >= 1, "{s:?}");
     for guess in 0..8 {
         assert_eq!(refused(c.fs_lookup(guess, 0, 1)), libc::EBADF);
         assert!(ch.lookup(guess, 0, 1 << 20).unwrap().is_none());
