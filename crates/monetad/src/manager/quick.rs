@@ -15,7 +15,7 @@
 //!   socket answers meanwhile;
 //! - never frees space itself. Freeing revokes every channel's records and waits until no
 //!   request issued before is in flight, which only the poller can confirm. An unlink or a
-//!   rename that takes a file's last name first *holds* the file (one more open count, as a
+//!   rename that takes the last name of a file with space first *holds* the file (one more open count, as a
 //!   handle would), so the file lives on as an orphan, exactly as a file unlinked while open
 //!   does; a close that drops the last handle of an unlinked file leaves that handle for
 //!   later. The releaser thread then closes those holds, which frees the space with the usual
@@ -167,8 +167,12 @@ impl Manager {
                 if s.rights(h.ino) != before {
                     ops.extend(removals(fs, h.ino, channel));
                 }
-                if fs.open_count(h.ino) == 1 && fs.nlink(h.ino) == 0 {
-                    // The last handle of an unlinked file: closing it frees the file.
+                if fs.open_count(h.ino) == 1
+                    && fs.nlink(h.ino) == 0
+                    && fs.stat_ino(h.ino).blocks > 0
+                {
+                    // The last handle of an unlinked file with space: closing it frees that
+                    // space, which revokes first.
                     self.queue_release(Some(h.ino));
                 } else {
                     fs.close(h.ino).map_err(failure)?;
@@ -275,12 +279,13 @@ impl Manager {
     }
 
     /// Before a call that may take the last name of the regular file at `path` (without
-    /// following a final symlink): holds that file, so that losing the name does not free it
-    /// on the poller. The file held, if any.
+    /// following a final symlink): holds that file if it has space, so that losing the name
+    /// does not free it on the poller (a file without space is freed at once: nothing to
+    /// revoke). The file held, if any.
     fn hold_last_name(&self, fs: &mut Fs, cred: &moneta_fs::Cred, path: &[u8]) -> Option<u64> {
         let ino = fs.lookup(cred, path, false).ok()?;
         let st = fs.stat_ino(ino);
-        if st.mode & libc::S_IFMT != libc::S_IFREG || st.nlink != 1 {
+        if st.mode & libc::S_IFMT != libc::S_IFREG || st.nlink != 1 || st.blocks == 0 {
             return None;
         }
         fs.hold(ino).ok()?;
