@@ -533,6 +533,8 @@ impl FsRequest {
                 | FsRequest::Unlink { .. }
                 | FsRequest::Rename { .. }
                 | FsRequest::Utimes { .. }
+                | FsRequest::Chmod { .. }
+                | FsRequest::Chown { .. }
                 | FsRequest::Lock { .. }
         )
     }

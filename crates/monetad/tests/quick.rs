@@ -383,9 +383,9 @@ fn forged_fs_commands_hurt_only_their_sender() {
             mode: 0o777,
             path: b"/d".to_vec(),
         },
-        FsRequest::Chmod {
+        FsRequest::Truncate {
             target: Target::Handle(h),
-            mode: 0o666,
+            size: 0,
         },
         FsRequest::Fork,
     ] {

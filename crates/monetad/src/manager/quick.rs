@@ -62,6 +62,26 @@ impl Manager {
         }
         let op = req.op();
         let mut s = session.try_lock().ok()?;
+        if let FsRequest::Lock {
+            handle,
+            kind,
+            cmd,
+            ty,
+            wait,
+            start,
+            len,
+        } = req
+        {
+            // Locks live apart from the file system: they need only the lock table.
+            let mut locks = self.locks.try_lock().ok()?;
+            let result = Self::handle(&s, handle)
+                .and_then(|h| Self::lock(&mut locks, &s, &h, kind, cmd, ty, wait, start, len));
+            drop((locks, s));
+            return Some(FsAnswer {
+                reply: encode_reply(op, seq, &result.map(ReplyBody::Fs)),
+                ops: Vec::new(),
+            });
+        }
         let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
         let mut ops = Vec::new();
         let result = self.quick_call(&mut s, channel, req, max, &mut ops)?;
@@ -263,16 +283,17 @@ impl Manager {
                     .map_err(failure)?;
                 Ok(FsReply::Empty)
             })(),
-            FsRequest::Lock {
-                handle,
-                kind,
-                cmd,
-                ty,
-                wait,
-                start,
-                len,
-            } => Self::handle(s, handle)
-                .and_then(|h| Self::lock(locks, s, &h, kind, cmd, ty, wait, start, len)),
+            FsRequest::Chmod { target, mode } => (|| {
+                let ino = self.target_ino(fs, s, &target)?;
+                fs.chmod(&cred, ino, mode).map_err(failure)?;
+                Ok(FsReply::Empty)
+            })(),
+            FsRequest::Chown { target, uid, gid } => (|| {
+                let ino = self.target_ino(fs, s, &target)?;
+                let opt = |v: u32| (v != u32::MAX).then_some(v);
+                fs.chown(&cred, ino, opt(uid), opt(gid)).map_err(failure)?;
+                Ok(FsReply::Empty)
+            })(),
             _ => return None,
         };
         Some(r)
