@@ -9,7 +9,7 @@ use moneta_device::{DeviceConfig, DmaGeometry, Timing};
 use moneta_fs::Durability;
 use serde::Deserialize;
 
-/// Default array size for a new backing file: 1 GiB (sparse).
+/// Default array size for a new backing file: 1 GiB (its blocks reserved up front).
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
 /// Parses sizes such as `4096`, `64K`, `16M`, `1G`, `2T` (powers of 1024).
