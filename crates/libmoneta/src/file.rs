@@ -405,7 +405,10 @@ impl File {
         Ok(())
     }
 
-    /// `fsync(2)`: data and metadata durable against a machine crash.
+    /// `fsync(2)`: at the daemon's `host` durability level, the file's data and every metadata
+    /// change before the call durable against a crash of the machine (one flush, shared with
+    /// the other callers of the moment); at the `device` level a round trip that flushes
+    /// nothing (docs/nvfs.md, "Durability levels").
     pub fn sync_all(&self) -> Result<(), ClientError> {
         self.m.fs_empty(FsRequest::Fsync { handle: self.h()? })
     }

@@ -74,7 +74,7 @@ pub const TXN_HEADER: u64 = 32;
 /// The record count of a wrap marker.
 const WRAP: u32 = u32::MAX;
 
-/// What a metadata commit and an `fsync` make durable (docs/nvfs.md, "Durability").
+/// What a metadata commit and an `fsync` make durable (docs/nvfs.md, "Durability levels").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
     /// The emulated device's own persistence: a completed write or metadata call is in the

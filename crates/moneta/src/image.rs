@@ -20,10 +20,10 @@ pub struct MkfsArgs {
     /// Allocation unit: a power of two of at least 4K [default: 4K].
     #[arg(long, value_parser = monetad::config::parse_size)]
     pub chunk_size: Option<u64>,
-    /// Inodes [default: one per 64 KiB of array, at least 1024].
+    /// Inodes [default: one per 16 KiB of array, at least 1024].
     #[arg(long)]
     pub inodes: Option<u64>,
-    /// Directory entries (names and symlink targets) [default: twice the inodes].
+    /// Directory entries (names and symlink targets) [default: one and a half per inode].
     #[arg(long)]
     pub dirents: Option<u64>,
     /// Permission bits of the root directory, octal [default: 755].

@@ -9,7 +9,7 @@ use moneta_device::{DeviceConfig, DmaGeometry, Timing};
 use moneta_fs::Durability;
 use serde::Deserialize;
 
-/// Default array size for a new backing file: 1 GiB (sparse).
+/// Default array size for a new backing file: 1 GiB (its blocks reserved up front).
 pub const DEFAULT_SIZE: u64 = 1 << 30;
 
 /// Parses sizes such as `4096`, `64K`, `16M`, `1G`, `2T` (powers of 1024).
@@ -138,13 +138,13 @@ pub struct Args {
     /// [default: 4K].
     #[arg(long, value_parser = parse_size)]
     pub chunk_size: Option<u64>,
-    /// What a completed call and `fsync` make durable (docs/nvfs.md, "Durability"): `device`,
-    /// the array's own persistence (everything survives the daemon; `fsync` costs a round
-    /// trip; a crash of the machine may lose what the host has not written back) or `host`
-    /// (metadata reaches the host's disk in an order that survives a crash of the machine,
-    /// and `fsync` makes a file and every metadata change before it durable there, with one
-    /// ordered flush). A volatile array has only `device` [default: host with a backing file,
-    /// device with --volatile].
+    /// What a completed call and `fsync` make durable (docs/nvfs.md, "Durability levels"):
+    /// `device`, the array's own persistence (everything survives the daemon; `fsync` costs a
+    /// round trip; a crash of the machine may lose what the host has not written back) or
+    /// `host` (metadata reaches the host's disk in an order that survives a crash of the
+    /// machine, and `fsync` makes a file and every metadata change before it durable there,
+    /// with one ordered flush). A volatile array has only `device` [default: host with a
+    /// backing file, device with --volatile].
     #[arg(long, value_parser = Durability::parse)]
     pub durability: Option<Durability>,
     /// Bytes a file growing at its end keeps reserved after its last chunk (in memory, given
