@@ -4,11 +4,11 @@
 //! its data into the tag's DMA slice for a write, writes the command (with the tag's next
 //! sequence number) into the tag's slot and flips the tag's doorbell bit; if the device has
 //! parked the channel it also writes the device's kick pipe. It then waits in the way the command
-//! asked until the tag's `state` word holds that sequence number: spinning on it (DMA
-//! completion), harvesting the tag status register when the completion count moves
-//! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep). On the DMA path
-//! the client never writes the status entry, so the only cache lines that cross between the two
-//! cores are the command, the doorbell, the status entry and the data.
+//! asked until the tag's `state` word holds that sequence number: spinning on it, then
+//! sleeping (DMA completion), harvesting the tag status register when the completion count
+//! moves (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep). On the
+//! DMA path the client never writes the status entry, so the only cache lines that cross
+//! between the two cores are the command, the doorbell, the status entry and the data.
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -68,6 +68,10 @@ pub struct Channel {
     /// Threads spinning for a DMA completion now, and how many may (see [`Channel::wait`]).
     spinners: AtomicU32,
     max_spinners: u32,
+    /// How well spinning for DMA completions has paid lately (0 to [`SPIN_SCORE_MAX`]), and a
+    /// count of waits that decides when to try again once it has not.
+    spin_score: AtomicU32,
+    spin_probe: AtomicU32,
     /// Threads asleep until a tag is released, the futex word a release rings, and the tags
     /// released while some slept, which only they may take (see [`Channel::tag`]).
     tag_waiters: AtomicU32,
@@ -126,6 +130,8 @@ impl Channel {
             requests: std::sync::Mutex::new(Default::default()),
             spinners: AtomicU32::new(0),
             max_spinners: spinner_limit(),
+            spin_score: AtomicU32::new(SPIN_SCORE_MAX),
+            spin_probe: AtomicU32::new(0),
             tag_waiters: AtomicU32::new(0),
             tag_event: AtomicU32::new(0),
             handoff: AtomicU64::new(0),
@@ -509,28 +515,40 @@ impl Channel {
             Completion::Dma => {
                 // Spinning threads beyond the CPUs there are only take turns with each other
                 // and with the device's poller, which on a machine with few CPUs is what
-                // they wait for: past the limit, a thread sleeps instead (the device wakes a
-                // sleeper of a DMA completion too).
-                if self.spinners.fetch_add(1, Ordering::Relaxed) >= self.max_spinners {
-                    self.spinners.fetch_sub(1, Ordering::Relaxed);
-                    self.sleep_until(tag, want)?;
-                    return Ok(self.take_completion(tag));
-                }
-                let mut spins = 0u32;
-                let mut since = None;
-                let r = loop {
-                    if st.state.load(Ordering::Acquire) == want {
-                        break Ok(());
-                    }
-                    spins = spin_once(spins);
-                    if spins.is_multiple_of(4096) {
-                        if let Err(e) = self.check_alive(&mut since) {
-                            break Err(e);
+                // they wait for: past the limit, a thread sleeps at once (the device wakes a
+                // sleeper of a DMA completion too). A spin that ends in a sleep anyway only
+                // takes a CPU from the threads with work to do, so once spins have stopped
+                // paying the threads sleep at once, trying a spin again now and then.
+                let score = self.spin_score.load(Ordering::Relaxed);
+                let try_spin = score > 0
+                    || self
+                        .spin_probe
+                        .fetch_add(1, Ordering::Relaxed)
+                        .is_multiple_of(SPIN_PROBE_EVERY);
+                if try_spin && self.spinners.fetch_add(1, Ordering::Relaxed) < self.max_spinners {
+                    let mut spins = 0u32;
+                    let done = loop {
+                        if st.state.load(Ordering::Acquire) == want {
+                            break true;
                         }
+                        if spins == SPINS_BEFORE_SLEEP {
+                            break false;
+                        }
+                        spins += 1;
+                        std::hint::spin_loop();
+                    };
+                    self.spinners.fetch_sub(1, Ordering::Relaxed);
+                    if done {
+                        if score != SPIN_SCORE_MAX {
+                            self.spin_score.store(SPIN_SCORE_MAX, Ordering::Relaxed);
+                        }
+                        return Ok(self.take_completion(tag));
                     }
-                };
-                self.spinners.fetch_sub(1, Ordering::Relaxed);
-                r?;
+                    self.spin_score.store(score / 2, Ordering::Relaxed);
+                } else if try_spin {
+                    self.spinners.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.sleep_until(tag, want)?;
             }
             Completion::Forward => {
                 let count = &self.header().completion_count;
@@ -822,7 +840,25 @@ impl Drop for Channel {
     }
 }
 
-/// Spins before a completion wait starts offering the core (about 6 µs of `pause`).
+/// Spins before a DMA completion wait sleeps until the device wakes it (about 6 µs of
+/// `pause`): longer than the device takes for a command of a DMA slice when it is not queued
+/// behind others, and short enough that a device poller the scheduler woke onto this CPU (by
+/// this thread's kick: a wakee is placed near its waker) gets the CPU soon. The wait does not
+/// offer the CPU with `sched_yield` instead: each yield puts the thread behind every other
+/// runnable thread of the process (the fair scheduler moves its deadline a time slice
+/// later), so with more threads than CPUs a spinner that yielded saw its completion 6-21 ms
+/// after the device had published it.
+const SPINS_BEFORE_SLEEP: u32 = 256;
+
+/// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
+/// in a sleep halves it, and at 0 threads sleep at once (four fruitless spins in a row).
+const SPIN_SCORE_MAX: u32 = 8;
+
+/// With a score of 0, one wait in this many spins all the same, to notice when spinning pays
+/// again.
+const SPIN_PROBE_EVERY: u32 = 64;
+
+/// Spins before a forwarding wait starts offering the core (about 6 µs of `pause`).
 const SPINS_BEFORE_YIELD: u32 = 256;
 
 /// Spins between offers of the core once a wait has gone on that long.
