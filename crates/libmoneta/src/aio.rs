@@ -48,7 +48,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use moneta_abi::{Completion, Opcode, Status};
@@ -68,6 +68,8 @@ pub const MAX_PINNED_TAGS: usize = 32;
 pub(crate) struct Registry {
     entries: Vec<Option<Shared>>,
     free: Vec<usize>,
+    /// Where the next [`pump`] starts looking, so that every request gets its turn.
+    cursor: usize,
 }
 
 /// A request's state as the registry sees it; its lifetime is erased: an entry is removed when
@@ -103,26 +105,38 @@ fn unregister(ch: &Channel, i: usize) {
     r.free.push(i);
 }
 
-/// Moves along every request of `ch` that nobody is using at the moment: completed commands
-/// are reaped and their tags freed. Returns whether any tag came back.
+/// Moves along every request of `ch` that nobody is using at the moment, one at a time and
+/// in turn from where the last pump stopped: their completed commands are reaped (a read's
+/// data copied out) and their tags freed. Returns whether any tag came back.
+///
+/// One request at a time: an owner who wants its request back then waits for one request's
+/// reaping at most, not for every request of the channel.
 pub(crate) fn pump(ch: &Channel) -> bool {
-    let grabbed: Vec<Shared> = {
-        let r = registry(ch);
-        r.entries
-            .iter()
-            .flatten()
-            .copied()
-            .filter(|p| {
-                // SAFETY: registered, so alive: its owner unregisters it (under this lock)
-                // before freeing it.
-                let busy = unsafe { &p.0.as_ref().busy };
-                busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            })
-            .collect()
-    };
+    let mut looked = 0usize;
     let mut freed = false;
-    for p in grabbed {
+    loop {
+        let grabbed = {
+            let mut r = registry(ch);
+            let n = r.entries.len();
+            let mut found = None;
+            while looked < n {
+                looked += 1;
+                let i = r.cursor % n;
+                r.cursor = i + 1;
+                if let Some(p) = r.entries[i] {
+                    // SAFETY: registered, so alive: its owner unregisters it (under this
+                    // lock) before freeing it.
+                    if unsafe { p.0.as_ref() }.busy.try_take() {
+                        found = Some(p);
+                        break;
+                    }
+                }
+            }
+            found
+        };
+        let Some(p) = grabbed else {
+            return freed;
+        };
         // SAFETY: we hold its busy flag, which its owner takes before freeing it.
         let st = unsafe { &mut *p.0.as_ptr() };
         if !st.ended && !st.orphaned() {
@@ -130,9 +144,60 @@ pub(crate) fn pump(ch: &Channel) -> bool {
             st.progress(false);
             freed |= st.holding() < before;
         }
-        st.busy.store(false, Ordering::Release);
+        st.busy.give();
     }
-    freed
+}
+
+/// A request's busy flag: whoever holds it (the request's own calls, or a [`pump`]) is the
+/// only one touching the state. A thread that finds it taken spins briefly, then sleeps until
+/// the holder gives it back, rather than yielding in a loop: each `sched_yield` puts the
+/// thread behind every other runnable thread of the process, and with more threads than CPUs
+/// an owner yielding for its request waited milliseconds.
+struct Busy(AtomicU32);
+
+/// [`Busy`]: free, held, held with a thread asleep waiting for it.
+const BUSY_FREE: u32 = 0;
+const BUSY_HELD: u32 = 1;
+const BUSY_WAITED: u32 = 2;
+
+/// Spins of a thread waiting for a busy flag before it sleeps.
+const BUSY_SPINS: u32 = 64;
+
+impl Busy {
+    const fn new() -> Busy {
+        Busy(AtomicU32::new(BUSY_FREE))
+    }
+
+    fn try_take(&self) -> bool {
+        self.0
+            .compare_exchange(BUSY_FREE, BUSY_HELD, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes the flag, waiting for its holder if need be (a futex lock: Drepper's "Futexes
+    /// are tricky", mutex 2).
+    fn take(&self) {
+        for _ in 0..BUSY_SPINS {
+            if self.try_take() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        while self.0.swap(BUSY_WAITED, Ordering::Acquire) != BUSY_FREE {
+            let _ = rustix::thread::futex::wait(
+                &self.0,
+                rustix::thread::futex::Flags::PRIVATE,
+                BUSY_WAITED,
+                None,
+            );
+        }
+    }
+
+    fn give(&self) {
+        if self.0.swap(BUSY_FREE, Ordering::Release) == BUSY_WAITED {
+            let _ = rustix::thread::futex::wake(&self.0, rustix::thread::futex::Flags::PRIVATE, 1);
+        }
+    }
 }
 
 /// A request's allocation and vectors, kept by a thread for its next request: a submitted
@@ -240,7 +305,7 @@ struct State<'f> {
     /// Ended (the result may have been taken since).
     ended: bool,
     /// Taken by whoever uses the state: its request's calls, or [`pump`].
-    busy: AtomicBool,
+    busy: Busy,
 }
 
 impl File {
@@ -416,7 +481,7 @@ impl File {
             pinned: false,
             moved: 0,
             ended: false,
-            busy: AtomicBool::new(false),
+            busy: Busy::new(),
         };
         st.own_if_in_place_unfit();
         if matches!(st.buf, Buf::InPlace(_)) {
@@ -454,26 +519,14 @@ impl<'f> Pending<'f> {
         }
     }
 
-    fn busy(&self) -> &AtomicBool {
+    fn busy(&self) -> &Busy {
         // SAFETY: the state lives as long as `self`; the flag is an atomic.
         unsafe { &self.st.as_ref().busy }
     }
 
     /// Takes the state's busy flag (a pump in another thread holds it only while it reaps).
     fn acquire(&self) {
-        let mut spins = 0u32;
-        while self
-            .busy()
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        self.busy().take();
     }
 
     /// Runs `f` on the state with its busy flag held.
@@ -481,7 +534,7 @@ impl<'f> Pending<'f> {
         self.acquire();
         // SAFETY: the busy flag makes this the only reference to the state while `f` runs.
         let r = f(unsafe { &mut *self.st.as_ptr() });
-        self.busy().store(false, Ordering::Release);
+        self.busy().give();
         r
     }
 
@@ -490,7 +543,7 @@ impl<'f> Pending<'f> {
         self.acquire();
         // SAFETY: as in `with`.
         let r = f(unsafe { self.st.as_ref() });
-        self.busy().store(false, Ordering::Release);
+        self.busy().give();
         r
     }
 
@@ -918,7 +971,7 @@ impl<'f> WriteSlot<'f> {
                     pinned: false,
                     moved: 0,
                     ended: false,
-                    busy: AtomicBool::new(false),
+                    busy: Busy::new(),
                 },
                 sp.slot.take(),
             ));

@@ -1,12 +1,13 @@
 //! The channel driver: tags, submission, completion (Moneta-D §4.2, §4.4).
 //!
-//! Threads of a process share one channel. A thread takes a free virtual tag (lock-free), copies
-//! its data into the tag's DMA slice for a write, writes the command (with the tag's next
-//! sequence number) into the tag's slot and flips the tag's doorbell bit; if the device has
-//! parked the channel it also writes the device's kick pipe. It then waits in the way the command
-//! asked until the tag's `state` word holds that sequence number: spinning on it (DMA
-//! completion), harvesting the tag status register when the completion count moves
-//! (forwarding), or sleeping on a futex with the waiter flag set (issue-sleep). On the DMA path
+//! Threads of a process share one channel. A thread takes a free virtual tag (lock-free; when
+//! none is free it queues for one, see `channel/tags.rs`), copies its data into the tag's DMA
+//! slice for a write, writes the command (with the tag's next sequence number) into the tag's
+//! slot and flips the tag's doorbell bit; if the device has parked the channel it also writes
+//! the device's kick pipe. It then waits in the way the command asked until the tag's `state`
+//! word holds that sequence number: spinning on it and then sleeping (DMA completion),
+//! harvesting the tag status register when the completion count moves (forwarding), or
+//! sleeping on a futex with the waiter count raised (issue-sleep). On the DMA path
 //! the client never writes the status entry, so the only cache lines that cross between the two
 //! cores are the command, the doorbell, the status entry and the data.
 
@@ -27,6 +28,9 @@ use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::control::Control;
 use crate::ClientError;
+
+mod tags;
+use tags::{Tags, Turn, Waiter};
 
 /// How a completed command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +57,7 @@ pub struct Channel {
     info: ChannelInfo,
     memfd: OwnedFd,
     kick: OwnedFd,
-    free: AtomicU64,
+    tags: Tags,
     /// Tags held by zero-copy requests (see [`crate::aio::MAX_PINNED_TAGS`]).
     pub(crate) pinned: AtomicUsize,
     /// Asynchronous requests not dropped yet (see [`crate::aio`]).
@@ -68,11 +72,13 @@ pub struct Channel {
     /// Threads spinning for a DMA completion now, and how many may (see [`Channel::wait`]).
     spinners: AtomicU32,
     max_spinners: u32,
-    /// Threads asleep until a tag is released, the futex word a release rings, and the tags
-    /// released while some slept, which only they may take (see [`Channel::tag`]).
-    tag_waiters: AtomicU32,
-    tag_event: AtomicU32,
-    handoff: AtomicU64,
+    /// How well spinning for DMA completions has paid lately (0 to [`SPIN_SCORE_MAX`]), and a
+    /// count of waits that decides when to try again once it has not.
+    spin_score: AtomicU32,
+    spin_probe: AtomicU32,
+    /// Tags whose last command completes with a wake-up of its sleepers (DMA and issue-sleep
+    /// completion, not forwarding): what a thread waiting for a tag may sleep on.
+    wakeable: AtomicU64,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -121,14 +127,14 @@ impl Channel {
             info,
             memfd,
             kick,
-            free: AtomicU64::new(u64::MAX),
+            tags: Tags::new(),
             pinned: AtomicUsize::new(0),
             requests: std::sync::Mutex::new(Default::default()),
             spinners: AtomicU32::new(0),
             max_spinners: spinner_limit(),
-            tag_waiters: AtomicU32::new(0),
-            tag_event: AtomicU32::new(0),
-            handoff: AtomicU64::new(0),
+            wakeable: AtomicU64::new(0),
+            spin_score: AtomicU32::new(SPIN_SCORE_MAX),
+            spin_probe: AtomicU32::new(0),
             seqs: std::array::from_fn(|_| AtomicU32::new(0)),
             epoch: std::sync::atomic::AtomicU8::new(0),
             err_lock: std::sync::Mutex::new(()),
@@ -205,89 +211,120 @@ impl Channel {
 
     /// Takes a free tag, if any.
     pub fn try_tag(&self) -> Option<Tag> {
-        take_bit(&self.free)
+        self.tags.try_take()
     }
 
     /// Takes a free tag, waiting until one is. While it waits it moves the process's
-    /// asynchronous requests along, which frees the tags of their completed commands; after a
-    /// short spin it sleeps, and a tag released while threads sleep is handed to them (each
-    /// release wakes one, the one that has slept longest) rather than freed for whoever looks
-    /// first. Timed sleeps kept every waiting thread runnable, and with more threads than CPUs
-    /// a thread that woke found its tag taken by one that had not slept, again and again:
-    /// some requests waited for seconds.
+    /// asynchronous requests along, which frees the tags of their completed commands; then it
+    /// joins the channel's queue of waiting threads, which releases serve in arrival order,
+    /// each tag written into its waiter's own futex word (see `channel/tags.rs`). A thread
+    /// that finds nobody queued spins briefly first.
     pub fn tag(&self) -> Tag {
-        let mut spins = 0u32;
-        loop {
+        if let Some(t) = self.try_tag() {
+            return t;
+        }
+        if crate::aio::pump(self) {
             if let Some(t) = self.try_tag() {
                 return t;
             }
-            if crate::aio::pump(self) {
-                continue;
-            }
-            spins += 1;
-            if spins >= 64 {
-                break;
-            }
-            std::hint::spin_loop();
         }
-        // Dekker with `release`: count ourselves, then look again; a releaser frees its bit,
-        // then looks for sleepers.
-        self.tag_waiters.fetch_add(1, Ordering::SeqCst);
-        let t = loop {
-            let ev = self.tag_event.load(Ordering::SeqCst);
-            if let Some(t) = take_bit(&self.handoff).or_else(|| self.try_tag()) {
-                break t;
+        if !self.tags.waiting() {
+            for _ in 0..TAG_SPINS {
+                std::hint::spin_loop();
+                if let Some(t) = self.try_tag() {
+                    return t;
+                }
             }
-            if crate::aio::pump(self) {
-                continue;
-            }
-            let _ = rustix::thread::futex::wait(
-                &self.tag_event,
-                rustix::thread::futex::Flags::PRIVATE,
-                ev,
-                // Bounded, so requests that nobody else moves along are looked at again.
-                Some(&rustix::time::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 10_000_000,
-                }),
-            );
+        }
+        let w = match self.tags.enqueue() {
+            Ok(t) => return t,
+            Err(w) => w,
         };
-        if self.tag_waiters.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // The last sleeper leaves: tags handed to sleepers go back to everyone.
-            let h = self.handoff.swap(0, Ordering::SeqCst);
-            if h != 0 {
-                self.free.fetch_or(h, Ordering::SeqCst);
+        let t = loop {
+            match w.turn() {
+                Turn::Granted(t) => break t,
+                Turn::Watching => {
+                    self.watch(&w);
+                    if !matches!(w.turn(), Turn::Granted(_)) {
+                        // Woken by a completion (or the poll's end): reap what nobody else
+                        // does; the tags it frees go to the queue's front.
+                        crate::aio::pump(self);
+                    }
+                }
+                Turn::Waiting => {
+                    let _ = rustix::thread::futex::wait(
+                        w.word(),
+                        rustix::thread::futex::Flags::PRIVATE,
+                        Waiter::value_of(Turn::Waiting),
+                        Some(&TAG_WAIT_TIMEOUT),
+                    );
+                }
             }
-        }
+        };
+        tags::put_back(w);
         t
     }
 
-    /// Returns a tag: to a sleeping waiter if there is one, else to the free mask.
-    pub fn release(&self, tag: Tag) {
-        let bit = 1u64 << tag.0;
-        if self.tag_waiters.load(Ordering::SeqCst) > 0 {
-            let prev = self.handoff.fetch_or(bit, Ordering::SeqCst);
-            debug_assert!(prev & bit == 0, "tag released twice");
-            self.tag_event.fetch_add(1, Ordering::SeqCst);
-            let _ = rustix::thread::futex::wake(
-                &self.tag_event,
-                rustix::thread::futex::Flags::PRIVATE,
-                1,
-            );
+    /// The watcher's sleep: until its word changes (a tag handed to it) or a command in
+    /// flight on the channel completes, whichever comes first (`futex_waitv`, Linux 5.16).
+    /// Without a command to sleep on, or without `futex_waitv`, it sleeps on its own word for
+    /// at most [`WATCH_POLL`].
+    fn watch(&self, w: &Waiter) {
+        use rustix::thread::futex;
+        let mine = Waiter::value_of(Turn::Watching);
+        let Some(t) = self.wakeable_in_flight() else {
+            let _ = futex::wait(w.word(), futex::Flags::PRIVATE, mine, Some(&WATCH_POLL));
             return;
+        };
+        let st = &self.slot(t).status;
+        let want = self.seqs[t.0 as usize].load(Ordering::Relaxed);
+        // As a completion sleeper does (ABI §7.3): count ourselves in `waiter`, then look
+        // at `state` again; the device stores `state`, then reads `waiter`.
+        st.waiter.fetch_add(1, Ordering::SeqCst);
+        let now = st.state.load(Ordering::SeqCst);
+        if now != want && w.turn() == Turn::Watching {
+            let mut waits = [futex::Wait::new(), futex::Wait::new()];
+            waits[0].uaddr = futex::WaitPtr::new(w.word().as_ptr().cast());
+            waits[0].val = u64::from(mine);
+            waits[0].flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+            // Shared, not private: the device wakes it from its own process.
+            waits[1].uaddr = futex::WaitPtr::new(st.state.as_ptr().cast());
+            waits[1].val = u64::from(now);
+            waits[1].flags = futex::WaitFlags::SIZE_U32;
+            let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            let deadline = rustix::time::Timespec {
+                tv_sec: now.tv_sec + WATCH_TIMEOUT_SECS,
+                tv_nsec: now.tv_nsec,
+            };
+            if let Err(rustix::io::Errno::NOSYS) = futex::waitv(
+                &waits,
+                futex::WaitvFlags::empty(),
+                Some(&deadline),
+                rustix::time::ClockId::Monotonic,
+            ) {
+                let _ = futex::wait(w.word(), futex::Flags::PRIVATE, mine, Some(&WATCH_POLL));
+            }
         }
-        let prev = self.free.fetch_or(bit, Ordering::SeqCst);
-        debug_assert!(prev & bit == 0, "tag released twice");
-        if self.tag_waiters.load(Ordering::SeqCst) > 0 {
-            // A sleeper counted itself while we freed: it looks at the free mask before it
-            // sleeps, but may have looked just before; wake it to look again.
-            self.tag_event.fetch_add(1, Ordering::SeqCst);
-            let _ = rustix::thread::futex::wake(
-                &self.tag_event,
-                rustix::thread::futex::Flags::PRIVATE,
-                1,
-            );
+        st.waiter.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A tag whose command is in flight and completes with a wake-up of its sleepers.
+    fn wakeable_in_flight(&self) -> Option<Tag> {
+        let mut m = !self.tags.free_mask() & self.wakeable.load(Ordering::Relaxed);
+        while m != 0 {
+            let t = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let want = self.seqs[t].load(Ordering::Relaxed);
+            if self.slot(Tag(t as u8)).status.state.load(Ordering::Relaxed) != want {
+                return Some(Tag(t as u8));
+            }
         }
+        None
+    }
+
+    /// Returns a tag: to the thread that has waited longest for one, else to the free mask.
+    pub fn release(&self, tag: Tag) {
+        self.tags.release(tag);
     }
 
     fn dma_ptr(&self, tag: Tag, off: usize, len: usize) -> *mut u8 {
@@ -379,6 +416,13 @@ impl Channel {
             a.store(w, Ordering::Relaxed);
         }
         self.seqs[tag.0 as usize].store((words[0] >> 32) as u32, Ordering::Relaxed);
+        let bit = 1u64 << tag.0;
+        // Mode 1 is forwarding, which wakes nobody; anything else wakes sleepers (ABI §7).
+        if (words[0] >> 16) & 3 == 1 {
+            self.wakeable.fetch_and(!bit, Ordering::Relaxed);
+        } else {
+            self.wakeable.fetch_or(bit, Ordering::Relaxed);
+        }
     }
 
     /// Flips doorbell bits (one submission per bit) and kicks the device if it parked the
@@ -509,28 +553,40 @@ impl Channel {
             Completion::Dma => {
                 // Spinning threads beyond the CPUs there are only take turns with each other
                 // and with the device's poller, which on a machine with few CPUs is what
-                // they wait for: past the limit, a thread sleeps instead (the device wakes a
-                // sleeper of a DMA completion too).
-                if self.spinners.fetch_add(1, Ordering::Relaxed) >= self.max_spinners {
-                    self.spinners.fetch_sub(1, Ordering::Relaxed);
-                    self.sleep_until(tag, want)?;
-                    return Ok(self.take_completion(tag));
-                }
-                let mut spins = 0u32;
-                let mut since = None;
-                let r = loop {
-                    if st.state.load(Ordering::Acquire) == want {
-                        break Ok(());
-                    }
-                    spins = spin_once(spins);
-                    if spins.is_multiple_of(4096) {
-                        if let Err(e) = self.check_alive(&mut since) {
-                            break Err(e);
+                // they wait for: past the limit, a thread sleeps at once (the device wakes a
+                // sleeper of a DMA completion too). A spin that ends in a sleep anyway only
+                // takes a CPU from the threads with work to do, so once spins have stopped
+                // paying the threads sleep at once, trying a spin again now and then.
+                let score = self.spin_score.load(Ordering::Relaxed);
+                let try_spin = score > 0
+                    || self
+                        .spin_probe
+                        .fetch_add(1, Ordering::Relaxed)
+                        .is_multiple_of(SPIN_PROBE_EVERY);
+                if try_spin && self.spinners.fetch_add(1, Ordering::Relaxed) < self.max_spinners {
+                    let mut spins = 0u32;
+                    let done = loop {
+                        if st.state.load(Ordering::Acquire) == want {
+                            break true;
                         }
+                        if spins == SPINS_BEFORE_SLEEP {
+                            break false;
+                        }
+                        spins += 1;
+                        std::hint::spin_loop();
+                    };
+                    self.spinners.fetch_sub(1, Ordering::Relaxed);
+                    if done {
+                        if score != SPIN_SCORE_MAX {
+                            self.spin_score.store(SPIN_SCORE_MAX, Ordering::Relaxed);
+                        }
+                        return Ok(self.take_completion(tag));
                     }
-                };
-                self.spinners.fetch_sub(1, Ordering::Relaxed);
-                r?;
+                    self.spin_score.store(score / 2, Ordering::Relaxed);
+                } else if try_spin {
+                    self.spinners.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.sleep_until(tag, want)?;
             }
             Completion::Forward => {
                 let count = &self.header().completion_count;
@@ -560,7 +616,9 @@ impl Channel {
     /// Sleeps on `tag`'s status word until it shows `want` (issue-sleep, §7.3 of the ABI).
     fn sleep_until(&self, tag: Tag, want: u32) -> Result<(), ClientError> {
         let st = &self.slot(tag).status;
-        st.waiter.store(1, Ordering::SeqCst);
+        // A count rather than a flag: a thread waiting for a tag may sleep on this command too
+        // (see `Channel::tag`), and neither may clear the other's mark.
+        st.waiter.fetch_add(1, Ordering::SeqCst);
         let timeout = rustix::time::Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
@@ -581,17 +639,17 @@ impl Channel {
                 Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
                 Err(rustix::io::Errno::TIMEDOUT) => {
                     if let Err(e) = self.check_alive(&mut since) {
-                        st.waiter.store(0, Ordering::Relaxed);
+                        st.waiter.fetch_sub(1, Ordering::SeqCst);
                         return Err(e);
                     }
                 }
                 Err(e) => {
-                    st.waiter.store(0, Ordering::Relaxed);
+                    st.waiter.fetch_sub(1, Ordering::SeqCst);
                     return Err(e.into());
                 }
             }
         }
-        st.waiter.store(0, Ordering::Relaxed);
+        st.waiter.fetch_sub(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -822,36 +880,49 @@ impl Drop for Channel {
     }
 }
 
-/// Spins before a completion wait starts offering the core (about 6 µs of `pause`).
+/// Spins before a DMA completion wait sleeps until the device wakes it (about 6 µs of
+/// `pause`): longer than the device takes for a command of a DMA slice when it is not queued
+/// behind others, and short enough that a device poller the scheduler woke onto this CPU (by
+/// this thread's kick: a wakee is placed near its waker) gets the CPU soon. The wait does not
+/// offer the CPU with `sched_yield` instead: each yield puts the thread behind every other
+/// runnable thread of the process (the fair scheduler moves its deadline a time slice
+/// later), so with more threads than CPUs a spinner that yielded saw its completion 6-21 ms
+/// after the device had published it.
+const SPINS_BEFORE_SLEEP: u32 = 256;
+
+/// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
+/// in a sleep halves it, and at 0 threads sleep at once (four fruitless spins in a row).
+const SPIN_SCORE_MAX: u32 = 8;
+
+/// With a score of 0, one wait in this many spins all the same, to notice when spinning pays
+/// again.
+const SPIN_PROBE_EVERY: u32 = 64;
+
+/// Spins before a forwarding wait starts offering the core (about 6 µs of `pause`).
 const SPINS_BEFORE_YIELD: u32 = 256;
+
+/// Spins of a thread that found no tag free and nobody waiting for one, before it queues.
+const TAG_SPINS: u32 = 64;
+
+/// Longest sleep of a thread waiting for a tag before it looks again (a safety net: a release
+/// wakes it).
+const TAG_WAIT_TIMEOUT: rustix::time::Timespec = rustix::time::Timespec {
+    tv_sec: 0,
+    tv_nsec: 100_000_000,
+};
+
+/// Longest sleep of the watcher on a command in flight before it looks again.
+const WATCH_TIMEOUT_SECS: i64 = 1;
+
+/// The watcher's sleep when no command it could sleep on is in flight (or the kernel has no
+/// `futex_waitv`): how late a completion of an asynchronous request nobody reaps may be seen.
+const WATCH_POLL: rustix::time::Timespec = rustix::time::Timespec {
+    tv_sec: 0,
+    tv_nsec: 1_000_000,
+};
 
 /// Spins between offers of the core once a wait has gone on that long.
 const SPINS_PER_YIELD: u32 = 64;
-
-/// One step of a spinning completion wait; returns the new count. A wait longer than a few
-/// microseconds yields now and then: the device's poller may have been woken onto this core
-/// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
-/// for this thread's time slice to end, milliseconds later. With nothing else runnable the
-/// yield returns at once.
-/// Takes one set bit of `mask`, if any.
-fn take_bit(mask: &AtomicU64) -> Option<Tag> {
-    let mut m = mask.load(Ordering::Relaxed);
-    loop {
-        if m == 0 {
-            return None;
-        }
-        let bit = m.trailing_zeros();
-        match mask.compare_exchange_weak(
-            m,
-            m & !(1u64 << bit),
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => return Some(Tag(bit as u8)),
-            Err(now) => m = now,
-        }
-    }
-}
 
 /// How many of a process's threads may spin for DMA completions at once: one fewer than the
 /// CPUs it may run on (the device's poller needs one), and at least one.
@@ -862,6 +933,11 @@ fn spinner_limit() -> u32 {
     n.saturating_sub(1).max(1)
 }
 
+/// One step of a spinning completion wait; returns the new count. A wait longer than a few
+/// microseconds yields now and then: the device's poller may have been woken onto this core
+/// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
+/// for this thread's time slice to end, milliseconds later. With nothing else runnable the
+/// yield returns at once.
 fn spin_once(spins: u32) -> u32 {
     let spins = spins.wrapping_add(1);
     if spins >= SPINS_BEFORE_YIELD && spins.is_multiple_of(SPINS_PER_YIELD) {
@@ -870,4 +946,159 @@ fn spin_once(spins: u32) -> u32 {
         std::hint::spin_loop();
     }
     spins
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Moneta, OpenOptions, Policy};
+
+    /// How long a test waits for something that must happen before it calls it a hang.
+    const HANG: Duration = Duration::from_secs(120);
+
+    fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < HANG, "hung waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A file of `len` bytes whose every 8-byte word holds its own offset.
+    fn patterned(m: &Moneta, path: &str, len: usize) -> crate::File {
+        let f = m
+            .open(path, OpenOptions::new().read(true).write(true).create(true))
+            .unwrap();
+        let data: Vec<u8> = (0..len as u64 / 8)
+            .flat_map(|w| (w * 8).to_le_bytes())
+            .collect();
+        f.write_at(&data, 0).unwrap();
+        f
+    }
+
+    fn check(buf: &[u8], off: u64) {
+        for (i, w) in buf.chunks_exact(8).enumerate() {
+            let want = off + 8 * i as u64;
+            assert_eq!(
+                u64::from_le_bytes(w.try_into().unwrap()),
+                want,
+                "wrong data"
+            );
+        }
+    }
+
+    /// Threads blocked in `Channel::tag` get the released tags in the order they came.
+    #[test]
+    fn tags_go_to_waiting_threads_in_arrival_order() {
+        let d = monetad::testing::Daemon::start();
+        let m = Moneta::connect(&d.socket).unwrap();
+        let ch = m.channel();
+        let all: Vec<Tag> = std::iter::from_fn(|| ch.try_tag()).collect();
+        assert_eq!(all.len(), TAGS_PER_CHANNEL);
+        let served = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for i in 0..6 {
+                let served = &served;
+                s.spawn(move || {
+                    let t = ch.tag();
+                    served.lock().unwrap().push((i, t));
+                });
+                until("the thread to queue", || ch.tags.queued() == i + 1);
+            }
+            for (k, &t) in all.iter().take(6).enumerate() {
+                ch.release(t);
+                until("the hand-off", || served.lock().unwrap().len() == k + 1);
+                assert_eq!(served.lock().unwrap()[k], (k, t), "served out of order");
+            }
+        });
+        for &t in &all[6..] {
+            ch.release(t);
+        }
+        for (_, t) in served.into_inner().unwrap() {
+            ch.release(t);
+        }
+        assert_eq!(ch.tags.free_mask(), u64::MAX);
+    }
+
+    /// Many more threads than tags read through one channel, each request several commands,
+    /// half spinning and half sleeping for completions: every read completes with the right
+    /// bytes, and every tag comes back.
+    #[test]
+    fn more_threads_than_tags_all_complete() {
+        const THREADS: usize = 96;
+        const READS: usize = 40;
+        const LEN: usize = 4 << 20;
+        let d = monetad::testing::Daemon::start();
+        let m = Moneta::connect(&d.socket).unwrap();
+        let f = patterned(&m, "/many", LEN);
+        std::thread::scope(|s| {
+            for i in 0..THREADS {
+                let f = &f;
+                s.spawn(move || {
+                    let mode = if i % 2 == 0 {
+                        Completion::Dma
+                    } else {
+                        Completion::Sleep
+                    };
+                    let mut buf = vec![0u8; 64 << 10];
+                    for r in 0..READS {
+                        let off = (((i * READS + r) * 7919) % (LEN / buf.len())) * buf.len();
+                        let n = f.read_at_with(&mut buf, off as u64, mode).unwrap();
+                        assert_eq!(n, buf.len());
+                        check(&buf, off as u64);
+                    }
+                });
+            }
+        });
+        assert!(!m.channel().tags.waiting());
+        assert_eq!(m.channel().tags.free_mask(), u64::MAX);
+    }
+
+    /// Every tag is held, one of them by an asynchronous read nobody reaps; a thread that then
+    /// needs a tag gets the read's once its command completes (the watcher, or the pump before
+    /// it queues, reaps it), whatever the read's completion mode.
+    #[test]
+    fn a_waiter_gets_the_tag_of_an_unreaped_request() {
+        let d = monetad::testing::Daemon::start();
+        let m = Moneta::connect(&d.socket).unwrap();
+        let f = patterned(&m, "/unreaped", 1 << 20);
+        let ch = m.channel();
+        let slice = ch.slice_size();
+        for round in 0..60 {
+            let mode = [Completion::Dma, Completion::Sleep, Completion::Forward][round % 3];
+            f.set_policy(Some(Policy::Fixed(mode)));
+            let held: Vec<Tag> = std::iter::from_fn(|| ch.try_tag()).collect();
+            assert_eq!(
+                held.len(),
+                TAGS_PER_CHANNEL,
+                "every tag free between rounds"
+            );
+            // Give one back for the asynchronous read to take.
+            let (last, held) = held.split_last().unwrap();
+            ch.release(*last);
+            let off = (round * slice) as u64 % (1 << 20);
+            let mut p = f.submit_read(vec![0u8; slice], off).unwrap();
+            let (tx, rx) = mpsc::channel();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut buf = vec![0u8; 4096];
+                    let n = f.read_at_with(&mut buf, 8192, mode).unwrap();
+                    check(&buf[..n], 8192);
+                    tx.send(()).unwrap();
+                });
+                rx.recv_timeout(HANG)
+                    .expect("the waiting thread never got the unreaped request's tag");
+            });
+            assert_eq!(p.wait().unwrap(), slice);
+            check(&p.into_buffer(), off);
+            for &t in held {
+                ch.release(t);
+            }
+        }
+        f.set_policy(None);
+    }
 }
