@@ -185,14 +185,11 @@ fn metadata_calls_flush_nothing_and_fsync_flushes_once() {
     let fs2 = Fs::mount(img as Arc<dyn Media>).unwrap();
     assert!(fs2.stat(&root, b"/d/f3", true).is_err(), "the unlink too");
     assert_eq!(fs2.stat(&root, b"/d/f4", true).unwrap().size, 10);
-    // A directory's fsync (the metadata alone) with nothing new to flush flushes nothing.
+    // A directory's fsync (the metadata alone) with nothing new: this array counts the call
+    // to flush an empty set of ranges (a real array makes no system call for it).
     let d = fs.lookup(&root, b"/d", true).unwrap();
     fs.fsync(d).unwrap();
-    assert_eq!(
-        a.flushes(),
-        before + 2,
-        "the file's data ranges are flushed"
-    );
+    assert_eq!(a.flushes(), before + 2, "one call, with nothing to flush");
     fs.close(o.ino).unwrap();
 
     // At the device level nothing is flushed, fsync included.

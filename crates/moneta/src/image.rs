@@ -26,7 +26,7 @@ pub struct MkfsArgs {
     /// Directory entries (names and symlink targets) [default: one and a half per inode].
     #[arg(long)]
     pub dirents: Option<u64>,
-    /// Permission bits of the root directory, octal [default: 755].
+    /// Permission bits of the root directory, octal.
     #[arg(long, default_value = "755")]
     pub root_mode: String,
     /// Owner of the root directory as UID:GID [default: the caller].
