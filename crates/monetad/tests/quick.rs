@@ -493,3 +493,61 @@ fn at_the_host_level_fsync_goes_to_the_socket() {
     let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
     assert_eq!(file_read(&ch, h).unwrap(), b"durable");
 }
+
+#[test]
+fn many_file_calls_at_once_are_answered_in_part_and_the_rest_referred() {
+    let d = Daemon::start_fs("32M", &[]);
+    let ch = d.channel();
+    ch.control().fs(FsRequest::Statfs).unwrap();
+    // 64 creates rung at once: the poller spends a bounded time on file calls in one pass
+    // (moneta_device::FILE_CALLS_PER_PASS_NS), so other channels' data never wait long
+    // behind them; what it does not answer it refers.
+    let mut mask = 0u64;
+    let mut msgs = Vec::new();
+    for t in 0..64u8 {
+        let m = encode_request(
+            t as u32,
+            &Request::Fs(FsRequest::Open {
+                flags: (CREAT | libc::O_EXCL) as u32,
+                mode: 0o644,
+                path: format!("/burst{t}").into_bytes(),
+            }),
+        );
+        let tag = ch.try_tag().expect("a free tag");
+        ch.write_dma(tag, 0, &m);
+        ch.prepare(
+            tag,
+            &Command::new(Opcode::Fs, Completion::Dma, 0, m.len() as u64, 0),
+        );
+        mask |= 1 << tag.0;
+        msgs.push((tag, m));
+    }
+    ch.ring(mask);
+    let (mut answered, mut referred) = (0, 0);
+    for (tag, m) in &msgs {
+        let c = ch.wait(*tag, Completion::Dma).unwrap();
+        match c.status {
+            Status::Ok => answered += 1,
+            Status::Refer => {
+                referred += 1;
+                // As libmoneta does: the same request on the socket.
+                let (_, Request::Fs(req)) = moneta_abi::control::decode_request(m).unwrap() else {
+                    panic!("an FS request")
+                };
+                ch.control().fs(req).unwrap();
+            }
+            s => panic!("{s:?}"),
+        }
+        ch.release(*tag);
+    }
+    eprintln!("{answered} answered, {referred} referred");
+    assert!(
+        answered >= 1 && referred >= 1,
+        "{answered} answered, {referred} referred"
+    );
+    for t in 0..64 {
+        ch.control()
+            .fs_stat(format!("/burst{t}").as_bytes(), true)
+            .unwrap();
+    }
+}

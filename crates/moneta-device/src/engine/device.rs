@@ -103,6 +103,7 @@ impl Device {
             flush_done,
             now: 0,
             last_busy: 0,
+            file_budget: FILE_CALLS_PER_PASS_NS,
             last_control: 0,
         };
         let thread = std::thread::Builder::new()

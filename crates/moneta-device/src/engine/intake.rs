@@ -17,6 +17,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// Takes new commands from the doorbells of the active channels.
     pub(super) fn intake(&mut self) -> bool {
         let mut busy = false;
+        self.file_budget = FILE_CALLS_PER_PASS_NS;
         for i in 0..self.active.len() {
             let id = self.active[i];
             let Some(ch) = self.channels[id as usize].as_mut() else {
@@ -76,7 +77,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
         };
         if cmd.opcode == Opcode::Lookup {
             // Answered in this pass: no data moves, so no physical tag.
-            let status = self.serve_lookup(id, tag, &cmd);
+            let status = match self.file_call(|p| p.serve_lookup(id, tag, &cmd)) {
+                Some(s) => s,
+                None => Status::Refer,
+            };
             if status == Status::Ok {
                 self.local.lookups += 1;
             } else {
@@ -87,7 +91,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
         if cmd.opcode == Opcode::Fs {
             // Answered in this pass, as a lookup.
-            let (status, bytes) = match self.serve_fs(id, tag, &cmd) {
+            let (status, bytes) = match self.file_call(|p| p.serve_fs(id, tag, &cmd)).flatten() {
                 Some(bytes) => {
                     self.local.fs_calls += 1;
                     (Status::Ok, bytes)
@@ -116,6 +120,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         self.admit(p);
+    }
+
+    /// Runs one file call if this pass's budget for them is not spent, and charges its time;
+    /// `None` when it is spent (the caller refers the command).
+    fn file_call<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> Option<T> {
+        if self.file_budget == 0 {
+            return None;
+        }
+        let t0 = self.clock.now_ns();
+        let r = f(self);
+        let spent = self.clock.now_ns().saturating_sub(t0).max(1);
+        self.file_budget = self.file_budget.saturating_sub(spent);
+        Some(r)
     }
 
     /// Queues a command of the channel's current epoch at the retag unit.

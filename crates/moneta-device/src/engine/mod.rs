@@ -40,6 +40,11 @@ use crate::scheduler::{Scheduler, Timing};
 
 pub use config::{allowed_cpus, cpu_list, default_poller_cpu, DeviceConfig, MAX_LATENCY_NS};
 
+/// Nanoseconds of file-system work (LOOKUP and FS commands) the poller does in one pass over
+/// the doorbells; commands beyond are referred to the control socket, so that a channel that
+/// rings many file calls at once cannot hold up the other channels' data for long.
+pub const FILE_CALLS_PER_PASS_NS: u64 = 20_000;
+
 /// Most extents one `OP_LOOKUP` answers, as `FS_LOOKUP` on the control socket.
 pub const MAX_LOOKUP_EXTENTS: usize = 256;
 
@@ -420,6 +425,9 @@ struct Poller<M, C> {
     now: u64,
     /// The clock at the last busy pass.
     last_busy: u64,
+    /// Nanoseconds this pass may still spend answering LOOKUP and FS commands (see
+    /// [`FILE_CALLS_PER_PASS_NS`]).
+    file_budget: u64,
 }
 
 /// Flush jobs: (token, address, length).
