@@ -59,6 +59,8 @@ pub fn validate(
             }
         }
         Opcode::Flush if !in_array(cmd.addr, cmd.len) => Some(Status::OutOfRange),
+        // Answered when taken, outside the channel's barrier epochs: they cannot be barriers.
+        Opcode::Lookup | Opcode::Fs if cmd.barrier => Some(Status::Malformed),
         // The request lies in the tag's own slice; nothing else is addressed.
         Opcode::Fs if cmd.len == 0 || cmd.len > geometry.slice_size as u64 => Some(Status::BadDma),
         Opcode::Fs if cmd.addr != 0 || cmd.file != 0 => Some(Status::Malformed),
@@ -113,6 +115,14 @@ mod tests {
         let e = validate(&words(Opcode::Flush, u64::MAX, 2), 0, GEO, 1 << 30).unwrap_err();
         assert_eq!(e.status, Status::OutOfRange);
         assert!(validate(&words(Opcode::Flush, 0, 0), 0, GEO, 1 << 30).is_ok());
+        // LOOKUP and FS are answered when taken: neither can be a barrier.
+        for op in [Opcode::Lookup, Opcode::Fs] {
+            let mut c = Command::new(op, Completion::Dma, 0, 16, 0);
+            assert!(validate(&c.to_words(), 0, GEO, 1 << 30).is_ok());
+            c.barrier = true;
+            let e = validate(&c.to_words(), 0, GEO, 1 << 30).unwrap_err();
+            assert_eq!(e.status, Status::Malformed);
+        }
         let e = validate(&words(Opcode::Unsupported(9), 0, 1), 0, GEO, 1 << 30).unwrap_err();
         assert_eq!(
             (e.status, e.cmd.opcode),

@@ -354,6 +354,19 @@ fn forged_fs_commands_hurt_only_their_sender() {
         ring_fs(&ch, &stat, stat.len() as u64, 0, h).0,
         Status::Malformed
     );
+    // Answered when taken, outside barrier epochs: never a barrier.
+    let tag = ch.tag();
+    ch.write_dma(tag, 0, &stat);
+    let mut barrier = Command::new(Opcode::Fs, Completion::Dma, 0, stat.len() as u64, 0);
+    barrier.barrier = true;
+    ch.submit(tag, &barrier);
+    let r = ch.wait(tag, Completion::Dma);
+    ch.release(tag);
+    assert!(
+        matches!(r, Ok(c) if c.status == Status::Malformed)
+            || matches!(r, Err(ClientError::Status(Status::Malformed))),
+        "{r:?}"
+    );
     // A good one: the socket's reply message, with its sequence number.
     let (st, reply) = ring_fs(&ch, &stat, stat.len() as u64, 0, 0);
     assert_eq!(st, Status::Ok);
