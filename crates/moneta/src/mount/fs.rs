@@ -186,6 +186,18 @@ impl MountFs {
             .map_err(no_path)
     }
 
+    /// `f` with the caller's connection on the path of `name` in `parent`.
+    fn at_child<T>(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        f: impl FnOnce(&Moneta, &OsStr) -> Result<T, ClientError>,
+    ) -> Result<T, Errno> {
+        let p = self.child(parent, name)?;
+        f(&self.conn(req)?, OsStr::from_bytes(&p)).map_err(|e| errno(&e))
+    }
+
     fn handle(&self, fh: FileHandle) -> Result<Arc<Open>, Errno> {
         let t = self.open.read().unwrap_or_else(|e| e.into_inner());
         t.get(&fh.0).cloned().ok_or(Errno::EBADF)
@@ -381,11 +393,7 @@ impl Filesystem for MountFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.child(parent.0, name).and_then(|p| {
-            self.conn(req)?
-                .lstat(OsStr::from_bytes(&p))
-                .map_err(|e| errno(&e))
-        });
+        let r = self.at_child(req, parent.0, name, |m, p| m.lstat(p));
         match r {
             Ok(s) => self.entry(parent.0, name, &s, reply),
             Err(e) => reply.error(e),
@@ -496,11 +504,7 @@ impl Filesystem for MountFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.child(parent.0, name).and_then(|p| {
-            self.conn(req)?
-                .mkdir(OsStr::from_bytes(&p), mode & 0o7777)
-                .map_err(|e| errno(&e))
-        });
+        let r = self.at_child(req, parent.0, name, |m, p| m.mkdir(p, mode & 0o7777));
         match r {
             Ok(s) => self.entry(parent.0, name, &s, reply),
             Err(e) => reply.error(e),
@@ -508,11 +512,7 @@ impl Filesystem for MountFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.child(parent.0, name).and_then(|p| {
-            self.conn(req)?
-                .unlink(OsStr::from_bytes(&p))
-                .map_err(|e| errno(&e))
-        });
+        let r = self.at_child(req, parent.0, name, |m, p| m.unlink(p));
         match r {
             Ok(()) => {
                 self.nodes().gone(parent.0, name_bytes(name));
@@ -523,11 +523,7 @@ impl Filesystem for MountFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.child(parent.0, name).and_then(|p| {
-            self.conn(req)?
-                .rmdir(OsStr::from_bytes(&p))
-                .map_err(|e| errno(&e))
-        });
+        let r = self.at_child(req, parent.0, name, |m, p| m.rmdir(p));
         match r {
             Ok(()) => {
                 self.nodes().gone(parent.0, name_bytes(name));
@@ -545,10 +541,8 @@ impl Filesystem for MountFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        let r = self.child(parent.0, link_name).and_then(|p| {
-            self.conn(req)?
-                .symlink(target.as_os_str().as_bytes(), OsStr::from_bytes(&p))
-                .map_err(|e| errno(&e))
+        let r = self.at_child(req, parent.0, link_name, |m, p| {
+            m.symlink(target.as_os_str().as_bytes(), p)
         });
         match r {
             Ok(s) => self.entry(parent.0, link_name, &s, reply),
