@@ -265,6 +265,25 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     Ok(out)
 }
 
+/// The calls [`calls`] and [`kernel_calls`] time, in the order they give their times.
+const CALLS: [&str; 7] = [
+    "fstat",
+    "stat",
+    "create",
+    "rename",
+    "unlink",
+    "lock-unlock",
+    "write-fsync",
+];
+
+fn call_records(path: &'static str, times: [Vec<u64>; 7]) -> Vec<FsRecord> {
+    CALLS
+        .into_iter()
+        .zip(times)
+        .map(|(op, ns)| record(path, op, ns, 0.0))
+        .collect()
+}
+
 /// A file-system call made one way or another.
 type Call<'a> = dyn Fn(FsRequest) -> Result<FsReply, libmoneta::ClientError> + 'a;
 
@@ -385,15 +404,7 @@ fn calls(
         fs.push(ns);
     }
     call(FsRequest::Close { handle: h }).map_err(err)?;
-    Ok(vec![
-        record(label, "fstat", fst, 0.0),
-        record(label, "stat", st, 0.0),
-        record(label, "create", cr, 0.0),
-        record(label, "rename", rn, 0.0),
-        record(label, "unlink", ul, 0.0),
-        record(label, "lock-unlock", lk, 0.0),
-        record(label, "write-fsync", fs, 0.0),
-    ])
+    Ok(call_records(label, [fst, st, cr, rn, ul, lk, fs]))
 }
 
 /// The same calls on the kernel's tmpfs.
@@ -463,16 +474,7 @@ fn kernel_calls(kdir: &std::path::Path, n: usize) -> std::io::Result<Vec<FsRecor
         r?;
         fs.push(ns);
     }
-    let k = "kernel-tmpfs";
-    Ok(vec![
-        record(k, "fstat", fst, 0.0),
-        record(k, "stat", st, 0.0),
-        record(k, "create", cr, 0.0),
-        record(k, "rename", rn, 0.0),
-        record(k, "unlink", ul, 0.0),
-        record(k, "lock-unlock", lk, 0.0),
-        record(k, "write-fsync", fs, 0.0),
-    ])
+    Ok(call_records("kernel-tmpfs", [fst, st, cr, rn, ul, lk, fs]))
 }
 
 fn small_file(ch: &Channel, call: &Call, name: &[u8], data: &[u8]) -> Result<(), String> {
