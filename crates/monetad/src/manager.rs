@@ -75,6 +75,8 @@ pub struct Manager {
     /// (see `quick.rs`).
     releases: Mutex<Releases>,
     release_wake: Condvar,
+    /// Work is queued in `releases` (a hint that spares a socket call the locks).
+    work_queued: std::sync::atomic::AtomicBool,
 }
 
 /// Work the poller's quick calls leave for the releaser thread.
@@ -315,7 +317,6 @@ fn lock_registry(r: &Registry) -> MutexGuard<'_, HashMap<u32, Published>> {
 /// (`OP_FS`): answers from the published handles and the file system when both are free at
 /// once, and otherwise not at all.
 struct Front {
-    fs: Weak<Mutex<Fs>>,
     registry: Registry,
     manager: Weak<Manager>,
 }
@@ -346,8 +347,8 @@ impl FileService for Front {
         // records it would have to remove.
         let registry = self.registry.try_lock().ok()?;
         let &(ino, rights) = registry.get(&channel)?.handles.get(&handle)?;
-        let fs = self.fs.upgrade()?;
-        let mut fs = fs.try_lock().ok()?;
+        let m = self.manager.upgrade()?;
+        let mut fs = m.fs.try_lock().ok()?;
         let (size, maps) = fs.map(ino, offset, len, max).ok()?;
         let file = fs.layout_tag(ino);
         Some(LookupAnswer {
@@ -357,6 +358,33 @@ impl FileService for Front {
             runs: maps.iter().map(|m| (m.file_off, m.len, m.dev)).collect(),
         })
     }
+}
+
+/// The records to install in `channel` for the mapped runs of `h`'s file, with the session's
+/// rights on it.
+fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -> Vec<TableOp> {
+    let rights = s.rights(h.ino) as u8;
+    maps.iter()
+        .filter_map(|m| {
+            m.dev.map(|start| TableOp::Insert {
+                channel,
+                start,
+                len: m.len,
+                rights,
+                file,
+            })
+        })
+        .collect()
+}
+
+/// The attributes of a target: an open handle of `s`, or a path looked up with `s`'s
+/// credentials.
+fn stat_target(fs: &Fs, s: &Session, target: &Target) -> Result<FsReply, Failure> {
+    let st = match target {
+        Target::Handle(h) => fs.stat_ino(Manager::handle(s, *h)?.ino),
+        Target::Path { path, follow } => fs.stat(&s.cred, path, *follow).map_err(failure)?,
+    };
+    Ok(FsReply::Stat(wire_stat(&st)))
 }
 
 /// The removals of `channel`'s records of `ino`: they lie inside its extents, since they were
@@ -515,7 +543,6 @@ impl Manager {
         let registry = Registry::default();
         Arc::new_cyclic(|me| {
             device.set_file_service(Arc::new(Front {
-                fs: Arc::downgrade(&fs),
                 registry: registry.clone(),
                 manager: me.clone(),
             }));
@@ -530,6 +557,7 @@ impl Manager {
                 syncs: Syncs::default(),
                 releases: Mutex::new(Releases::default()),
                 release_wake: Condvar::new(),
+                work_queued: std::sync::atomic::AtomicBool::new(false),
             }
         })
     }
@@ -886,19 +914,7 @@ impl Manager {
         let Some(channel) = channel else {
             return Ok(());
         };
-        let rights = s.rights(h.ino);
-        let ops: Vec<TableOp> = maps
-            .iter()
-            .filter_map(|m| {
-                m.dev.map(|start| TableOp::Insert {
-                    channel,
-                    start,
-                    len: m.len,
-                    rights: rights as u8,
-                    file,
-                })
-            })
-            .collect();
+        let ops = inserts(s, channel, h, maps, file);
         if ops.is_empty() {
             return Ok(());
         }
@@ -1078,16 +1094,7 @@ impl Manager {
                 self.fsync(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
             }
-            FsRequest::Stat { target } => {
-                let fs = self.fs();
-                let st = match &target {
-                    Target::Handle(h) => fs.stat_ino(Self::handle(s, *h)?.ino),
-                    Target::Path { path, follow } => {
-                        fs.stat(&cred, path, *follow).map_err(failure)?
-                    }
-                };
-                Ok(FsReply::Stat(wire_stat(&st)))
-            }
+            FsRequest::Stat { target } => stat_target(&self.fs(), s, &target),
             FsRequest::Truncate { target, size } => {
                 let mut fs = self.fs();
                 match &target {

@@ -5,8 +5,9 @@
 //!
 //! The poller must never wait: it serves every channel's data. So a quick call
 //!
-//! - only *tries* the locks it needs (the connection's session, the file system, the lock
-//!   table) and refers the call when one is busy, before it has changed anything;
+//! - only *tries* the locks it needs (the connection's session, the releaser's queue, the lock
+//!   table, the file system) and refers the call when one is busy, before it has changed
+//!   anything;
 //! - runs with the file system in quick mode ([`Fs::set_quick`]), where anything that would
 //!   zero free space, flush or revoke records fails with [`NOT_QUICK`] before any change, and
 //!   is referred;
@@ -119,19 +120,43 @@ impl Manager {
         max: usize,
         ops: &mut Vec<TableOp>,
     ) -> Option<Result<FsReply, Failure>> {
-        // The lock table first (some calls need it), then the file system; both only tried.
+        // The releaser's queue, the lock table (some calls need it), then the file system;
+        // all only tried. The releaser takes its work under the file-system lock, so with
+        // both held here the queue says exactly which frees are still to come.
+        let mut rel = self.releases.try_lock().ok()?;
         let mut locks = self.locks.try_lock().ok()?;
         let mut fs = self.fs.try_lock().ok()?;
         if !fs.quick_ready() {
             if fs.durability() == Durability::Host {
-                self.queue_release(None);
+                rel.checkpoint = true;
+                self.work_queued.store(true, Ordering::Release);
+                self.release_wake.notify_one();
             }
             return None;
         }
-        let pending = self.releases_pending();
+        let pending = !rel.inos.is_empty();
+        if pending && matches!(req, FsRequest::Statfs) {
+            // The free space must count what the queued releases free.
+            return None;
+        }
+        let mut released = Vec::new();
         fs.set_quick(true);
-        let r = self.quick_in(&mut fs, &mut locks, s, channel, req, max, ops, pending);
+        let r = self.quick_in(
+            &mut fs,
+            &mut locks,
+            s,
+            channel,
+            req,
+            max,
+            ops,
+            &mut released,
+        );
         fs.set_quick(false);
+        if !released.is_empty() {
+            rel.inos.extend(released);
+            self.work_queued.store(true, Ordering::Release);
+            self.release_wake.notify_one();
+        }
         match r {
             Some(Err(f)) if f.errno == NOT_QUICK => {
                 ops.clear();
@@ -153,7 +178,7 @@ impl Manager {
         req: FsRequest,
         max: usize,
         ops: &mut Vec<TableOp>,
-        pending: bool,
+        released: &mut Vec<u64>,
     ) -> Option<Result<FsReply, Failure>> {
         let cred = s.cred.clone();
         let r = match req {
@@ -193,7 +218,7 @@ impl Manager {
                 {
                     // The last handle of an unlinked file with space: closing it frees that
                     // space, which revokes first.
-                    self.queue_release(Some(h.ino));
+                    released.push(h.ino);
                 } else {
                     fs.close(h.ino).map_err(failure)?;
                 }
@@ -234,26 +259,12 @@ impl Manager {
                     .and_then(|h| fs.fsync(h.ino).map_err(failure))
                     .map(|()| FsReply::Empty)
             }
-            FsRequest::Stat { target } => (|| {
-                let st = match &target {
-                    Target::Handle(h) => fs.stat_ino(Self::handle(s, *h)?.ino),
-                    Target::Path { path, follow } => {
-                        fs.stat(&cred, path, *follow).map_err(failure)?
-                    }
-                };
-                Ok(FsReply::Stat(wire_stat(&st)))
-            })(),
-            FsRequest::Statfs => {
-                if pending {
-                    // The free space must count what the queued releases free.
-                    return None;
-                }
-                Ok(statfs_reply(fs))
-            }
+            FsRequest::Stat { target } => stat_target(fs, s, &target),
+            FsRequest::Statfs => Ok(statfs_reply(fs)),
             FsRequest::Unlink { path } => {
                 let held = self.hold_last_name(fs, &cred, &path);
                 let r = fs.unlink(&cred, &path).map_err(failure);
-                self.after_hold(fs, held);
+                self.after_hold(fs, held, released);
                 r.map(|()| FsReply::Empty)
             }
             FsRequest::Rename { flags, from, to } => {
@@ -265,7 +276,7 @@ impl Manager {
                 let r = fs
                     .rename(&cred, &from, &to, flags & RENAME_NOREPLACE != 0)
                     .map_err(failure);
-                self.after_hold(fs, held);
+                self.after_hold(fs, held, released);
                 r.map(|()| FsReply::Empty)
             }
             FsRequest::Utimes {
@@ -273,12 +284,7 @@ impl Manager {
                 atime,
                 mtime,
             } => (|| {
-                let ino = match &target {
-                    Target::Handle(h) => Self::handle(s, *h)?.ino,
-                    Target::Path { path, follow } => {
-                        fs.lookup(&cred, path, *follow).map_err(failure)?
-                    }
-                };
+                let ino = self.target_ino(fs, s, &target)?;
                 fs.utimes(&cred, ino, set_time(atime), set_time(mtime))
                     .map_err(failure)?;
                 Ok(FsReply::Empty)
@@ -315,43 +321,29 @@ impl Manager {
 
     /// After the call: a held file that lost its last name and has no other handle is left
     /// for the releaser; otherwise the hold goes at once (it frees nothing).
-    fn after_hold(&self, fs: &mut Fs, held: Option<u64>) {
+    fn after_hold(&self, fs: &mut Fs, held: Option<u64>, released: &mut Vec<u64>) {
         let Some(ino) = held else { return };
         if fs.nlink(ino) == 0 && fs.open_count(ino) == 1 {
-            self.queue_release(Some(ino));
+            released.push(ino);
         } else if let Err(e) = fs.close(ino) {
             tracing::warn!(ino, "dropping a quick call's hold: {e}");
         }
     }
 
-    /// Leaves the last handle of `ino` for the releaser thread to close (or, with `None`,
-    /// asks it for a checkpoint).
-    fn queue_release(&self, ino: Option<u64>) {
-        let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
-        match ino {
-            Some(ino) => r.inos.push(ino),
-            None => r.checkpoint = true,
-        }
-        self.release_wake.notify_one();
-    }
-
-    fn releases_pending(&self) -> bool {
-        !self
-            .releases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .inos
-            .is_empty()
-    }
-
     /// Closes the holds quick calls left (freeing their files, with revocation) and makes
-    /// the checkpoint they asked for, here and now.
+    /// the checkpoint they asked for, here and now; nothing to do costs one load.
     pub(super) fn settle_releases(&self) {
-        let work = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
-        if work.inos.is_empty() && !work.checkpoint {
+        if !self.work_queued.load(Ordering::Acquire) {
             return;
         }
+        // The file system first: work taken from the queue is done before the lock goes, so
+        // a quick call (which needs both) never sees a queue emptied of frees not yet made.
         let mut fs = self.fs();
+        let work = {
+            let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+            self.work_queued.store(false, Ordering::Release);
+            std::mem::take(&mut *r)
+        };
         for ino in work.inos {
             if let Err(e) = fs.close(ino) {
                 tracing::warn!(ino, "freeing an unlinked file: {e}");
@@ -376,21 +368,4 @@ impl Manager {
             self.settle_releases();
         }
     }
-}
-
-/// The records to install in `channel` for the mapped runs of `h`'s file, with the session's
-/// rights on it.
-fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -> Vec<TableOp> {
-    let rights = s.rights(h.ino) as u8;
-    maps.iter()
-        .filter_map(|m| {
-            m.dev.map(|start| TableOp::Insert {
-                channel,
-                start,
-                len: m.len,
-                rights,
-                file,
-            })
-        })
-        .collect()
 }
