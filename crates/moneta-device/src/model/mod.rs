@@ -189,7 +189,12 @@ struct Calendar {
 
 impl Calendar {
     /// The earliest start at or after `ready` of a free span of `dur`.
+    #[inline]
     fn fit(&self, ready: u64, dur: u64) -> u64 {
+        if ready >= self.last_end {
+            // Past everything booked: the usual case of a resource that keeps up.
+            return ready;
+        }
         let mut t = ready;
         let i = self.spans.partition_point(|&(_, e)| e <= t);
         for &(s, e) in &self.spans[i..] {
@@ -202,7 +207,11 @@ impl Calendar {
     }
 
     /// Whether `[s, e)` is free; if not, the end of the first span in the way.
+    #[inline]
     fn conflict(&self, s: u64, e: u64) -> Option<u64> {
+        if s >= self.last_end {
+            return None;
+        }
         let i = self.spans.partition_point(|&(_, end)| end <= s);
         match self.spans.get(i) {
             Some(&(bs, be)) if bs < e => Some(be),
@@ -211,25 +220,28 @@ impl Calendar {
     }
 
     /// Books `[s, s + dur)`, which must be free; returns its end.
+    #[inline]
     fn book(&mut self, s: u64, dur: u64) -> u64 {
         let e = s + dur;
         if dur > 0 {
-            let i = self.spans.partition_point(|&(bs, _)| bs < s);
-            self.spans.insert(i, (s, e));
+            if self.spans.last().is_none_or(|&(bs, _)| bs < s) {
+                self.spans.push((s, e));
+            } else {
+                let i = self.spans.partition_point(|&(bs, _)| bs < s);
+                self.spans.insert(i, (s, e));
+            }
             self.busy += dur;
             self.last_end = self.last_end.max(e);
         }
         e
     }
 
-    /// Books the earliest free span of `dur` at or after `ready`; returns (start, end).
-    fn run(&mut self, ready: u64, dur: u64) -> (u64, u64) {
-        let s = self.fit(ready, dur);
-        (s, self.book(s, dur))
-    }
-
     /// Forgets spans that ended by `t` (no later booking starts before it).
+    #[inline]
     fn prune(&mut self, t: u64) {
+        if self.spans.first().is_none_or(|&(_, e)| e > t) {
+            return;
+        }
         let i = self.spans.partition_point(|&(_, e)| e <= t);
         if i > 0 {
             self.spans.drain(..i);
@@ -287,10 +299,17 @@ struct Work {
 pub struct Model {
     cfg: ModelConfig,
     size: u64,
-    /// Picoseconds per byte of the link, the ring and a controller.
-    link_ps: f64,
-    ring_ps: f64,
-    ctrl_ps: f64,
+    /// The rates of the link, the ring and a controller.
+    link_ps: Rate,
+    ring_ps: Rate,
+    ctrl_ps: Rate,
+    /// The stripe, the number of controllers, the row and the banks of a controller.
+    stripe: Divisor,
+    ctrl_count: Divisor,
+    row: Divisor,
+    banks: Divisor,
+    /// The largest transfer: a stripe, or less.
+    piece: Divisor,
     link_overhead: u64,
     read_lat: u64,
     write_lat: u64,
@@ -330,9 +349,10 @@ pub struct Model {
     seed: u64,
     /// Where the wear lasts, when it is kept in a file.
     wear_file: Option<WearFile>,
-    /// The next decision's time (picoseconds) as the last [`Model::advance`] found it
-    /// (`Some(None)`: nothing queued); `None` once a request has arrived since.
-    next_cache: Option<Option<u64>>,
+    /// The next decision (queue, position, time in picoseconds) as last worked out
+    /// (`Some(None)`: nothing queued); `None` once something it depends on has changed: a
+    /// transfer issued, or a request arrived that the policy could take first.
+    next_cache: Option<Option<(usize, usize, u64)>>,
 }
 
 /// Hashes the model's own ids (request and channel numbers) by one multiplication: they come
@@ -360,8 +380,48 @@ impl Hasher for IdHasher {
 
 type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
-fn dur(bytes: u64, ps_per_byte: f64) -> u64 {
-    (bytes as f64 * ps_per_byte).round() as u64
+/// A transfer rate as picoseconds per byte in fixed point (32 fractional bits): the time of a
+/// transfer is one multiplication, with no floating-point rounding on the request's path.
+#[derive(Clone, Copy, Debug)]
+struct Rate(u128);
+
+impl Rate {
+    fn new(gb_per_s: f64) -> Rate {
+        let ps_per_byte = PS as f64 / gb_per_s;
+        Rate((ps_per_byte * (1u64 << 32) as f64).round() as u128)
+    }
+
+    /// Picoseconds to move `bytes` (rounded to the nearest).
+    #[inline]
+    fn dur(self, bytes: u64) -> u64 {
+        let ps = (u128::from(bytes) * self.0 + (1 << 31)) >> 32;
+        u64::try_from(ps).unwrap_or(u64::MAX)
+    }
+}
+
+/// `x / d` and `x % d` by a shift and a mask where `d` is a power of two (the usual case of
+/// the model's geometry), else by division.
+#[derive(Clone, Copy, Debug)]
+struct Divisor {
+    d: u64,
+    shift: Option<u32>,
+}
+
+impl Divisor {
+    fn new(d: u64) -> Divisor {
+        Divisor {
+            d,
+            shift: d.is_power_of_two().then(|| d.trailing_zeros()),
+        }
+    }
+
+    #[inline]
+    fn div_rem(self, x: u64) -> (u64, u64) {
+        match self.shift {
+            Some(s) => (x >> s, x & (self.d - 1)),
+            None => (x / self.d, x % self.d),
+        }
+    }
 }
 
 impl Model {
@@ -400,9 +460,14 @@ impl Model {
             })
             .collect();
         Ok(Model {
-            link_ps: PS as f64 / cfg.link_rate,
-            ring_ps: PS as f64 / cfg.ring_rate,
-            ctrl_ps: PS as f64 / cfg.ctrl_rate,
+            link_ps: Rate::new(cfg.link_rate),
+            ring_ps: Rate::new(cfg.ring_rate),
+            ctrl_ps: Rate::new(cfg.ctrl_rate),
+            stripe: Divisor::new(cfg.stripe),
+            ctrl_count: Divisor::new(c),
+            row: Divisor::new(cfg.row),
+            banks: Divisor::new(cfg.banks_per_controller() as u64),
+            piece: Divisor::new(cfg.transfer_max.min(cfg.stripe)),
             link_overhead: (cfg.link_overhead_ns * PS as f64).round() as u64,
             read_lat: (cfg.read_ns * PS as f64).round() as u64,
             write_lat: (cfg.write_ns * PS as f64).round() as u64,
@@ -481,7 +546,6 @@ impl Model {
     /// Takes a request that arrives at `now_ns`. Requests of a channel issue in the order
     /// given here, except as the policy interleaves them with other requests.
     pub fn submit(&mut self, s: Submit, now_ns: u64) {
-        self.next_cache = None;
         let now = now_ns * PS;
         self.now = self.now.max(now);
         self.origin.get_or_insert(now);
@@ -519,6 +583,12 @@ impl Model {
             ready: now,
         });
         if self.queued < self.cfg.sched_requests {
+            // The decision stands unless the request can be the one its queue offers: the
+            // front of an empty queue, or any under round-robin or barriers.
+            let q = self.queue_of(s.write);
+            if self.queues[q].is_empty() || self.ordered || self.cfg.policy == Policy::RoundRobin {
+                self.next_cache = None;
+            }
             self.enqueue(slot, now);
         } else {
             self.backlog.push_back(slot);
@@ -610,12 +680,9 @@ impl Model {
 
     /// The controller of array address `addr` and the address within it.
     fn place(&self, addr: u64) -> (usize, u64) {
-        let stripe = addr / self.cfg.stripe;
-        let c = self.cfg.controllers as u64;
-        (
-            (stripe % c) as usize,
-            (stripe / c) * self.cfg.stripe + addr % self.cfg.stripe,
-        )
+        let (stripe, within) = self.stripe.div_rem(addr);
+        let (round, ci) = self.ctrl_count.div_rem(stripe);
+        (ci as usize, round * self.cfg.stripe + within)
     }
 
     /// The next transfer to issue: its queue, position and time.
@@ -647,9 +714,9 @@ impl Model {
     pub fn next_event_ns(&self) -> Option<u64> {
         match self.next_cache {
             Some(next) => next,
-            None => self.pick().map(|(_, _, t)| t),
+            None => self.pick(),
         }
-        .map(|t| t.div_ceil(PS))
+        .map(|(_, _, t)| t.div_ceil(PS))
     }
 
     /// Issues every transfer whose start the clock has reached, and hands `done` each request
@@ -658,11 +725,18 @@ impl Model {
     pub fn advance(&mut self, now_ns: u64, mut done: impl FnMut(u64, u64)) {
         let now = now_ns * PS;
         self.now = self.now.max(now);
-        self.next_cache = Some(None);
-        while let Some((q, pos, t)) = self.pick() {
+        loop {
+            let next = match self.next_cache.take() {
+                Some(next) => next,
+                None => self.pick(),
+            };
+            let Some((q, pos, t)) = next else {
+                self.next_cache = Some(None);
+                break;
+            };
             if t > now {
-                // The next decision, known until a request arrives.
-                self.next_cache = Some(Some(t));
+                // The next decision, kept until something it depends on changes.
+                self.next_cache = Some(next);
                 break;
             }
             let id = self.queues[q][pos];
@@ -674,7 +748,11 @@ impl Model {
                 r.next >= r.s.addr + r.s.len
             };
             if finished {
-                self.queues[q].remove(pos);
+                if pos == 0 {
+                    self.queues[q].pop_front();
+                } else {
+                    self.queues[q].remove(pos);
+                }
                 self.queued -= 1;
                 let r = self.reqs.remove(id);
                 if self.ordered {
@@ -795,16 +873,16 @@ impl Model {
     /// Ring and link times of `len` bytes.
     fn wire(&self, len: u64) -> (u64, u64) {
         (
-            dur(len, self.ring_ps),
-            self.link_overhead + dur(len, self.link_ps),
+            self.ring_ps.dur(len),
+            self.link_overhead + self.link_ps.dur(len),
         )
     }
 
     /// Bytes of the next transfer of `r`.
     fn next_len(&self, r: &Req) -> u64 {
         let end = r.s.addr + r.s.len;
-        let piece = self.cfg.transfer_max.min(self.cfg.stripe);
-        let boundary = (r.next / piece + 1) * piece;
+        let piece = self.piece;
+        let boundary = (piece.div_rem(r.next).0 + 1) * piece.d;
         boundary.min(end) - r.next
     }
 
@@ -840,19 +918,19 @@ impl Model {
         let row = self.cfg.row;
         let row_bits = row * 8;
         let selective = self.cfg.power.selective_writes;
-        let banks = self.ctrls[ci].open.len() as u64;
+        let banks = self.banks;
         // The time the work takes, and its effect on rows, wear and energy.
         let mut d = 0u64;
         let mut moved = 0u64;
         let end = local + len;
         let mut at = local;
         while at < end {
-            let r = at / row;
+            let r = self.row.div_rem(at).0;
             let n = ((r + 1) * row).min(end) - at;
             at += n;
             let c = &mut self.ctrls[ci];
             let p = c.wear_level.map(r);
-            let bank = (p % banks) as usize;
+            let bank = banks.div_rem(p).1 as usize;
             let open = c.open[bank] == Some(p);
             if write {
                 if n < row && !open {
@@ -863,7 +941,7 @@ impl Model {
                 } else {
                     c.row_hits += u64::from(open);
                 }
-                d += dur(n, self.ctrl_ps);
+                d += self.ctrl_ps.dur(n);
                 moved = d;
                 self.work.bits.buffer_written += n * 8;
                 d += self.write_lat;
@@ -894,7 +972,7 @@ impl Model {
                     d += self.read_lat;
                     self.work.bits.array_read += row_bits;
                 }
-                d += dur(n, self.ctrl_ps);
+                d += self.ctrl_ps.dur(n);
                 moved = d;
                 self.work.bits.buffer_read += n * 8;
             }
@@ -917,10 +995,11 @@ impl Model {
     fn read_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
         let (_, data, _) = self.controller_work(ci, local, len, false, t);
         let (ring_d, link_d) = self.wire(len);
-        let (x, b, span) = self.find_buffer(data, Model::read_stages(ring_d, link_d));
+        let (_, b, span) = self.find_buffer(data, Model::read_stages(ring_d, link_d));
         self.hold_buffer(b, span);
-        let (_, ring_end) = self.ring.run(x, ring_d);
-        let (_, link_end) = self.link_up.run(ring_end, link_d);
+        // The span is the ring's start to the link's end, as the stages found them free.
+        let ring_end = self.ring.book(span.0, ring_d);
+        let link_end = self.link_up.book(span.1 - link_d, link_d);
         self.ctrls[ci].outq_free = ring_end;
         link_end
     }
@@ -929,10 +1008,11 @@ impl Model {
     fn write_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
         let (ring_d, link_d) = self.wire(len);
         let inq = self.ctrls[ci].inq_free;
-        let (x, b, span) = self.find_buffer(t, Model::write_stages(ring_d, link_d, inq));
+        let (_, b, span) = self.find_buffer(t, Model::write_stages(ring_d, link_d, inq));
         self.hold_buffer(b, span);
-        let (_, link_end) = self.link_down.run(x, link_d);
-        let (_, ring_end) = self.ring.run(link_end.max(inq), ring_d);
+        // The span is the link's start to the ring's end, as the stages found them free.
+        self.link_down.book(span.0, link_d);
+        let ring_end = self.ring.book(span.1 - ring_d, ring_d);
         let (_, drained, end) = self.controller_work(ci, local, len, true, ring_end);
         self.ctrls[ci].inq_free = drained;
         end

@@ -142,7 +142,9 @@ impl StartGap {
             (None, Some(p)) => p.apply(line),
             (None, None) => line,
         };
-        let pa = (r + self.start) % self.n;
+        // Both below n: one subtraction instead of a division.
+        let pa = r + self.start;
+        let pa = if pa >= self.n { pa - self.n } else { pa };
         if pa >= self.gap {
             pa + 1
         } else {
