@@ -303,6 +303,22 @@ impl Control {
         }
     }
 
+    /// The pages of the file of `handle`, for `mmap` at the file's own offsets: open for
+    /// writing if `write` (see `OP_FS_MAP`).
+    pub(crate) fn fs_map(
+        &self,
+        handle: u64,
+        write: bool,
+    ) -> Result<(FsStat, std::os::fd::OwnedFd), ClientError> {
+        let (body, mut fds) = self.call(&Request::Fs(FsRequest::Map { handle, write }))?;
+        match (body, fds.pop()) {
+            (ReplyBody::Fs(FsReply::Stat(stat)), Some(pages)) if fds.is_empty() => {
+                Ok((stat, pages))
+            }
+            _ => Err(ClientError::Protocol(control::Error::BadField("map reply"))),
+        }
+    }
+
     /// Prepares a fork: a bundle of every handle of this connection for a child to claim.
     pub(crate) fn fs_fork(&self) -> Result<crate::fork::Ticket, ClientError> {
         let (body, mut fds) = self.call(&Request::Fs(FsRequest::Fork))?;

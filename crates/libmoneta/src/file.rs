@@ -221,6 +221,22 @@ impl File {
         Ok(h)
     }
 
+    /// The file's own pages, to map with `mmap` at the file's offsets (a memory drive): a
+    /// descriptor open for reading and writing if `write` (the file must be open for
+    /// writing), else for reading only, and the file's attributes. A store through a shared
+    /// mapping of it is at once what every read of the file sees, and a write of the file is
+    /// at once in every mapping. The kernel enforces the descriptor's mode: a read-only one
+    /// gives no writable shared mapping. `ENODEV` where the array cannot hand pages out (a
+    /// persistent array).
+    pub fn pages(&self, write: bool) -> Result<(std::os::fd::OwnedFd, FsStat), ClientError> {
+        if self.is_dir {
+            return Err(errno(libc::ENODEV));
+        }
+        let h = self.h()?;
+        let (stat, fd) = self.m.inner.live()?.control().fs_map(h, write)?;
+        Ok((fd, stat))
+    }
+
     /// The inode number.
     pub fn ino(&self) -> u64 {
         self.ino

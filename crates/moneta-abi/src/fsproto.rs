@@ -89,6 +89,17 @@ pub const OP_FS_INHERIT: u16 = 36;
 /// locks only); `EINVAL` for a range past [`LOCK_OFFSET_MAX`], a test with type unlock, or a
 /// test of a flock lock.
 pub const OP_FS_LOCK: u16 = 37;
+/// Maps a file into memory: payload handle (u64) of an open regular file, write (u32: 1 for
+/// pages that may be written, which needs a handle open for writing, else 0), reserved (u32).
+/// Reply: [`FsReply::Stat`] of the file, with one file descriptor: the file's own pages (its
+/// *segment*), open for reading and writing when `write` is 1, else for reading only, to be
+/// mapped with `mmap` at the file's own offsets (segment offset = file offset). The pages are
+/// the array's bytes of the file: a store through a mapping is what every channel command and
+/// every other mapping of the file sees, with no copy. Errors: `EBADF` for `write` on a
+/// handle not open for writing; `EINVAL` for a file that is not regular; `ENODEV` where the
+/// array cannot hand pages out (a persistent array, or chunks that are not whole pages);
+/// `ENOMEM` when the daemon shows as many pieces of files as it allows.
+pub const OP_FS_MAP: u16 = 38;
 
 /// Longest path, in bytes.
 pub const PATH_MAX: usize = 4095;
@@ -116,7 +127,7 @@ pub const LOCK_OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_LOCK).contains(&op)
+    (OP_FS_OPEN..=OP_FS_MAP).contains(&op)
 }
 
 /// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
@@ -287,6 +298,10 @@ pub enum FsRequest {
     },
     Statfs,
     Fork,
+    Map {
+        handle: u64,
+        write: bool,
+    },
     Inherit {
         bundle: u64,
         secret: [u64; 2],
@@ -564,6 +579,7 @@ impl FsRequest {
             FsRequest::Fork => OP_FS_FORK,
             FsRequest::Inherit { .. } => OP_FS_INHERIT,
             FsRequest::Lock { .. } => OP_FS_LOCK,
+            FsRequest::Map { .. } => OP_FS_MAP,
         }
     }
 
@@ -632,6 +648,9 @@ impl FsRequest {
                 w.u64(*handle).u64(*cookie);
             }
             FsRequest::Statfs | FsRequest::Fork => {}
+            FsRequest::Map { handle, write } => {
+                w.u64(*handle).u32(u32::from(*write)).u32(0);
+            }
             FsRequest::Inherit {
                 bundle,
                 secret,
@@ -772,6 +791,16 @@ impl FsRequest {
             },
             OP_FS_STATFS => FsRequest::Statfs,
             OP_FS_FORK => FsRequest::Fork,
+            OP_FS_MAP => {
+                let handle = r.u64()?;
+                let write = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::BadField("write")),
+                };
+                r.zero32("reserved")?;
+                FsRequest::Map { handle, write }
+            }
             OP_FS_INHERIT => {
                 let bundle = r.u64()?;
                 let secret = [r.u64()?, r.u64()?];
@@ -892,7 +921,9 @@ impl FsReply {
                     stat: r.stat()?,
                 }
             }
-            OP_FS_STAT | OP_FS_MKDIR | OP_FS_LINK | OP_FS_SYMLINK => FsReply::Stat(r.stat()?),
+            OP_FS_STAT | OP_FS_MKDIR | OP_FS_LINK | OP_FS_SYMLINK | OP_FS_MAP => {
+                FsReply::Stat(r.stat()?)
+            }
             OP_FS_LOOKUP | OP_FS_EXTEND => {
                 let size = r.u64()?;
                 let n = r.u32()? as usize;
@@ -1069,6 +1100,10 @@ mod tests {
             },
             FsRequest::Statfs,
             FsRequest::Fork,
+            FsRequest::Map {
+                handle: 7,
+                write: true,
+            },
             FsRequest::Inherit {
                 bundle: 12,
                 secret: [u64::MAX, 3],

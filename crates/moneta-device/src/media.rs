@@ -18,7 +18,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -129,6 +129,37 @@ pub trait Media: Send + Sync + 'static {
         }
         Ok(())
     }
+
+    /// Shows `len` bytes of `segment` from offset `seg_off` at array addresses
+    /// `[addr, addr + len)`, in place of the array's own pages there (all page-aligned): the
+    /// engine, and every reader and writer of the array, then reach the segment's pages at
+    /// those addresses, and whoever maps the segment shares them. Used to give a file pages of
+    /// its own that can be handed to processes ([`Media::detach`] undoes it). The caller keeps
+    /// every access to the range away while it changes, and keeps the segment at least
+    /// `seg_off + len` bytes long. Arrays that cannot answer `Unsupported`.
+    fn overlay(
+        &self,
+        addr: u64,
+        len: u64,
+        segment: BorrowedFd<'_>,
+        seg_off: u64,
+    ) -> io::Result<()> {
+        let _ = (addr, len, segment, seg_off);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this array cannot show other pages in its place",
+        ))
+    }
+
+    /// Shows the array's own pages at `[addr, addr + len)` again, after [`Media::overlay`]
+    /// (what was written to the segment stays in the segment).
+    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
+        let _ = (addr, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this array shows no other pages",
+        ))
+    }
 }
 
 impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
@@ -157,6 +188,18 @@ impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
     }
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
         (**self).zero(addr, len)
+    }
+    fn overlay(
+        &self,
+        addr: u64,
+        len: u64,
+        segment: BorrowedFd<'_>,
+        seg_off: u64,
+    ) -> io::Result<()> {
+        (**self).overlay(addr, len, segment, seg_off)
+    }
+    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
+        (**self).detach(addr, len)
     }
 }
 
@@ -194,6 +237,18 @@ impl<M: Media> Media for DeviceFlush<M> {
     }
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
         self.0.zero(addr, len)
+    }
+    fn overlay(
+        &self,
+        addr: u64,
+        len: u64,
+        segment: BorrowedFd<'_>,
+        seg_off: u64,
+    ) -> io::Result<()> {
+        self.0.overlay(addr, len, segment, seg_off)
+    }
+    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.0.detach(addr, len)
     }
 }
 
@@ -472,9 +527,75 @@ impl Media for MappedArray {
         zero_by_stores(self, addr, first - addr)?;
         zero_by_stores(self, last, addr + len - last)
     }
+
+    fn overlay(
+        &self,
+        addr: u64,
+        len: u64,
+        segment: BorrowedFd<'_>,
+        seg_off: u64,
+    ) -> io::Result<()> {
+        self.remap(addr, len, segment, seg_off)?;
+        if !self.persistent {
+            // The memfd's own pages there are no longer seen: give their memory back.
+            rustix::fs::fallocate(
+                &self.file,
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                addr,
+                len,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.remap(addr, len, self.file.as_fd(), addr)?;
+        if self.persistent {
+            // As at `map`: no readahead on the backing file's pages.
+            // SAFETY: advice on pages of our own mapping, checked in range by `remap`.
+            unsafe {
+                let p = self.map.as_mut_ptr().add(addr as usize);
+                let _ = rustix::mm::madvise(p.cast(), len as usize, rustix::mm::Advice::Random);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl MappedArray {
+    /// Maps `len` bytes of `fd` from `off` over the array's pages at `addr`, in place.
+    fn remap(&self, addr: u64, len: u64, fd: BorrowedFd<'_>, off: u64) -> io::Result<()> {
+        assert!(!self.read_only, "remap of an array opened read-only");
+        let page = 4096;
+        let fits = addr.checked_add(len).is_some_and(|end| end <= self.size);
+        if !fits
+            || !addr.is_multiple_of(page)
+            || !len.is_multiple_of(page)
+            || !off.is_multiple_of(page)
+            || len == 0
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot remap {len} bytes at {addr:#x} from offset {off:#x}: not whole pages of the array"),
+            ));
+        }
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: the range lies inside our own mapping of the array (checked above), so
+        // MAP_FIXED replaces only pages of it; the caller keeps accesses away meanwhile.
+        unsafe {
+            let at = self.map.as_mut_ptr().add(addr as usize);
+            rustix::mm::mmap(
+                at.cast(),
+                len as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED,
+                fd,
+                off,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Zeroes whole pages through the host file system. A backing file keeps its blocks
     /// (`FALLOC_FL_ZERO_RANGE` makes them unwritten extents that read as zeros: one call, and
     /// a later store cannot meet a full file system) or, where the host file system lacks

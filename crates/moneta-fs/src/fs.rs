@@ -1513,6 +1513,21 @@ impl Fs {
         Ok((size, out))
     }
 
+    /// Every extent of `ino`, past its size too (space reserved ahead of appends):
+    /// `(file offset, array address, bytes)`, in file order, adjacent extents merged.
+    pub fn allocated(&self, ino: u64) -> Vec<(u64, u64, u64)> {
+        let cs = self.g.chunk_size;
+        let mut out: Vec<(u64, u64, u64)> = Vec::new();
+        for (&fc, x) in self.extents.get(&ino).into_iter().flatten() {
+            let (off, addr, len) = (fc * cs, self.g.chunk_addr(x.dev), x.count * cs);
+            match out.last_mut() {
+                Some(last) if last.0 + last.2 == off && last.1 + last.2 == addr => last.2 += len,
+                _ => out.push((off, addr, len)),
+            }
+        }
+        out
+    }
+
     /// Allocates every hole of `[off, off + len)` (zeroed before it becomes part of the file)
     /// and grows the size to `off + len` if it is larger. Returns the mapping of the range.
     /// `off == u64::MAX` appends: the range starts at the current size, so that concurrent

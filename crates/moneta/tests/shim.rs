@@ -362,12 +362,43 @@ fn sqlite3() {
         "ok\na|300|44850\nb|300|44850\n"
     );
 
-    // WAL mode needs a shared-memory map of the -shm file, which Moneta files cannot give
-    // yet: `PRAGMA journal_mode=WAL` is refused with a message naming mmap (once, however
-    // often the program asks), and the database keeps its journal mode: it still opens, in
-    // the same program and in the next.
-    d.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
-    let o = d.run(
+    // WAL mode maps the -shm file shared between processes: on a volatile array the file's
+    // own pages. Three writer processes at once, then the count and an integrity check.
+    d.sh("sqlite3 /moneta/wal.db 'PRAGMA journal_mode=WAL; CREATE TABLE t(who TEXT, n INTEGER);' >/dev/null");
+    let writer = |who: &str| {
+        let mut sql = String::from(".timeout 20000\n");
+        for n in 0..200 {
+            sql.push_str(&format!("INSERT INTO t VALUES('{who}', {n});\n"));
+        }
+        sql
+    };
+    let scripts = [writer("a"), writer("b"), writer("c")];
+    std::thread::scope(|s| {
+        let hs: Vec<_> = scripts
+            .iter()
+            .map(|sql| s.spawn(|| d.run(&["sqlite3", "/moneta/wal.db"], Some(sql.as_bytes()))))
+            .collect();
+        for h in hs {
+            let o = h.join().unwrap();
+            assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+        }
+    });
+    let out = d.sh(
+        "sqlite3 /moneta/wal.db 'PRAGMA journal_mode; PRAGMA integrity_check; \
+         SELECT who, count(*), sum(n) FROM t GROUP BY who;'",
+    );
+    assert_eq!(out, "wal\nok\na|200|19900\nb|200|19900\nc|200|19900\n");
+    let out = d.sh("ls /moneta/ | grep wal.db | sort");
+    assert_eq!(
+        out, "wal.db\n",
+        "the -wal and -shm files go with the last connection"
+    );
+
+    // On a persistent array, whose files cannot be mapped yet, the switch is refused with a
+    // message naming mmap, once, and the database keeps its journal mode.
+    let p = PersistentDaemon::start();
+    p.0.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
+    let o = p.0.run(
         &["sqlite3", "/moneta/wal.db"],
         Some(b"PRAGMA journal_mode=WAL;\nINSERT INTO t VALUES(8);\nPRAGMA journal_mode=WAL;\n"),
     );
@@ -380,57 +411,30 @@ fn sqlite3() {
         "{err}"
     );
     assert!(err.contains("(mmap MAP_SHARED)"), "{err}");
-    let o = d.run(
-        &[
-            "sqlite3",
-            "/moneta/wal.db",
-            "PRAGMA journal_mode; PRAGMA integrity_check; SELECT a FROM t;",
-        ],
-        None,
+    let out = p.0.sh(
+        "sqlite3 /moneta/wal.db 'PRAGMA journal_mode; PRAGMA integrity_check; SELECT a FROM t;'",
     );
-    assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "delete\nok\n7\n8\n");
-    // A new database asked for WAL first stays a rollback one too.
-    let o = d.run(
-        &["sqlite3", "/moneta/new.db", "PRAGMA journal_mode=WAL;"],
-        None,
-    );
-    assert!(!o.status.success(), "{}", text(&o));
-    assert!(
-        text(&o).contains("journal_mode=WAL refused"),
-        "{}",
-        text(&o)
-    );
-    let out = d.sh("sqlite3 /moneta/new.db 'CREATE TABLE n(b); PRAGMA journal_mode;'");
-    assert_eq!(out, "delete\n");
+    assert_eq!(out, "delete\nok\n7\n8\n");
+}
 
-    // A database already in WAL mode (copied in from the host) fails to open, with a
-    // message naming mmap and the way back, which works; in exclusive locking mode (no map)
-    // it is read, written and checkpointed.
-    let t = TempDir::new("wal");
-    let host_db = t.0.join("host.db");
-    let o = Command::new("sqlite3")
-        .arg(&host_db)
-        .arg("PRAGMA journal_mode=WAL; CREATE TABLE t(a); INSERT INTO t VALUES(9);")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    d.sh(&format!("cp {} /moneta/host.db", host_db.display()));
-    let o = d.run(&["sqlite3", "/moneta/host.db", "SELECT a FROM t;"], None);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(
-        err.matches("mmap of /moneta/host.db-shm refused").count(),
-        1,
-        "{err}"
-    );
-    assert!(err.contains("PRAGMA locking_mode=EXCLUSIVE"), "{err}");
-    let out = d.sh(
-        "sqlite3 /moneta/host.db 'PRAGMA locking_mode=EXCLUSIVE; INSERT INTO t VALUES(10); \
-         PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;' >/dev/null && \
-         sqlite3 /moneta/host.db 'SELECT a FROM t; PRAGMA journal_mode;'",
-    );
-    assert_eq!(out, "9\n10\ndelete\n");
+/// A daemon on a persistent array (a backing file in the test's directory), stopped at the
+/// end.
+struct PersistentDaemon(Daemon);
+
+impl PersistentDaemon {
+    fn start() -> PersistentDaemon {
+        let dir = TempDir::new("p");
+        let socket = dir.0.join("monetad.sock");
+        let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+            .args(["start", "--size", "64M", "--device"])
+            .arg(dir.0.join("device.img"))
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "moneta start: {}", text(&o));
+        PersistentDaemon(Daemon { dir, socket })
+    }
 }
 
 /// python3 with open, os and shutil.

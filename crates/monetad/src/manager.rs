@@ -50,6 +50,9 @@ use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
 mod quick;
+mod segments;
+
+use segments::Segments;
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
@@ -77,6 +80,8 @@ pub struct Manager {
     release_wake: Condvar,
     /// Work is queued in `releases` (a hint that spares a socket call the locks).
     work_queued: std::sync::atomic::AtomicBool,
+    /// The pages of mapped files (taken after the file-system lock, never before it).
+    segments: Arc<Mutex<Segments>>,
 }
 
 /// Work the poller's quick calls leave for the releaser thread.
@@ -528,7 +533,17 @@ impl Manager {
     /// poller's file calls.
     pub fn new(mut fs: Fs, device: Arc<Device>) -> Arc<Manager> {
         let d = device.clone();
+        let segments = Arc::new(Mutex::new(Segments::new(fs.media(), device.clone())));
+        let segs = segments.clone();
         fs.set_revoker(Box::new(move |ranges| {
+            // A mapped file losing space loses its segment first (see `segments.rs`).
+            segs.lock()
+                .expect("segments lock")
+                .retire_over(ranges)
+                .map_err(|f| FsError {
+                    errno: f.errno,
+                    message: f.message,
+                })?;
             let ops = ranges
                 .iter()
                 .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
@@ -558,6 +573,7 @@ impl Manager {
                 releases: Mutex::new(Releases::default()),
                 release_wake: Condvar::new(),
                 work_queued: std::sync::atomic::AtomicBool::new(false),
+                segments,
             }
         })
     }
@@ -1007,6 +1023,48 @@ impl Manager {
         }
     }
 
+    fn segments(&self) -> MutexGuard<'_, Segments> {
+        self.segments.lock().expect("segments lock")
+    }
+
+    /// Answers [`FsRequest::Map`]: the attributes of the file of `handle` and a descriptor of
+    /// its pages (see `segments.rs`), open for writing if `write`.
+    pub fn map(
+        &self,
+        s: &mut Session,
+        channel: Option<u32>,
+        handle: u64,
+        write: bool,
+    ) -> Result<(FsReply, OwnedFd), Failure> {
+        self.publish(s, channel);
+        self.settle_releases();
+        let h = Self::handle(s, handle)?;
+        if !h.read {
+            return Err(fail(
+                libc::EACCES,
+                "a mapping needs a handle open for reading",
+            ));
+        }
+        if write && !h.write {
+            return Err(fail(errno::EBADF, "the handle is not open for writing"));
+        }
+        let mut fs = self.fs();
+        let st = fs.stat_ino(h.ino);
+        if st.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(fail(errno::EINVAL, "only a regular file can be mapped"));
+        }
+        let mut segs = self.segments();
+        segs.supported(fs.geometry().chunk_size)?;
+        if st.size > 0 {
+            // Every byte a mapping reaches is in the array: holes get space (zeroed).
+            drop(segs);
+            fs.extend(h.ino, 0, st.size, 1).map_err(failure)?;
+            segs = self.segments();
+        }
+        let fd = segs.give(h.ino, &fs.allocated(h.ino), st.size, write)?;
+        Ok((FsReply::Stat(wire_stat(&fs.stat_ino(h.ino))), fd))
+    }
+
     /// Answers one file-system call of session `s`, whose channel (if it opened one) is
     /// `channel`.
     pub fn call(
@@ -1085,6 +1143,7 @@ impl Manager {
                 let (size, maps) = fs
                     .extend(h.ino, offset, len, MAX_EXTENTS)
                     .map_err(failure)?;
+                self.segments().show(h.ino, &fs.allocated(h.ino), size)?;
                 let file = fs.layout_tag(h.ino);
                 self.install(s, channel, &h, &maps, file)?;
                 Ok(extents(size, file, &maps))
@@ -1211,6 +1270,10 @@ impl Manager {
                 Self::lock(&mut self.locks(), s, &h, kind, cmd, ty, wait, start, len)
             }
             FsRequest::Statfs => Ok(statfs_reply(&self.fs())),
+            FsRequest::Map { .. } => Err(fail(
+                errno::EPROTO,
+                "a map call is answered with a descriptor, not here",
+            )),
         }
     }
 }

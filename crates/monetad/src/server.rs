@@ -557,6 +557,16 @@ impl Server {
                     "this daemon serves a raw device (--raw): no file system",
                 ))),
             },
+            Request::Fs(FsRequest::Map { handle, write }) => match &self.manager {
+                Some(m) => match m.map(&mut lock_session(&c.session), c.channel, handle, write) {
+                    Ok((reply, pages)) => (Ok(ReplyBody::Fs(reply)), vec![pages]),
+                    Err(f) => empty(Err(f)),
+                },
+                None => empty(Err(fail(
+                    errno::EOPNOTSUPP,
+                    "this daemon serves a raw device (--raw): no file system",
+                ))),
+            },
             Request::Fs(f) => match &self.manager {
                 Some(m) => (
                     m.call(&mut lock_session(&c.session), c.channel, f)

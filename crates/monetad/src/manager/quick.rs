@@ -244,6 +244,12 @@ impl Manager {
                 if !h.write {
                     return Err(fail(errno::EBADF, "the handle is not open for writing"));
                 }
+                // A mapped file's new space is shown from its segment, which revokes records
+                // and waits for the poller: the socket does that.
+                match self.segments.try_lock() {
+                    Ok(segs) if !segs.has(h.ino) => {}
+                    _ => return Err(fail(NOT_QUICK, "a mapped file grows through the socket")),
+                }
                 let (size, maps) = fs.extend(h.ino, offset, len, max).map_err(failure)?;
                 let file = fs.layout_tag(h.ino);
                 ops.extend(inserts(s, channel, &h, &maps, file));

@@ -184,8 +184,9 @@ fn refuse_map(path: &[u8]) {
         log(
             crate::shim::ERROR,
             format_args!(
-                "mmap of {} refused (ENODEV): Moneta files cannot be mapped shared \
-                 (MAP_SHARED) yet; private mappings (MAP_PRIVATE) are copies.{sqlite}",
+                "mmap of {} refused (ENODEV): files of a persistent array cannot be mapped \
+                 shared (MAP_SHARED) yet (a volatile array's can); private mappings \
+                 (MAP_PRIVATE) are copies.{sqlite}",
                 String::from_utf8_lossy(&crate::shim::paths::outer(path))
             ),
         )
@@ -263,9 +264,60 @@ fn map_private_copy(
     Ok(p)
 }
 
-/// `mmap(2)`: a private mapping of a Moneta file is a copy ([`map_private_copy`]); a shared
-/// one is not offered yet (`ENODEV`, as for a file system without `mmap`); anonymous and
-/// other mappings go to the C library.
+/// A mapping of a Moneta file's own pages (a memory drive, `OP_FS_MAP`): the kernel maps
+/// them as asked and enforces the descriptor's mode, which is the file's open mode (a shared
+/// mapping of a file open for writing gets writable pages; any other gets read-only ones, so
+/// `PROT_WRITE` on a shared mapping of a read-only open fails with `EACCES`, at `mmap` or
+/// at a later `mprotect`). `Ok(None)` where the array hands out no pages (`ENODEV`).
+fn map_pages(
+    d: &Desc,
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    off: off_t,
+) -> Result<Option<*mut c_void>, i32> {
+    // SAFETY: a plain system call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
+    if len == 0 || off < 0 || off % page != 0 {
+        return Err(libc::EINVAL);
+    }
+    if d.is_dir {
+        return Err(libc::ENODEV);
+    }
+    let acc = d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE;
+    if acc == libc::O_WRONLY {
+        return Err(libc::EACCES);
+    }
+    let shared = flags & 3 != libc::MAP_PRIVATE;
+    let write = shared && acc == libc::O_RDWR;
+    let pages = match d.file.pages(write).map_err(eno) {
+        Ok((fd, _)) => fd,
+        Err(libc::ENODEV) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: the caller's mapping, of the file's pages instead of the file's descriptor.
+    let p = unsafe {
+        real!(mmap64: fn(*mut c_void, size_t, c_int, c_int, c_int, off64_t) -> *mut c_void)(
+            addr,
+            len,
+            prot,
+            flags,
+            pages.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::shim::errno());
+    }
+    Ok(Some(p))
+}
+
+/// `mmap(2)`: a mapping of a Moneta file maps the file's own pages ([`map_pages`]); where
+/// the array hands none out (a persistent array), a private mapping is a copy
+/// ([`map_private_copy`]) and a shared one fails with `ENODEV` (as for a file system without
+/// `mmap`); anonymous and other mappings go to the C library.
 ///
 /// # Safety
 ///
@@ -281,14 +333,17 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     if hooked() && flags & libc::MAP_ANONYMOUS == 0 {
         if let Some(d) = fds::get(fd) {
-            // MAP_SHARED_VALIDATE (3) is a shared mapping too.
-            if flags & 3 == libc::MAP_PRIVATE {
-                return run(libc::MAP_FAILED, || {
-                    map_private_copy(&d, addr, len, prot, flags, off)
-                });
-            }
-            refuse_map(&d.path);
-            return run(libc::MAP_FAILED, || Err(libc::ENODEV));
+            return run(libc::MAP_FAILED, || {
+                if let Some(p) = map_pages(&d, addr, len, prot, flags, off)? {
+                    return Ok(p);
+                }
+                // MAP_SHARED_VALIDATE (3) is a shared mapping too.
+                if flags & 3 == libc::MAP_PRIVATE {
+                    return map_private_copy(&d, addr, len, prot, flags, off);
+                }
+                refuse_map(&d.path);
+                Err(libc::ENODEV)
+            });
         }
     }
     // SAFETY: forwarding.

@@ -1,0 +1,324 @@
+//! Files in memory (memory drives): each mapped file gets pages of its own, a *segment*, that
+//! processes map with `mmap` and that the array shows at the file's addresses.
+//!
+//! The array is one memfd that never leaves the daemon, so a process cannot be given a
+//! mapping of it: that would reach every file. A file that a process maps gets a memfd of its
+//! own instead, whose offsets are the file's offsets. Its bytes move there once (copied from
+//! the array while no channel holds a record over them), and the array then shows the
+//! segment's pages at the file's extents ([`Media::overlay`]): the engine's copies, the file
+//! system and every mapping reach the same pages, and nothing copies them again. The process
+//! receives the segment open for reading only or for reading and writing, as its handle
+//! allows, and the kernel's page tables enforce that: a read-only descriptor yields no
+//! writable shared mapping (`mmap` and `mprotect` fail with `EACCES`), and the segment's mode
+//! (0400) refuses to reopen it for writing through `/proc/self/fd`.
+//!
+//! A segment grows with its file (new extents are shown from it as they are allocated) but
+//! never shrinks: it is sealed against shrinking, since a writer that shrank it would leave
+//! the array's view of the file without pages. When space leaves the file (truncate, unlink's
+//! final free) or its mode or owner change, the segment is *retired*: the array shows its own
+//! pages again, with the segment's bytes copied back for the space the file keeps, and the
+//! file's next mapping gets a new segment. Mappings made before keep the old segment: the
+//! bytes as they were at retirement, private to the processes that map it, reaching neither
+//! the file nor any other file's space.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use moneta_abi::control::{errno, Failure};
+use moneta_device::{Device, Media, TableOp};
+
+/// Most pieces of files the array shows from segments at once: each is a mapping of the
+/// daemon (the kernel allows 65,530 by default, and the array, the channels and the heap need
+/// their own).
+pub const MAX_SHOWN: usize = 16_384;
+
+const PAGE: u64 = 4096;
+
+/// A file's own pages.
+struct Segment {
+    /// The memfd, read-write, sealed against shrinking.
+    rw: File,
+    /// The same pages, open for reading only.
+    ro: OwnedFd,
+    /// Its length.
+    len: u64,
+    /// Pieces the array shows from it: (file offset, array address, bytes), in file order.
+    shown: Vec<(u64, u64, u64)>,
+}
+
+/// The segments of the mapped files.
+pub struct Segments {
+    media: Arc<dyn Media>,
+    device: Arc<Device>,
+    files: HashMap<u64, Segment>,
+    shown: usize,
+}
+
+fn fail(errno: i32, message: impl Into<String>) -> Failure {
+    Failure {
+        errno,
+        message: message.into(),
+    }
+}
+
+fn io_fail(what: &str, e: impl std::fmt::Display) -> Failure {
+    fail(errno::EIO, format!("{what}: {e}"))
+}
+
+impl Segments {
+    /// Segments over `media`, revoking records through `device`.
+    pub fn new(media: Arc<dyn Media>, device: Arc<Device>) -> Segments {
+        Segments {
+            media,
+            device,
+            files: HashMap::new(),
+            shown: 0,
+        }
+    }
+
+    /// Whether the array can hand pages out at all: a volatile array, whose chunks are whole
+    /// pages.
+    pub fn supported(&self, chunk_size: u64) -> Result<(), Failure> {
+        if self.media.persistent() {
+            return Err(fail(
+                libc::ENODEV,
+                "files of a persistent array cannot be mapped yet (a volatile array can: monetad --volatile)",
+            ));
+        }
+        if !chunk_size.is_multiple_of(PAGE) {
+            return Err(fail(
+                libc::ENODEV,
+                format!("the file system's chunks ({chunk_size} bytes) are not whole pages"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `ino` has a segment (its allocations must then pass through [`Segments::show`]).
+    pub fn has(&self, ino: u64) -> bool {
+        self.files.contains_key(&ino)
+    }
+
+    /// The segment of `ino`, made if it has none, showing `allocated` (the file's extents, as
+    /// [`moneta_fs::Fs::allocated`] lists them) and at least `size` bytes long: a descriptor
+    /// open for writing if `write`, else for reading only.
+    pub fn give(
+        &mut self,
+        ino: u64,
+        allocated: &[(u64, u64, u64)],
+        size: u64,
+        write: bool,
+    ) -> Result<OwnedFd, Failure> {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.files.entry(ino) {
+            v.insert(Self::make()?);
+        }
+        self.show(ino, allocated, size)?;
+        let seg = &self.files[&ino];
+        let fd = if write {
+            seg.rw.as_fd().try_clone_to_owned()
+        } else {
+            seg.ro.try_clone()
+        };
+        fd.map_err(|e| io_fail("cannot share the file's pages", e))
+    }
+
+    fn make() -> Result<Segment, Failure> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(
+            "moneta-file",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| io_fail("cannot make the file's pages", e))?;
+        // A writer that shrank the segment would take pages from under the array's view.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK)
+            .map_err(|e| io_fail("cannot seal the file's pages", e))?;
+        // Opened for reading through /proc before the mode forbids it; afterwards nobody
+        // (but root) can open it again for writing that way.
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let ro: OwnedFd = File::open(&path)
+            .map_err(|e| io_fail("cannot open the file's pages for reading", e))?
+            .into();
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::RUSR)
+            .map_err(|e| io_fail("cannot protect the file's pages", e))?;
+        Ok(Segment {
+            rw: File::from(fd),
+            ro,
+            len: 0,
+            shown: Vec::new(),
+        })
+    }
+
+    /// Shows from `ino`'s segment every piece of `allocated` it does not show yet (the file
+    /// grew), and makes the segment at least `size` bytes long. Each new piece's records are
+    /// revoked from every channel, its bytes copied into the segment, and the segment's pages
+    /// shown in their place, so no write is lost between the copy and the switch.
+    pub fn show(
+        &mut self,
+        ino: u64,
+        allocated: &[(u64, u64, u64)],
+        size: u64,
+    ) -> Result<(), Failure> {
+        let Some(seg) = self.files.get(&ino) else {
+            return Ok(());
+        };
+        let new = missing(&seg.shown, allocated);
+        if self.shown + new.len() > MAX_SHOWN {
+            return Err(fail(
+                errno::ENOMEM,
+                format!("the array already shows {MAX_SHOWN} pieces of mapped files"),
+            ));
+        }
+        let end = allocated
+            .iter()
+            .map(|&(off, _, len)| off + len)
+            .max()
+            .unwrap_or(0)
+            .max(size.next_multiple_of(PAGE));
+        let seg = self.files.get_mut(&ino).expect("checked above");
+        if end > seg.len {
+            seg.rw
+                .set_len(end)
+                .map_err(|e| io_fail("cannot grow the file's pages", e))?;
+            seg.len = end;
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let ops = new
+            .iter()
+            .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
+            .collect();
+        self.device
+            .update(ops)
+            .map_err(|e| io_fail("cannot revoke records", e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        for &(off, addr, len) in &new {
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(buf.len() as u64) as usize;
+                // SAFETY: `buf` holds `n` bytes; the range is the file's, inside the array.
+                unsafe { self.media.read(addr + at, buf.as_mut_ptr(), n) };
+                seg.rw
+                    .write_all_at(&buf[..n], off + at)
+                    .map_err(|e| io_fail("cannot fill the file's pages", e))?;
+                at += n as u64;
+            }
+            self.media
+                .overlay(addr, len, seg.rw.as_fd(), off)
+                .map_err(|e| io_fail("cannot show the file's pages", e))?;
+            seg.shown.push((off, addr, len));
+            self.shown += 1;
+        }
+        seg.shown.sort_unstable();
+        Ok(())
+    }
+
+    /// Retires the segment of every file that shows a piece overlapping `ranges` (array
+    /// ranges about to leave their files), or of `ino`: the array shows its own pages there
+    /// again, holding the segment's bytes, and mappings made before keep the old pages.
+    pub fn retire_over(&mut self, ranges: &[(u64, u64)]) -> Result<(), Failure> {
+        let hit: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|(_, seg)| {
+                seg.shown.iter().any(|&(_, addr, len)| {
+                    ranges
+                        .iter()
+                        .any(|&(s, l)| addr < s.saturating_add(l) && s < addr + len)
+                })
+            })
+            .map(|(&ino, _)| ino)
+            .collect();
+        for ino in hit {
+            self.retire(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Retires `ino`'s segment, if it has one.
+    pub fn retire(&mut self, ino: u64) -> Result<(), Failure> {
+        let Some(seg) = self.files.remove(&ino) else {
+            return Ok(());
+        };
+        self.shown -= seg.shown.len();
+        let ops = seg
+            .shown
+            .iter()
+            .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
+            .collect();
+        self.device
+            .update(ops)
+            .map_err(|e| io_fail("cannot revoke records", e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        for &(off, addr, len) in &seg.shown {
+            self.media
+                .detach(addr, len)
+                .map_err(|e| io_fail("cannot show the array's pages again", e))?;
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(buf.len() as u64) as usize;
+                seg.rw
+                    .read_exact_at(&mut buf[..n], off + at)
+                    .map_err(|e| io_fail("cannot read the file's pages back", e))?;
+                // SAFETY: `buf` holds `n` bytes; the range is the file's, inside the array.
+                unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
+                at += n as u64;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parts of `want` (file offset, address, bytes) that `have` does not cover. Every piece
+/// of `have` lies inside one of `want` at the same address (space stays where it is while the
+/// file keeps it, and a segment is retired before any leaves), so the difference is taken on
+/// file offsets.
+fn missing(have: &[(u64, u64, u64)], want: &[(u64, u64, u64)]) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    for &(off, addr, len) in want {
+        let mut at = off;
+        let end = off + len;
+        for &(h_off, _, h_len) in have {
+            let h_end = h_off + h_len;
+            if h_end <= at || h_off >= end {
+                continue;
+            }
+            if h_off > at {
+                out.push((at, addr + (at - off), h_off - at));
+            }
+            at = at.max(h_end);
+        }
+        if at < end {
+            out.push((at, addr + (at - off), end - at));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing;
+
+    #[test]
+    fn what_a_segment_does_not_show_yet() {
+        // Nothing shown: everything.
+        assert_eq!(missing(&[], &[(0, 100, 8)]), vec![(0, 100, 8)]);
+        // A file grown at its end, in place and elsewhere.
+        let have = [(0, 100, 8)];
+        assert_eq!(
+            missing(&have, &[(0, 100, 16), (16, 500, 4)]),
+            vec![(8, 108, 8), (16, 500, 4)]
+        );
+        // A hole filled between two shown pieces.
+        let have = [(0, 100, 4), (8, 300, 4)];
+        assert_eq!(
+            missing(&have, &[(0, 100, 4), (4, 200, 4), (8, 300, 4)]),
+            vec![(4, 200, 4)]
+        );
+        // All shown.
+        assert!(missing(&have, &have).is_empty());
+    }
+}

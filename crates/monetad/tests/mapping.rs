@@ -1,0 +1,290 @@
+//! Files in memory (`OP_FS_MAP`, memory drives): a mapping is the file's own pages, shared
+//! with the channel path and every other mapping with no copy; a read-only open never yields
+//! writable pages; space that leaves a mapped file leaves its mappings too. Real daemons, real
+//! `mmap`.
+
+mod common;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use libmoneta::{ClientError, Moneta, OpenOptions};
+
+/// Entry point of child processes started with `spawn_role_as`; does nothing in a normal run.
+#[test]
+fn child_process_entry() {
+    let Some((role, args)) = child_role() else {
+        return;
+    };
+    let code = match role.as_str() {
+        "reader" => reader_cannot_write(&args),
+        other => panic!("unknown role {other}"),
+    };
+    std::process::exit(code);
+}
+
+fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+fn ro() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    o
+}
+
+/// A mapping of `len` bytes of `fd` from 0, unmapped on drop.
+struct Mapped {
+    p: *mut u8,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(fd: &OwnedFd, len: usize, prot: i32) -> Result<Mapped, i32> {
+        // SAFETY: a new mapping chosen by the kernel.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+        }
+        Ok(Mapped { p: p.cast(), len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` mapped bytes; other writers only store bytes.
+        unsafe { std::slice::from_raw_parts(self.p, self.len) }
+    }
+
+    fn store(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: inside the mapping, which is writable for the callers of this.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.p.add(off), data.len()) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.p.cast(), self.len) };
+    }
+}
+
+fn read_all(f: &libmoneta::File, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let n = f.read_at(&mut buf, 0).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn errno_of<T>(r: Result<T, ClientError>) -> i32 {
+    match r {
+        Err(e) => e.errno(),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+#[test]
+fn a_mapping_is_the_files_own_pages() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    let data = pattern(1, 0, 3 * 4096);
+    f.write_at(&data, 0).unwrap();
+
+    let (pages, st) = f.pages(true).unwrap();
+    assert_eq!(st.size, data.len() as u64);
+    let map = Mapped::new(&pages, data.len(), libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    assert_eq!(map.bytes(), &data[..], "the mapping holds what was written");
+
+    // A store through the mapping is what the channel reads, at once.
+    map.store(5000, b"through the mapping");
+    assert_eq!(
+        &read_all(&f, data.len())[5000..5019],
+        b"through the mapping"
+    );
+
+    // A write through another connection's channel is in the mapping, at once.
+    let m2 = Moneta::connect(&d.socket).unwrap();
+    let g = m2.open("/a", &rw()).unwrap();
+    g.write_at(b"through the channel", 100).unwrap();
+    assert_eq!(&map.bytes()[100..119], b"through the channel");
+
+    // A second mapping, from the other connection, shares the same pages.
+    let (pages2, _) = g.pages(false).unwrap();
+    let map2 = Mapped::new(&pages2, data.len(), libc::PROT_READ).unwrap();
+    map.store(9000, b"seen by both");
+    assert_eq!(&map2.bytes()[9000..9012], b"seen by both");
+
+    // The file grows after it was mapped: its new space is in its pages too.
+    let tail = pattern(2, 0, 8192);
+    f.write_at(&tail, 40960).unwrap();
+    let (pages3, st) = f.pages(true).unwrap();
+    assert_eq!(st.size, 40960 + 8192);
+    let big = Mapped::new(
+        &pages3,
+        st.size as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+    )
+    .unwrap();
+    assert_eq!(&big.bytes()[40960..], &tail[..]);
+    big.store(45000, b"grown");
+    let mut buf = [0u8; 5];
+    g.read_at(&mut buf, 45000).unwrap();
+    assert_eq!(&buf, b"grown");
+    // The hole between the old end and the new data reads as zeros either way.
+    assert!(big.bytes()[3 * 4096..40960].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn read_only_opens_get_read_only_pages() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    f.write_at(&pattern(3, 0, 8192), 0).unwrap();
+    let r = m.open("/a", &ro()).unwrap();
+    assert_eq!(errno_of(r.pages(true)), libc::EBADF);
+    let (pages, _) = r.pages(false).unwrap();
+    // The kernel refuses writable shared pages of a read-only descriptor, now and later.
+    assert_eq!(
+        Mapped::new(&pages, 8192, libc::PROT_READ | libc::PROT_WRITE).err(),
+        Some(libc::EACCES)
+    );
+    let map = Mapped::new(&pages, 8192, libc::PROT_READ).unwrap();
+    // SAFETY: changing the protection of our own mapping.
+    let rc = unsafe { libc::mprotect(map.p.cast(), 8192, libc::PROT_READ | libc::PROT_WRITE) };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    // The pages are the daemon's, mode 0400, sealed against shrinking.
+    let meta = std::fs::metadata(format!("/proc/self/fd/{}", pages.as_raw_fd())).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+    // SAFETY: a query of our own descriptor.
+    let seals = unsafe { libc::fcntl(pages.as_raw_fd(), libc::F_GET_SEALS) };
+    assert!(seals >= 0 && seals & libc::F_SEAL_SHRINK != 0);
+    // A write-only open cannot map at all (mmap needs a readable descriptor).
+    let mut wo = OpenOptions::new();
+    wo.write(true);
+    let w = m.open("/a", &wo).unwrap();
+    assert_eq!(errno_of(w.pages(false)), libc::EACCES);
+}
+
+/// As another user: open the file read-only, take its pages, and try every way to write.
+fn reader_cannot_write(args: &[String]) -> i32 {
+    let m = Moneta::connect(std::path::Path::new(&args[0])).unwrap();
+    let r = m.open("/shared", &ro()).unwrap();
+    let (pages, _) = r.pages(false).unwrap();
+    let path = format!("/proc/self/fd/{}", pages.as_raw_fd());
+    let reopened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path);
+    assert_eq!(
+        reopened.err().and_then(|e| e.raw_os_error()),
+        Some(libc::EACCES),
+        "the pages reopened for writing through /proc"
+    );
+    assert_eq!(
+        Mapped::new(&pages, 4096, libc::PROT_READ | libc::PROT_WRITE).err(),
+        Some(libc::EACCES)
+    );
+    let map = Mapped::new(&pages, 4096, libc::PROT_READ).unwrap();
+    assert_eq!(&map.bytes()[..6], b"shared");
+    0
+}
+
+#[test]
+fn another_users_read_only_pages_cannot_be_reopened_for_writing() {
+    if !can_setuid("another_users_read_only_pages_cannot_be_reopened_for_writing") {
+        return;
+    }
+    let d = Daemon::start_fs("64M", &["--socket-mode", "666"]);
+    std::fs::set_permissions(&d.dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = Moneta::connect(&d.socket).unwrap();
+    let mut o = rw();
+    o.mode(0o644);
+    let f = m.open("/shared", &o).unwrap();
+    f.write_at(b"shared bytes", 0).unwrap();
+    let mut child = spawn_role_as(1001, "reader", &[d.socket.display().to_string()]);
+    assert!(child.wait().unwrap().success());
+    let mut buf = [0u8; 12];
+    f.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"shared bytes");
+}
+
+#[test]
+fn space_that_leaves_a_mapped_file_leaves_its_mappings() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    let old = pattern(4, 0, 16384);
+    f.write_at(&old, 0).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    let stale = Mapped::new(&pages, old.len(), libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    drop(pages);
+
+    // Truncation frees the file's space: the mapping keeps the bytes as they were, and
+    // reaches neither the file nor the space, which another file now takes.
+    f.set_len(0).unwrap();
+    let other = m.open("/b", &rw()).unwrap();
+    let theirs = pattern(5, 0, 1 << 20);
+    other.write_at(&theirs, 0).unwrap();
+    assert_eq!(
+        stale.bytes(),
+        &old[..],
+        "a stale mapping keeps the old bytes"
+    );
+    stale.store(0, b"stale store");
+    let mut buf = vec![0u8; 1 << 20];
+    other.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, theirs, "a stale store reached another file");
+    assert!(
+        read_all(&f, 16384).is_empty(),
+        "the truncated file is empty"
+    );
+
+    // The file mapped again gets new pages, with its new contents.
+    f.write_at(b"new life", 0).unwrap();
+    let (pages, st) = f.pages(true).unwrap();
+    assert_eq!(st.size, 8);
+    let fresh = Mapped::new(&pages, 4096, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    assert_eq!(&fresh.bytes()[..8], b"new life");
+    assert_eq!(&stale.bytes()[..11], b"stale store");
+
+    // Unlinked and closed, its space is freed: mappings keep their bytes, and the space
+    // goes to other files untouched by them.
+    drop(f);
+    m.unlink("/a").unwrap();
+    let c = m.open("/c", &rw()).unwrap();
+    let more = pattern(6, 0, 1 << 20);
+    c.write_at(&more, 0).unwrap();
+    fresh.store(100, b"after unlink");
+    let mut buf = vec![0u8; 1 << 20];
+    c.read_at(&mut buf, 0).unwrap();
+    assert_eq!(
+        buf, more,
+        "a store into an unlinked file's mapping reached another file"
+    );
+    assert_eq!(&fresh.bytes()[..8], b"new life");
+}
+
+#[test]
+fn directories_cannot_be_mapped() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    m.mkdir("/dir", 0o755).unwrap();
+    let dir = m.open("/dir", &ro()).unwrap();
+    assert_eq!(errno_of(dir.pages(false)), libc::ENODEV);
+}
