@@ -226,8 +226,8 @@ impl File {
     /// writing), else for reading only, and the file's attributes. A store through a shared
     /// mapping of it is at once what every read of the file sees, and a write of the file is
     /// at once in every mapping. The kernel enforces the descriptor's mode: a read-only one
-    /// gives no writable shared mapping. `ENODEV` where the array cannot hand pages out (a
-    /// persistent array).
+    /// gives no writable shared mapping. `ENODEV` where the array cannot hand pages out (one
+    /// with data checksums).
     pub fn pages(&self, write: bool) -> Result<(std::os::fd::OwnedFd, FsStat), ClientError> {
         if self.is_dir {
             return Err(errno(libc::ENODEV));

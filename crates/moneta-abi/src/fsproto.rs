@@ -97,7 +97,7 @@ pub const OP_FS_LOCK: u16 = 37;
 /// the array's bytes of the file: a store through a mapping is what every channel command and
 /// every other mapping of the file sees, with no copy. Errors: `EBADF` for `write` on a
 /// handle not open for writing; `EINVAL` for a file that is not regular; `ENODEV` where the
-/// array cannot hand pages out (a persistent array, or chunks that are not whole pages);
+/// array cannot hand pages out (one with data checksums, or chunks that are not whole pages);
 /// `ENOMEM` when the daemon shows as many pieces of files as it allows.
 pub const OP_FS_MAP: u16 = 38;
 

@@ -260,6 +260,14 @@ pub struct MappedArray {
     file: File,
     /// Mapped for reading only ([`MappedArray::open_read_only`]).
     read_only: bool,
+    /// Pieces shown from other files ([`Media::overlay`]) and not detached since.
+    overlaid: std::sync::atomic::AtomicUsize,
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        crate::guard::unguard(self.map.as_mut_ptr() as usize);
+    }
 }
 
 /// Largest array we accept: 64 TiB.
@@ -347,6 +355,7 @@ impl MappedArray {
             persistent: true,
             file,
             read_only: true,
+            overlaid: Default::default(),
         })
     }
 
@@ -407,6 +416,7 @@ impl MappedArray {
             persistent,
             file,
             read_only: false,
+            overlaid: Default::default(),
         })
     }
 
@@ -468,6 +478,14 @@ impl Media for MappedArray {
     /// per range would pay that flush once per range.
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
         if !self.persistent {
+            return Ok(());
+        }
+        if self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            // Some ranges may be other files' pages: `msync` of the mapping writes back
+            // whichever file each page is, where the backing file's descriptor would not.
+            for &(addr, len) in ranges {
+                self.flush(addr, len)?;
+            }
             return Ok(());
         }
         let clip = |&(addr, len): &(u64, u64)| {
@@ -535,7 +553,14 @@ impl Media for MappedArray {
         segment: BorrowedFd<'_>,
         seg_off: u64,
     ) -> io::Result<()> {
+        if self.persistent {
+            // Pages of a host file, which its writers can shorten: a fault there must not
+            // kill the daemon (see `guard`).
+            crate::guard::guard(self.map.as_mut_ptr() as usize, self.size as usize);
+        }
         self.remap(addr, len, segment, seg_off)?;
+        self.overlaid
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if !self.persistent {
             // The memfd's own pages there are no longer seen: give their memory back.
             rustix::fs::fallocate(
@@ -550,6 +575,11 @@ impl Media for MappedArray {
 
     fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
         self.remap(addr, len, self.file.as_fd(), addr)?;
+        let _ = self.overlaid.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |n| n.checked_sub(1),
+        );
         if self.persistent {
             // As at `map`: no readahead on the backing file's pages.
             // SAFETY: advice on pages of our own mapping, checked in range by `remap`.

@@ -394,11 +394,41 @@ fn sqlite3() {
         "the -wal and -shm files go with the last connection"
     );
 
-    // On a persistent array, whose files cannot be mapped yet, the switch is refused with a
-    // message naming mmap, once, and the database keeps its journal mode.
+    // On a persistent array the -shm file's pages are a file beside the backing file: WAL
+    // works there too.
     let p = PersistentDaemon::start();
-    p.0.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
-    let o = p.0.run(
+    p.0.sh("sqlite3 /moneta/wal.db 'PRAGMA journal_mode=WAL; CREATE TABLE t(a);' >/dev/null");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ["x", "y"]
+            .iter()
+            .map(|who| {
+                let sql = format!(
+                    ".timeout 20000\n{}",
+                    (0..100)
+                        .map(|n| format!("INSERT INTO t VALUES('{who}{n}');\n"))
+                        .collect::<String>()
+                );
+                let p = &p;
+                s.spawn(move || {
+                    p.0.run(&["sqlite3", "/moneta/wal.db"], Some(sql.as_bytes()))
+                })
+            })
+            .collect();
+        for h in hs {
+            let o = h.join().unwrap();
+            assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+        }
+    });
+    let out =
+        p.0.sh("sqlite3 /moneta/wal.db 'PRAGMA integrity_check; SELECT count(*) FROM t;'");
+    assert_eq!(out, "ok\n200\n");
+
+    // An array with data checksums hands out no pages (stores through a mapping would bypass
+    // them): the switch is refused with a message naming mmap, once, and the database keeps
+    // its journal mode.
+    let c = Daemon::start_with("64M", &["--data-checksums"]);
+    c.sh("sqlite3 /moneta/wal.db 'CREATE TABLE t(a); INSERT INTO t VALUES(7);'");
+    let o = c.run(
         &["sqlite3", "/moneta/wal.db"],
         Some(b"PRAGMA journal_mode=WAL;\nINSERT INTO t VALUES(8);\nPRAGMA journal_mode=WAL;\n"),
     );
@@ -411,7 +441,7 @@ fn sqlite3() {
         "{err}"
     );
     assert!(err.contains("(mmap MAP_SHARED)"), "{err}");
-    let out = p.0.sh(
+    let out = c.sh(
         "sqlite3 /moneta/wal.db 'PRAGMA journal_mode; PRAGMA integrity_check; SELECT a FROM t;'",
     );
     assert_eq!(out, "delete\nok\n7\n8\n");

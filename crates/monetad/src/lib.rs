@@ -285,7 +285,22 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             tracing::warn!("cannot keep the daemon's threads off CPU {cpu}: {e}");
         }
     }
-    let manager = fs.map(|fs| manager::Manager::new(fs, device.clone()));
+    // A persistent array's mapped files keep their pages beside it.
+    let pages = match &config.array {
+        ArraySource::File(path, _) => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".pages");
+            Some(std::path::PathBuf::from(name))
+        }
+        ArraySource::Volatile(_) => None,
+    };
+    let manager = match fs {
+        Some(fs) => Some(
+            manager::Manager::new(fs, device.clone(), pages)
+                .map_err(|e| DaemonError::Config(format!("mapped files' pages: {e}")))?,
+        ),
+        None => None,
+    };
     let stopping = manager.clone();
     if let Some(m) = &manager {
         m.start_reaper()

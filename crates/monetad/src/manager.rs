@@ -52,7 +52,7 @@ use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 mod quick;
 mod segments;
 
-use segments::Segments;
+use segments::{Segments, Store};
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
@@ -530,10 +530,48 @@ fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
 
 impl Manager {
     /// A manager over `fs` for `device`; installs the revocation hook and answers the
-    /// poller's file calls.
-    pub fn new(mut fs: Fs, device: Arc<Device>) -> Arc<Manager> {
+    /// poller's file calls. Mapped files of a persistent array keep their pages in `pages`
+    /// (a directory beside the backing file; without it they cannot be mapped), where
+    /// whatever a killed daemon left is folded back into the array first.
+    pub fn new(
+        mut fs: Fs,
+        device: Arc<Device>,
+        pages: Option<std::path::PathBuf>,
+    ) -> Result<Arc<Manager>, FsError> {
         let d = device.clone();
-        let segments = Arc::new(Mutex::new(Segments::new(fs.media(), device.clone())));
+        let store = if fs.integrity().is_some() {
+            Store::Refused(
+                "files of an array with data checksums cannot be mapped: stores through a \
+                 mapping would bypass the checksums",
+            )
+        } else if !fs.media().persistent() {
+            Store::Memory
+        } else {
+            match pages {
+                Some(path) => Store::Dir {
+                    path,
+                    host: fs.durability() == moneta_fs::Durability::Host,
+                },
+                None => Store::Refused("this array has no place for mapped files' pages"),
+            }
+        };
+        let segments = Segments::new(fs.media(), device.clone(), store);
+        let folded = segments
+            .recover(|ino| {
+                (fs.exists(ino) && fs.stat_ino(ino).mode & libc::S_IFMT == libc::S_IFREG)
+                    .then(|| fs.allocated(ino))
+            })
+            .map_err(|f| FsError {
+                errno: f.errno,
+                message: f.message,
+            })?;
+        if folded > 0 {
+            tracing::info!(
+                files = folded,
+                "pages of mapped files folded back into the array"
+            );
+        }
+        let segments = Arc::new(Mutex::new(segments));
         let segs = segments.clone();
         fs.set_revoker(Box::new(move |ranges| {
             // A mapped file losing space loses its segment first (see `segments.rs`).
@@ -556,7 +594,7 @@ impl Manager {
         let media = fs.media();
         let fs = Arc::new(Mutex::new(fs));
         let registry = Registry::default();
-        Arc::new_cyclic(|me| {
+        Ok(Arc::new_cyclic(|me| {
             device.set_file_service(Arc::new(Front {
                 registry: registry.clone(),
                 manager: me.clone(),
@@ -575,13 +613,23 @@ impl Manager {
                 work_queued: std::sync::atomic::AtomicBool::new(false),
                 segments,
             }
-        })
+        }))
     }
 
-    /// Checkpoints the file system's journal (a clean stop): everything is durable and the
-    /// tables stand without it.
+    /// Folds the mapped files' pages back into the array and checkpoints the file system's
+    /// journal (a clean stop, after the device's): everything is durable and the tables stand
+    /// without the journal.
     pub fn unmount(&self) -> Result<(), FsError> {
         self.settle_releases();
+        {
+            // The array holds every byte of the mapped files again (the device has stopped:
+            // nothing reaches them meanwhile).
+            let _fs = self.fs();
+            self.segments().retire_all().map_err(|f| FsError {
+                errno: f.errno,
+                message: f.message,
+            })?;
+        }
         self.fs().unmount()
     }
 

@@ -288,3 +288,95 @@ fn directories_cannot_be_mapped() {
     let dir = m.open("/dir", &ro()).unwrap();
     assert_eq!(errno_of(dir.pages(false)), libc::ENODEV);
 }
+
+/// A persistent daemon in its own directory, with `args`.
+fn persistent(args: &[&str]) -> Daemon {
+    let dir = TempDir::new("pages");
+    let img = dir.0.join("device.img").display().to_string();
+    let mut all = vec!["--device", img.as_str(), "--size", "64M"];
+    all.extend_from_slice(args);
+    Daemon::start_raw(&all, dir)
+}
+
+fn pages_dir(d: &Daemon) -> std::path::PathBuf {
+    d.dir.0.join("device.img.pages")
+}
+
+#[test]
+fn a_persistent_arrays_mapped_files_outlive_a_killed_daemon() {
+    let mut d = persistent(&[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    let data = pattern(7, 0, 3 * 4096);
+    f.write_at(&data, 0).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    let map = Mapped::new(&pages, data.len(), libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    assert_eq!(map.bytes(), &data[..]);
+    // Stores through the mapping and writes through the channel, then the daemon dies.
+    map.store(4096, b"stored through the mapping");
+    f.write_at(b"written through the channel", 8192).unwrap();
+    assert!(pages_dir(&d).join(f.ino().to_string()).exists());
+    d.kill9();
+    drop(map);
+    drop(pages);
+    d.spawn();
+    // The restarted daemon folded the pages back: both are in the file.
+    let m = Moneta::connect(&d.socket).unwrap();
+    let g = m.open("/a", &ro()).unwrap();
+    let got = read_all(&g, data.len());
+    let mut want = data.clone();
+    want[4096..4096 + 26].copy_from_slice(b"stored through the mapping");
+    want[8192..8192 + 27].copy_from_slice(b"written through the channel");
+    assert_eq!(got, want);
+    assert!(!pages_dir(&d).exists(), "the pages were folded and removed");
+}
+
+#[test]
+fn a_clean_stop_folds_mapped_files_back() {
+    let mut d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    f.write_at(&pattern(8, 0, 8192), 0).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    let map = Mapped::new(&pages, 8192, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    map.store(10, b"kept at the stop");
+    // fsync at the host level writes the mapped pages back with the rest.
+    f.sync_all().unwrap();
+    drop(map);
+    drop(pages);
+    drop(f);
+    d.control().shutdown().unwrap();
+    d.wait_exit(std::time::Duration::from_secs(30))
+        .expect("the daemon stops");
+    assert!(
+        !pages_dir(&d).exists(),
+        "a clean stop leaves no pages aside"
+    );
+    d.spawn();
+    let m = Moneta::connect(&d.socket).unwrap();
+    let g = m.open("/a", &ro()).unwrap();
+    assert_eq!(&read_all(&g, 8192)[10..26], b"kept at the stop");
+}
+
+#[test]
+fn a_writer_that_shortens_the_pages_hurts_only_its_file() {
+    let d = persistent(&[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/a", &rw()).unwrap();
+    f.write_at(&pattern(9, 0, 16384), 0).unwrap();
+    let other = m.open("/b", &rw()).unwrap();
+    let theirs = pattern(10, 0, 16384);
+    other.write_at(&theirs, 0).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    // A hostile writer cuts the pages short; the daemon reads past their end.
+    rustix::fs::ftruncate(&pages, 0).unwrap();
+    let mut buf = vec![0u8; 16384];
+    let r = f.read_at(&mut buf, 0);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(buf.iter().all(|&b| b == 0), "the cut file reads as zeros");
+    // The daemon lives on, and the other file is untouched.
+    d.control().ping().unwrap();
+    let mut buf = vec![0u8; 16384];
+    other.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, theirs);
+}

@@ -20,11 +20,22 @@
 //! file's next mapping gets a new segment. Mappings made before keep the old segment: the
 //! bytes as they were at retirement, private to the processes that map it, reaching neither
 //! the file nor any other file's space.
+//!
+//! On a persistent array the segments are files of the host's file system, in a directory
+//! beside the backing file (`<backing file>.pages/<inode>`), fully allocated as they grow: a
+//! store through a mapping or a channel write to a mapped file then outlives the daemon as a
+//! write to the array does (both are in the host's page cache), and `fsync` at the `host`
+//! level writes the segment's pages back with the rest. At start the daemon folds every
+//! segment left by one that was killed back into the array ([`Segments::recover`]), and a
+//! clean stop folds them all back. Such a file cannot be sealed, and a writer may shorten it:
+//! the daemon's own accesses past its end then find a page of zeros
+//! ([`moneta_device::guard`]) instead of a `SIGBUS`, and only that file is affected.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use moneta_abi::control::{errno, Failure};
@@ -49,10 +60,22 @@ struct Segment {
     shown: Vec<(u64, u64, u64)>,
 }
 
+/// Where segments live.
+pub enum Store {
+    /// Memfds: a volatile array.
+    Memory,
+    /// Files in this directory: a persistent array. `host`: the `host` durability level, at
+    /// which segments' sizes and removals are made durable as they change.
+    Dir { path: PathBuf, host: bool },
+    /// None: the array hands no pages out, and this says why.
+    Refused(&'static str),
+}
+
 /// The segments of the mapped files.
 pub struct Segments {
     media: Arc<dyn Media>,
     device: Arc<Device>,
+    store: Store,
     files: HashMap<u64, Segment>,
     shown: usize,
 }
@@ -69,24 +92,22 @@ fn io_fail(what: &str, e: impl std::fmt::Display) -> Failure {
 }
 
 impl Segments {
-    /// Segments over `media`, revoking records through `device`.
-    pub fn new(media: Arc<dyn Media>, device: Arc<Device>) -> Segments {
+    /// Segments over `media` in `store`, revoking records through `device`.
+    pub fn new(media: Arc<dyn Media>, device: Arc<Device>, store: Store) -> Segments {
         Segments {
             media,
             device,
+            store,
             files: HashMap::new(),
             shown: 0,
         }
     }
 
-    /// Whether the array can hand pages out at all: a volatile array, whose chunks are whole
-    /// pages.
+    /// Whether the array can hand pages out at all: one with a place for segments, whose
+    /// chunks are whole pages.
     pub fn supported(&self, chunk_size: u64) -> Result<(), Failure> {
-        if self.media.persistent() {
-            return Err(fail(
-                libc::ENODEV,
-                "files of a persistent array cannot be mapped yet (a volatile array can: monetad --volatile)",
-            ));
+        if let Store::Refused(why) = self.store {
+            return Err(fail(libc::ENODEV, why));
         }
         if !chunk_size.is_multiple_of(PAGE) {
             return Err(fail(
@@ -112,10 +133,21 @@ impl Segments {
         size: u64,
         write: bool,
     ) -> Result<OwnedFd, Failure> {
-        if let std::collections::hash_map::Entry::Vacant(v) = self.files.entry(ino) {
-            v.insert(Self::make()?);
+        let made = match self.files.get(&ino) {
+            Some(_) => None,
+            None => Some(self.make(ino)?),
+        };
+        let fresh = made.is_some();
+        if let Some(seg) = made {
+            self.files.insert(ino, seg);
         }
-        self.show(ino, allocated, size)?;
+        if let Err(f) = self.show(ino, allocated, size) {
+            if fresh {
+                // Nothing half made stays: what was shown goes back to the array.
+                self.retire(ino)?;
+            }
+            return Err(f);
+        }
         let seg = &self.files[&ino];
         let fd = if write {
             seg.rw.as_fd().try_clone_to_owned()
@@ -125,7 +157,38 @@ impl Segments {
         fd.map_err(|e| io_fail("cannot share the file's pages", e))
     }
 
-    fn make() -> Result<Segment, Failure> {
+    fn make(&self, ino: u64) -> Result<Segment, Failure> {
+        let Store::Dir { path, .. } = &self.store else {
+            return Self::make_memfd();
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(|e| io_fail(&format!("cannot make {}", path.display()), e))?;
+        let file = path.join(ino.to_string());
+        // Mode 0400 from the start: the daemon's descriptors are opened here, and nobody
+        // (but root) opens it for writing again.
+        let rw = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o400)
+            .open(&file)
+            .map_err(|e| io_fail(&format!("cannot make {}", file.display()), e))?;
+        let ro: OwnedFd = File::open(&file)
+            .map_err(|e| io_fail("cannot open the file's pages for reading", e))?
+            .into();
+        Ok(Segment {
+            rw,
+            ro,
+            len: 0,
+            shown: Vec::new(),
+        })
+    }
+
+    fn make_memfd() -> Result<Segment, Failure> {
         use rustix::fs::{MemfdFlags, SealFlags};
         let fd = rustix::fs::memfd_create(
             "moneta-file",
@@ -182,6 +245,23 @@ impl Segments {
             seg.rw
                 .set_len(end)
                 .map_err(|e| io_fail("cannot grow the file's pages", e))?;
+            if let Store::Dir { host, .. } = self.store {
+                // Every page allocated now: a store into a hole of a full file system would
+                // fault in the daemon.
+                rustix::fs::fallocate(&seg.rw, rustix::fs::FallocateFlags::empty(), 0, end)
+                    .map_err(|e| {
+                        if e == rustix::io::Errno::NOSPC {
+                            fail(errno::ENOSPC, "no space on the host for the file's pages")
+                        } else {
+                            io_fail("cannot allocate the file's pages", e)
+                        }
+                    })?;
+                if host {
+                    seg.rw
+                        .sync_all()
+                        .map_err(|e| io_fail("cannot make the file's pages durable", e))?;
+                }
+            }
             seg.len = end;
         }
         if new.is_empty() {
@@ -208,7 +288,10 @@ impl Segments {
             }
             self.media
                 .overlay(addr, len, seg.rw.as_fd(), off)
-                .map_err(|e| io_fail("cannot show the file's pages", e))?;
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::Unsupported => fail(libc::ENODEV, e.to_string()),
+                    _ => io_fail("cannot show the file's pages", e),
+                })?;
             seg.shown.push((off, addr, len));
             self.shown += 1;
         }
@@ -240,18 +323,26 @@ impl Segments {
 
     /// Retires `ino`'s segment, if it has one.
     pub fn retire(&mut self, ino: u64) -> Result<(), Failure> {
+        self.retire_with(ino, true)
+    }
+
+    /// Retires `ino`'s segment; `revoke`: first revokes every record over it (unless the
+    /// device has stopped, and no command can come).
+    fn retire_with(&mut self, ino: u64, revoke: bool) -> Result<(), Failure> {
         let Some(seg) = self.files.remove(&ino) else {
             return Ok(());
         };
         self.shown -= seg.shown.len();
-        let ops = seg
-            .shown
-            .iter()
-            .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
-            .collect();
-        self.device
-            .update(ops)
-            .map_err(|e| io_fail("cannot revoke records", e))?;
+        if revoke {
+            let ops = seg
+                .shown
+                .iter()
+                .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
+                .collect();
+            self.device
+                .update(ops)
+                .map_err(|e| io_fail("cannot revoke records", e))?;
+        }
         let mut buf = vec![0u8; 1 << 20];
         for &(off, addr, len) in &seg.shown {
             self.media
@@ -268,7 +359,105 @@ impl Segments {
                 at += n as u64;
             }
         }
+        self.forget(ino, &seg)
+    }
+
+    /// Removes a retired segment's file, once the array holds its bytes for good at the
+    /// `host` level (so that a free that follows can never be durable before it).
+    fn forget(&self, ino: u64, seg: &Segment) -> Result<(), Failure> {
+        let Store::Dir { path, host } = &self.store else {
+            return Ok(());
+        };
+        if *host {
+            let ranges: Vec<(u64, u64)> = seg.shown.iter().map(|&(_, a, l)| (a, l)).collect();
+            self.media
+                .flush_ranges(&ranges)
+                .map_err(|e| io_fail("cannot make the file's bytes durable", e))?;
+        }
+        let file = path.join(ino.to_string());
+        std::fs::remove_file(&file)
+            .map_err(|e| io_fail(&format!("cannot remove {}", file.display()), e))?;
+        if *host {
+            File::open(path)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_fail("cannot make the removal durable", e))?;
+        }
         Ok(())
+    }
+
+    /// Retires every segment once the device has stopped (a clean stop: the array then
+    /// holds every byte).
+    pub fn retire_all(&mut self) -> Result<(), Failure> {
+        let inos: Vec<u64> = self.files.keys().copied().collect();
+        for ino in inos {
+            self.retire_with(ino, false)?;
+        }
+        if let Store::Dir { path, .. } = &self.store {
+            match std::fs::remove_dir(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_fail(&format!("cannot remove {}", path.display()), e))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds the segments a daemon left (killed while files were mapped) back into the
+    /// array: each one's bytes go to its file's extents, as `allocated` lists them for an
+    /// inode that is a regular file (`None` otherwise), and the segment's file goes. Returns
+    /// how many there were.
+    pub fn recover(
+        &self,
+        allocated: impl Fn(u64) -> Option<Vec<(u64, u64, u64)>>,
+    ) -> Result<usize, Failure> {
+        let Store::Dir { path, .. } = &self.store else {
+            return Ok(0);
+        };
+        let entries = match std::fs::read_dir(path) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_fail(&format!("cannot read {}", path.display()), e)),
+        };
+        let mut count = 0;
+        let mut ranges = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        for entry in entries {
+            let entry = entry.map_err(|e| io_fail("cannot read the pages directory", e))?;
+            let file = entry.path();
+            let ino = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u64>().ok());
+            if let Some(pieces) = ino.and_then(&allocated) {
+                let seg = File::open(&file)
+                    .map_err(|e| io_fail(&format!("cannot open {}", file.display()), e))?;
+                for (off, addr, len) in pieces {
+                    let mut at = 0;
+                    while at < len {
+                        let want = (len - at).min(buf.len() as u64) as usize;
+                        let n = seg
+                            .read_at(&mut buf[..want], off + at)
+                            .map_err(|e| io_fail(&format!("cannot read {}", file.display()), e))?;
+                        if n == 0 {
+                            // A segment shorter than its file: the rest never left the array.
+                            break;
+                        }
+                        // SAFETY: `buf` holds `n` bytes; the range is the file's, in the array.
+                        unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
+                        at += n as u64;
+                    }
+                    ranges.push((addr, len));
+                }
+            }
+            count += 1;
+        }
+        self.media
+            .flush_ranges(&ranges)
+            .map_err(|e| io_fail("cannot make the folded bytes durable", e))?;
+        std::fs::remove_dir_all(path)
+            .map_err(|e| io_fail(&format!("cannot remove {}", path.display()), e))?;
+        Ok(count)
     }
 }
 

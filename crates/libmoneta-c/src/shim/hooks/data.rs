@@ -18,8 +18,8 @@ const SQLITE_HEADER: &[u8] = b"SQLite format 3\0";
 /// journal_mode=WAL`): page 1 written at offset 0 through a descriptor that took a write
 /// lock (SQLite's, before it writes), with the header's format versions (bytes 18 and 19) at
 /// 2 where the file's are not. A database in WAL mode maps its `-shm` file into memory,
-/// shared, at every open, which files of a persistent array cannot give yet (a volatile
-/// array's can, and there the switch goes through): let through, the switch would
+/// shared, at every open, which an array with data checksums cannot give (others can, and
+/// there the switch goes through): let through, the switch would
 /// leave a database that no later open reads. Refused, SQLite rolls the change back and
 /// reports an I/O error, the database keeps its journal mode, and a message says why once.
 /// A copy of a
@@ -41,7 +41,8 @@ fn refuse_wal_switch(d: &Desc, data: &[u8], at: Option<u64>) -> Result<(), i32> 
     if n == now.len() && now.starts_with(SQLITE_HEADER) && now[18..20] == [2, 2] {
         return Ok(());
     }
-    // Where the array hands files' pages out (a volatile array), the -shm file maps.
+    // Where the array hands files' pages out (all but one with data checksums), the -shm
+    // file maps.
     match d.file.pages(false) {
         Err(e) if e.errno() == libc::ENODEV => {}
         _ => return Ok(()),
@@ -53,8 +54,9 @@ fn refuse_wal_switch(d: &Desc, data: &[u8], at: Option<u64>) -> Result<(), i32> 
             format_args!(
                 "journal_mode=WAL refused for {} (EOPNOTSUPP): a SQLite database in WAL mode \
                  maps its -shm file into memory shared between processes (mmap MAP_SHARED), \
-                 which files of a persistent array cannot give yet (a volatile array's can); \
-                 the database keeps its journal mode (DELETE, TRUNCATE and PERSIST work)",
+                 which this array cannot give (it keeps data checksums, which stores through a \
+                 mapping would bypass); the database keeps its journal mode (DELETE, TRUNCATE \
+                 and PERSIST work)",
                 String::from_utf8_lossy(&paths::outer(&d.path))
             ),
         )

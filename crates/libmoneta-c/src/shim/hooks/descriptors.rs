@@ -184,8 +184,9 @@ fn refuse_map(path: &[u8]) {
         log(
             crate::shim::ERROR,
             format_args!(
-                "mmap of {} refused (ENODEV): files of a persistent array cannot be mapped \
-                 shared (MAP_SHARED) yet (a volatile array's can); private mappings \
+                "mmap of {} refused (ENODEV): this array hands out no files' pages \
+                 (it keeps data checksums, which stores through a mapping would bypass), so \
+                 its files cannot be mapped shared (MAP_SHARED); private mappings \
                  (MAP_PRIVATE) are copies.{sqlite}",
                 String::from_utf8_lossy(&crate::shim::paths::outer(path))
             ),
@@ -315,7 +316,7 @@ fn map_pages(
 }
 
 /// `mmap(2)`: a mapping of a Moneta file maps the file's own pages ([`map_pages`]); where
-/// the array hands none out (a persistent array), a private mapping is a copy
+/// the array hands none out (one with data checksums), a private mapping is a copy
 /// ([`map_private_copy`]) and a shared one fails with `ENODEV` (as for a file system without
 /// `mmap`); anonymous and other mappings go to the C library.
 ///
