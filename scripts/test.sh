@@ -15,6 +15,7 @@ command -v sqlite3 >/dev/null || need_apt+=(sqlite3)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v rsync >/dev/null || need_apt+=(rsync)
 command -v git >/dev/null || need_apt+=(git)
+command -v mdb_load >/dev/null || need_apt+=(lmdb-utils)   # LMDB maps its files
 # A statically linked program the shim cannot reach (ldd fails on a static one); it replaces
 # the distribution's dynamically linked busybox.
 { command -v busybox >/dev/null && ! ldd "$(command -v busybox)" >/dev/null 2>&1; } ||

@@ -185,7 +185,7 @@ fn cc(src: &Path, out: &Path, extra: &[&str]) {
 }
 
 /// The C library calls one by one: errno rules, descriptors and dup, positions, flags,
-/// attributes, vectored I/O, truncation, mmap (shared refused, private a copy), fork, exec
+/// attributes, vectored I/O, truncation, mmap (the file's own pages, shared and private), fork, exec
 /// with a Moneta stdout, record locks and flock between processes, stdio, directories, rename
 /// across devices, the current directory, and an unlinked file still open.
 #[test]
@@ -207,6 +207,45 @@ fn probe_of_the_c_library_calls() {
     // What it left, seen by another program.
     let out = d.sh("cat /moneta/probe/exec-out; ls /moneta/probe/sub");
     assert_eq!(out, "abZZmoved\n");
+}
+
+/// LMDB maps its data file (read-only, written with `pwrite`) and its lock file (shared,
+/// written through the mapping) in every process: a database loaded, then read back by other
+/// processes, on a volatile array and on a persistent one.
+#[test]
+fn lmdb_loads_and_reads_back() {
+    need("mdb_load");
+    let volatile = Daemon::start("64M");
+    let persistent = PersistentDaemon::start();
+    for d in [&volatile, &persistent.0] {
+        let out = d.sh("set -e; mkdir /moneta/lm && \
+             awk 'BEGIN{for(i=0;i<5000;i++){printf \"key%05d\\nvalue%d\\n\", i, i*i}}' | \
+             mdb_load -T /moneta/lm && mdb_stat /moneta/lm | grep Entries && \
+             mdb_dump -p /moneta/lm | grep -c value && mdb_dump -p /moneta/lm | grep -A1 key04999");
+        assert_eq!(out, "  Entries: 5000\n5000\n key04999\n value24990001\n");
+    }
+}
+
+/// A program that maps a Moneta file read-only and writes through the mapping dies of
+/// SIGSEGV, after `mmap` and `mprotect` refused it writable pages; the file is unchanged.
+#[test]
+fn a_read_only_mapping_written_dies_of_sigsegv() {
+    let d = Daemon::start("64M");
+    let t = TempDir::new("rowrite");
+    let exe = t.0.join("rowrite");
+    cc(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shim/rowrite.c"),
+        &exe,
+        &[],
+    );
+    d.sh("printf readonly > /moneta/ro.txt");
+    let o = d.run(&[exe.to_str().unwrap(), "/moneta/ro.txt"], None);
+    use std::os::unix::process::ExitStatusExt;
+    let segv =
+        o.status.signal() == Some(libc::SIGSEGV) || o.status.code() == Some(128 + libc::SIGSEGV);
+    assert!(segv, "{:?}: {}", o.status, text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "readonly\n");
+    assert_eq!(d.sh("cat /moneta/ro.txt"), "readonly");
 }
 
 /// coreutils: a 100 MiB random file copied in and out and compared; cat, dd with odd block
@@ -529,20 +568,63 @@ print('python: ok')
     );
 }
 
-/// git reads its files through private memory maps (copies of Moneta files): a repository
-/// under the prefix takes commits, shows diffs, packs and checks itself.
+/// git maps its files (`.git/config`, every file `git add` takes over 32 KiB, packs): a
+/// repository under the prefix takes commits, shows diffs, packs, checks and clones itself, on
+/// a volatile array and on a persistent one.
 #[test]
 fn git_repository_under_the_prefix() {
     need("git");
-    let d = Daemon::start("128M");
-    let out = d.sh("set -e; cd /moneta && git init -q repo && cd repo && \
-         git config user.name u && git config user.email u@example.org && \
-         printf 'one\\n' > a && git add a && git commit -qm first && \
-         printf 'two\\n' >> a && git diff --stat | cat && git commit -qam second && \
-         git gc -q && git fsck --no-progress 2>&1 && git log --format=%s | cat && git show HEAD:a");
-    assert_eq!(
-        out,
-        " a | 1 +\n 1 file changed, 1 insertion(+)\nsecond\nfirst\none\ntwo\n"
+    let volatile = Daemon::start("128M");
+    let persistent = PersistentDaemon::start();
+    for d in [&volatile, &persistent.0] {
+        let out = d.sh("set -e; cd /moneta && git init -q repo && cd repo && \
+             git config user.name u && git config user.email u@example.org && \
+             printf 'one\\n' > a && head -c 200000 /dev/zero | tr '\\0' b > big && \
+             git add a big && git commit -qm first && \
+             printf 'two\\n' >> a && git diff --stat | cat && git commit -qam second && \
+             git gc -q && git fsck --no-progress 2>&1 && git log --format=%s | cat && \
+             git show HEAD:a && cd .. && git clone -q repo copy && cd copy && \
+             git log --format=%s | cat && wc -c < big && git fsck --no-progress 2>&1");
+        assert_eq!(
+            out,
+            " a | 1 +\n 1 file changed, 1 insertion(+)\nsecond\nfirst\none\ntwo\nsecond\nfirst\n200000\n"
+        );
+    }
+}
+
+/// Python's `mmap`: a file shared between a process and its child, and with a process that
+/// reads it through `read`.
+#[test]
+fn python_mmap_shared_between_processes() {
+    need("python3");
+    let d = Daemon::start("64M");
+    let script = r#"
+import mmap, os, signal, subprocess
+with open('/moneta/m.bin', 'wb') as f:
+    f.write(b'.' * 8192)
+f = open('/moneta/m.bin', 'r+b')
+m = mmap.mmap(f.fileno(), 8192)
+pid = os.fork()
+if pid == 0:
+    m[100:105] = b'child'
+    os._exit(0)
+os.waitpid(pid, 0)
+assert m[100:105] == b'child', m[100:105]
+m[4096:4102] = b'parent'
+r = subprocess.run(['python3', '-c', "print(open('/moneta/m.bin','rb').read()[4096:4102].decode())"], capture_output=True)
+assert r.stdout == b'parent\n', r
+os.pwrite(f.fileno(), b'write', 200)
+assert m[200:205] == b'write'
+m.flush()
+m.close()
+assert open('/moneta/m.bin', 'rb').read(205)[100:] == b'child' + b'.' * 95 + b'write'
+print('python mmap: ok')
+"#;
+    let o = d.run(&["python3", "-c", script], None);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("python mmap: ok"),
+        "{}",
+        text(&o)
     );
 }
 
