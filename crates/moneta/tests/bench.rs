@@ -539,3 +539,28 @@ fn the_file_system_calls_both_ways_and_the_kernels() {
     assert!(answered + referred >= 800, "{calls}");
     assert!(answered >= 400, "{calls}");
 }
+
+#[test]
+fn mapped_files_against_the_kernels_mapping() {
+    let recs = bench(&[
+        "--path",
+        "moneta-mmap",
+        "--path",
+        "kernel-mmap",
+        "--op",
+        "randrw",
+        "--size",
+        "4K",
+        "--ops",
+        "20000",
+    ]);
+    for path in ["moneta-mmap", "kernel-mmap"] {
+        let r = find(&recs, path);
+        assert_eq!(r["ops"].as_u64().unwrap(), 20000, "{r}");
+        assert!(r["lat_ns"]["p50"].as_u64().unwrap() > 0, "{r}");
+    }
+    // A queue depth means nothing to loads and stores.
+    let o = moneta(&["bench", "--path", "moneta-mmap", "--qd", "4"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("synchronous"), "{}", text(&o));
+}

@@ -47,6 +47,9 @@ pub enum Path {
     MonetaZeroCopy,
     /// Raw commands through a channel on one file's extent.
     MonetaRaw,
+    /// Those files mapped into memory (their own pages, `FS_MAP`): loads and stores, no
+    /// command at all (synchronous: `--threads`, not `--qd`).
+    MonetaMmap,
     /// pread/pwrite on a file (tmpfs by default).
     KernelPsync,
     /// io_uring on that file: fixed file, registered buffers, single issuer, deferred task
@@ -54,6 +57,9 @@ pub enum Path {
     KernelUring,
     /// io_uring with a kernel thread polling the submission queue.
     KernelUringSqpoll,
+    /// The kernel path's file mapped into memory (`mmap` `MAP_SHARED` of a tmpfs file):
+    /// loads and stores.
+    KernelMmap,
     /// pread/pwrite with `O_DIRECT` on ext4 on a loop device over a tmpfs file: the kernel's
     /// block path, the papers' baseline (needs root; the bench sets it up and tears it down).
     KernelOdirectExt4,
@@ -79,7 +85,12 @@ impl Path {
     fn synchronous(self) -> bool {
         matches!(
             self,
-            Path::KernelPsync | Path::KernelOdirectExt4 | Path::KernelOdirectXfs | Path::Fuse
+            Path::KernelPsync
+                | Path::KernelOdirectExt4
+                | Path::KernelOdirectXfs
+                | Path::Fuse
+                | Path::MonetaMmap
+                | Path::KernelMmap
         )
     }
 
@@ -89,6 +100,8 @@ impl Path {
             Path::Moneta => "moneta",
             Path::MonetaZeroCopy => "moneta-zero-copy",
             Path::MonetaRaw => "moneta-raw",
+            Path::MonetaMmap => "moneta-mmap",
+            Path::KernelMmap => "kernel-mmap",
             Path::KernelPsync => "kernel-psync",
             Path::KernelUring => "kernel-uring",
             Path::KernelUringSqpoll => "kernel-uring-sqpoll",
@@ -612,7 +625,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     }
     if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| p.synchronous()) {
         return Err(
-            "kernel-psync and kernel-odirect are synchronous: use --threads, not --qd".into(),
+            "kernel-psync, kernel-odirect, fuse and the mmap paths are synchronous: use --threads, not --qd".into(),
         );
     }
     validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE, &io_paths)?;
@@ -635,7 +648,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     let daemon = if io_paths.iter().any(|p| {
         matches!(
             p,
-            Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw | Path::Fuse
+            Path::Moneta | Path::MonetaZeroCopy | Path::MonetaRaw | Path::Fuse | Path::MonetaMmap
         )
     }) {
         Some(BenchDaemon::get(&a, a.region)?)
@@ -645,7 +658,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     let kernel = if io_paths.iter().any(|p| {
         matches!(
             p,
-            Path::KernelPsync | Path::KernelUring | Path::KernelUringSqpoll
+            Path::KernelPsync | Path::KernelUring | Path::KernelUringSqpoll | Path::KernelMmap
         )
     }) {
         Some(kernel_files(&a, None)?)
@@ -669,9 +682,36 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     };
     let moneta_files = if io_paths
         .iter()
-        .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy))
+        .any(|p| matches!(p, Path::Moneta | Path::MonetaZeroCopy | Path::MonetaMmap))
     {
         Some(bench_files(daemon.as_ref().expect("daemon"), &a)?)
+    } else {
+        None
+    };
+    // The mappings, made once and unmapped at the end.
+    let moneta_maps = if io_paths.contains(&Path::MonetaMmap) {
+        let files = &moneta_files.as_ref().expect("files").files;
+        let mut fds = Vec::with_capacity(files.len());
+        for f in files.iter() {
+            fds.push(
+                f.pages(true)
+                    .map_err(|e| format!("cannot map a Moneta file: {e}"))?
+                    .0,
+            );
+        }
+        Some(threads::Maps::of(
+            &fds,
+            a.region / a.open_files.max(1) as u64,
+        )?)
+    } else {
+        None
+    };
+    let kernel_maps = if io_paths.contains(&Path::KernelMmap) {
+        let fds = &kernel.as_ref().expect("kernel file").fds;
+        Some(threads::Maps::of(
+            fds,
+            a.region / a.open_files.max(1) as u64,
+        )?)
     } else {
         None
     };
@@ -692,6 +732,8 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
             Path::KernelPsync => Target::Kernel {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
             },
+            Path::MonetaMmap => Target::Mapped(moneta_maps.clone().expect("mapped")),
+            Path::KernelMmap => Target::Mapped(kernel_maps.clone().expect("mapped")),
             Path::Fuse => Target::Kernel {
                 fds: fuse.as_ref().expect("mount").files.fds.clone(),
             },

@@ -112,6 +112,47 @@ pub(crate) enum Target {
         fds: Arc<Vec<OwnedFd>>,
         sqpoll: bool,
     },
+    /// Files mapped into memory: requests are loads and stores.
+    Mapped(Arc<Maps>),
+}
+
+/// Files mapped `MAP_SHARED`, read and write, pages populated: (address, length) each,
+/// unmapped on drop.
+pub(crate) struct Maps(Vec<(usize, usize)>);
+
+impl Maps {
+    /// Maps `len` bytes of each of `fds` from offset 0.
+    pub(crate) fn of(fds: &[OwnedFd], len: u64) -> Result<Arc<Maps>, String> {
+        let mut maps = Maps(Vec::with_capacity(fds.len()));
+        for fd in fds {
+            let len = len as usize;
+            // SAFETY: a new mapping chosen by the kernel, of a file the bench owns.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_POPULATE,
+                    std::os::fd::AsRawFd::as_raw_fd(fd),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+            }
+            maps.0.push((p as usize, len));
+        }
+        Ok(Arc::new(maps))
+    }
+}
+
+impl Drop for Maps {
+    fn drop(&mut self) {
+        for &(p, len) in &self.0 {
+            // SAFETY: our own mappings, no thread uses them any more.
+            unsafe { libc::munmap(p as *mut libc::c_void, len) };
+        }
+    }
 }
 
 /// The raw path's channel and where its region starts on the array.
@@ -225,6 +266,10 @@ pub(crate) fn run_threads(
                 let fds = fds.clone();
                 let sqpoll = *sqpoll;
                 Box::new(move || uring::uring_thread(&a, size, &fds[0], sqpoll, t, &stop))
+            }
+            Target::Mapped(maps) => {
+                let maps = maps.clone();
+                Box::new(move || mapped_thread(&a, size, &maps, t, &stop))
             }
         };
         handles.push(std::thread::spawn(move || {
@@ -469,6 +514,41 @@ pub(crate) fn kernel_thread(
             Ok(n) => return Err(format!("short transfer: {n} of {size}")),
             Err(e) => return Err(format!("kernel I/O failed: {e}")),
         }
+        hist.record(ns.max(1)).ok();
+        ops += 1;
+    }
+    Ok((hist, ops))
+}
+
+/// The mapped paths: a read copies from the mapping, a write copies into it.
+pub(crate) fn mapped_thread(
+    a: &BenchArgs,
+    size: u64,
+    maps: &Maps,
+    thread: usize,
+    stop: &Stop,
+) -> Result<(Histogram<u64>, u64), String> {
+    let (mut offs, mut hist, mut buf, clk) = thread_state(a, size, thread);
+    let mut ops = 0u64;
+    while !stop.done(ops) {
+        let w = offs.is_write(a.op);
+        let (i, addr) = offs.next_in();
+        let (base, len) = maps.0[i];
+        if addr + size > len as u64 {
+            return Err(format!("offset {addr} past the mapping's {len} bytes"));
+        }
+        let p = (base + addr as usize) as *mut u8;
+        let t = clk.now_ns();
+        // SAFETY: inside the mapping (checked above); `buf` holds `size` bytes.
+        unsafe {
+            if w {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), p, size as usize);
+            } else {
+                std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), size as usize);
+            }
+        }
+        std::hint::black_box(&mut buf);
+        let ns = clk.now_ns().saturating_sub(t);
         hist.record(ns.max(1)).ok();
         ops += 1;
     }
