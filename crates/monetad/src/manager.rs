@@ -1204,15 +1204,25 @@ impl Manager {
             FsRequest::Stat { target } => stat_target(&self.fs(), s, &target),
             FsRequest::Truncate { target, size } => {
                 let mut fs = self.fs();
-                match &target {
+                let ino = match &target {
                     Target::Handle(h) => {
                         let h = Self::handle(s, *h)?;
                         if !h.write {
                             return Err(fail(errno::EINVAL, "the handle is not open for writing"));
                         }
                         fs.truncate_open(h.ino, size).map_err(failure)?;
+                        h.ino
                     }
-                    Target::Path { path, .. } => fs.truncate(&cred, path, size).map_err(failure)?,
+                    Target::Path { path, .. } => {
+                        fs.truncate(&cred, path, size).map_err(failure)?;
+                        fs.lookup(&cred, path, true).map_err(failure)?
+                    }
+                };
+                if self.segments().has(ino) {
+                    // A mapped file has no holes: what the truncation added gets space, and
+                    // the pages cover the new size (a store there is a store to the array).
+                    fs.extend(ino, 0, size, 1).map_err(failure)?;
+                    self.segments().show(ino, &fs.allocated(ino), size)?;
                 }
                 Ok(FsReply::Empty)
             }

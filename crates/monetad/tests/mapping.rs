@@ -19,6 +19,7 @@ fn child_process_entry() {
     };
     let code = match role.as_str() {
         "reader" => reader_cannot_write(&args),
+        "store-and-die" => store_and_die(&args),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -203,6 +204,52 @@ fn reader_cannot_write(args: &[String]) -> i32 {
     let map = Mapped::new(&pages, 4096, libc::PROT_READ).unwrap();
     assert_eq!(&map.bytes()[..6], b"shared");
     0
+}
+
+/// Maps the file, stores through the mapping, and dies of SIGKILL.
+fn store_and_die(args: &[String]) -> i32 {
+    let m = Moneta::connect(std::path::Path::new(&args[0])).unwrap();
+    let f = m.open("/k", &rw()).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    let map = Mapped::new(&pages, 8192, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    map.store(4000, b"stored before the kill");
+    // SAFETY: ends this process.
+    unsafe { libc::raise(libc::SIGKILL) };
+    1
+}
+
+#[test]
+fn stores_outlive_a_killed_client() {
+    for d in [Daemon::start_fs("64M", &[]), persistent(&[])] {
+        let m = Moneta::connect(&d.socket).unwrap();
+        let f = m.open("/k", &rw()).unwrap();
+        f.write_at(&[b'.'; 8192], 0).unwrap();
+        let mut child = spawn_role("store-and-die", &[d.socket.display().to_string()]);
+        let st = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+        let got = read_all(&f, 8192);
+        assert_eq!(&got[4000..4022], b"stored before the kill");
+        assert_eq!(got[3999], b'.');
+    }
+}
+
+#[test]
+fn a_mapped_file_grown_by_truncation_has_no_holes() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/t", &rw()).unwrap();
+    f.write_at(b"start", 0).unwrap();
+    let (pages, _) = f.pages(true).unwrap();
+    f.set_len(64 * 1024).unwrap();
+    // The pages taken before the truncation cover what it added.
+    let map = Mapped::new(&pages, 64 * 1024, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    // A store where the truncation added is what the channel reads.
+    map.store(60_000, b"past the old end");
+    let mut buf = [0u8; 16];
+    f.read_at(&mut buf, 60_000).unwrap();
+    assert_eq!(&buf, b"past the old end");
+    assert!(map.bytes()[5..60_000].iter().all(|&b| b == 0));
 }
 
 #[test]
