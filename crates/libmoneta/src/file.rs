@@ -40,6 +40,7 @@
 //! ```
 
 mod data;
+mod inplace;
 mod map;
 
 use std::io::{self, IoSlice, IoSliceMut, SeekFrom};
@@ -79,6 +80,8 @@ pub struct File {
     policy: AtomicU64,
     /// Closed by [`File::close`]: nothing left for `Drop`.
     closed: std::sync::atomic::AtomicBool,
+    /// Reads and writes through the file's own pages ([`File::set_in_place`]).
+    in_place: inplace::InPlace,
 }
 
 fn encode_policy(p: Policy) -> u64 {
@@ -132,6 +135,7 @@ impl File {
             miss: Mutex::new(()),
             policy: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            in_place: inplace::InPlace::from_env(),
         }
     }
 
@@ -181,6 +185,7 @@ impl File {
             miss: Mutex::new(()),
             policy: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            in_place: inplace::InPlace::from_env(),
         })
     }
 

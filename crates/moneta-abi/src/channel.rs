@@ -90,8 +90,13 @@ pub struct ChannelHeader {
     pub reserved1: AtomicU32,
     /// Device-written: how many of this channel's permission records were evicted so far.
     pub evictions: AtomicU64,
+    /// Device-written: how many times the device has retired a mapped file's pages
+    /// (`FS_MAP`) since it started. A client that reads and writes files through their pages
+    /// (in place, with no command) checks it around each access, announcing itself in
+    /// [`ChannelHeader::in_place`] (docs/abi.md §3.3).
+    pub retired: AtomicU64,
     /// Padding to the next cache line.
-    pub pad2: [AtomicU64; 6],
+    pub pad2: [AtomicU64; 5],
 
     /// Device-written: requests completed with forwarding (the COMPLETIONCOUNT word).
     pub completion_count: AtomicU64,
@@ -110,8 +115,12 @@ pub struct ChannelHeader {
 
     /// Client-written: count of error entries consumed (the queue's consumer index).
     pub err_tail: AtomicU32,
+    /// Client-written: how many of the client's threads are inside an access in place now
+    /// (see [`ChannelHeader::retired`]). The device reads it only while retiring pages, and
+    /// waits a bounded time for it to be zero.
+    pub in_place: AtomicU32,
     /// Padding to the end of the header.
-    pub pad5: [AtomicU32; 15],
+    pub pad5: [AtomicU32; 14],
 }
 
 const _: () = {
@@ -130,11 +139,13 @@ const _: () = {
     assert!(offset_of!(ChannelHeader, doorbell) == 64);
     assert!(offset_of!(ChannelHeader, parked) == 128);
     assert!(offset_of!(ChannelHeader, evictions) == 136);
+    assert!(offset_of!(ChannelHeader, retired) == 144);
     assert!(offset_of!(ChannelHeader, completion_count) == 192);
     assert!(offset_of!(ChannelHeader, tag_status_register) == 200);
     assert!(offset_of!(ChannelHeader, err_head) == 256);
     assert!(offset_of!(ChannelHeader, err_overflow) == 260);
     assert!(offset_of!(ChannelHeader, err_tail) == 320);
+    assert!(offset_of!(ChannelHeader, in_place) == 324);
     assert!(ERROR_QUEUE_OFFSET >= size_of::<ChannelHeader>());
 };
 

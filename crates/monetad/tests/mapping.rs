@@ -427,3 +427,62 @@ fn a_writer_that_shortens_the_pages_hurts_only_its_file() {
     other.read_at(&mut buf, 0).unwrap();
     assert_eq!(buf, theirs);
 }
+
+#[test]
+fn reads_and_writes_in_place_need_no_command() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/p", &rw()).unwrap();
+    let data = pattern(11, 0, 16384);
+    f.write_at(&data, 0).unwrap();
+    f.set_in_place(true);
+    let mut buf = vec![0u8; 4096];
+    // The first access maps the pages (and goes through the channel).
+    f.read_at(&mut buf, 0).unwrap();
+    let ctl = d.control();
+    let before = ctl.status().unwrap().commands;
+    for i in 0..100u64 {
+        let off = (i * 997) % 12288;
+        assert_eq!(f.read_at(&mut buf, off).unwrap(), 4096);
+        assert_eq!(buf, data[off as usize..off as usize + 4096]);
+    }
+    f.write_at(b"in place", 5000).unwrap();
+    assert_eq!(
+        ctl.status().unwrap().commands,
+        before,
+        "accesses in place sent commands"
+    );
+    // Another connection's channel sees the write, and the reader sees its writes.
+    let m2 = Moneta::connect(&d.socket).unwrap();
+    let g = m2.open("/p", &rw()).unwrap();
+    let mut got = [0u8; 8];
+    g.read_at(&mut got, 5000).unwrap();
+    assert_eq!(&got, b"in place");
+    g.write_at(b"from the channel", 100).unwrap();
+    let mut got = [0u8; 16];
+    f.read_at(&mut got, 100).unwrap();
+    assert_eq!(&got, b"from the channel");
+
+    // The other connection truncates and writes anew: the pages are retired, and the reader
+    // in place never sees the old bytes nor stores into the old pages.
+    g.set_len(0).unwrap();
+    g.write_at(b"fresh", 0).unwrap();
+    let mut big = vec![0u8; 4096];
+    assert_eq!(
+        f.read_at(&mut big, 0).unwrap(),
+        5,
+        "the read learned the new size"
+    );
+    assert_eq!(&big[..5], b"fresh");
+    f.write_at(b"F", 0).unwrap();
+    let mut got = [0u8; 5];
+    g.read_at(&mut got, 0).unwrap();
+    assert_eq!(&got, b"Fresh");
+    // And it goes in place again, on the new pages.
+    let before = ctl.status().unwrap().commands;
+    for _ in 0..10 {
+        f.read_at(&mut got, 0).unwrap();
+        assert_eq!(&got, b"Fresh");
+    }
+    assert!(ctl.status().unwrap().commands <= before + 2);
+}

@@ -440,6 +440,9 @@ impl File {
         }
         self.check_range(off, buf.len() as u64, false)?;
         self.h()?;
+        if let Some(n) = self.read_in_place(buf, off) {
+            return Ok(n);
+        }
         let slice = self.ch().slice_size();
         // Fast path: all of it inside the known size, one mapped extent, one slice. A read
         // the cached size would cut short takes the slow path, which asks for the size: the
@@ -634,6 +637,7 @@ impl File {
         };
         self.check_access(true)?;
         let len = data.len() as u64;
+        let positioned = off.is_some();
         let mut off = match off {
             Some(o) => {
                 self.check_range(o, len, true)?;
@@ -645,6 +649,9 @@ impl File {
             return Ok(off);
         }
         self.h()?;
+        if positioned && self.write_in_place(data, off) {
+            return Ok(off);
+        }
         let start = off;
         let slice = self.ch().slice_size();
         // Fast path: inside the known size, one mapped extent, one slice.

@@ -131,6 +131,8 @@ impl Device {
             persistent,
             started: Instant::now(),
             thread: Mutex::new(Some(thread)),
+            headers: Mutex::new(std::collections::HashMap::new()),
+            retired: AtomicU64::new(0),
         })
     }
 
@@ -193,6 +195,15 @@ impl Device {
             let (kick, client_kick) = rustix::pipe::pipe_with(
                 rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
             )?;
+            // The header again, for announcing retired pages beside the poller; it starts at
+            // the count so far (under the lock, so no announcement is missed).
+            let header = memmap2::MmapOptions::new().len(4096).map_raw(&memfd)?;
+            let mut headers = self.headers.lock().expect("headers lock");
+            header_of(&header)
+                .retired
+                .store(self.retired.load(Ordering::SeqCst), Ordering::SeqCst);
+            headers.insert(id, header);
+            drop(headers);
             self.call(|ack| Control::AddChannel {
                 id,
                 mem: Box::new(mem),
@@ -225,8 +236,29 @@ impl Device {
     /// permission records, unmaps it. The id may be reused afterwards.
     pub fn close_channel(&self, id: u32) -> Result<(), DeviceError> {
         self.call(|ack| Control::RemoveChannel { id, ack })?;
+        self.headers.lock().expect("headers lock").remove(&id);
         self.free_ids.lock().expect("id pool lock").push_back(id);
         Ok(())
+    }
+
+    /// Announces to every channel that pages of a mapped file are being retired (the
+    /// `retired` word of each header goes up), then waits until no channel has a thread inside
+    /// an access in place (`in_place` zero), for at most `wait` in all: a thread that checked
+    /// `retired` before the announcement has finished its access when this returns, unless
+    /// its process kept it away longer than that. A client's `in_place` word only delays this
+    /// call, never past `wait`.
+    pub fn retire_pages(&self, wait: Duration) {
+        let headers = self.headers.lock().expect("headers lock");
+        let n = self.retired.fetch_add(1, Ordering::SeqCst) + 1;
+        for h in headers.values() {
+            header_of(h).retired.store(n, Ordering::SeqCst);
+        }
+        let deadline = Instant::now() + wait;
+        for h in headers.values() {
+            while header_of(h).in_place.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
     }
 
     /// Applies permission-table updates in order. Returns once they are in force and, for
@@ -394,4 +426,12 @@ impl Drop for Device {
             let _ = self.shutdown();
         }
     }
+}
+
+/// The channel header in a mapping of a channel's first page.
+fn header_of(page: &memmap2::MmapRaw) -> &moneta_abi::ChannelHeader {
+    // SAFETY: a page-aligned mapping of at least one page, of which the header is the start;
+    // the header holds only atomics, so a shared reference asserts nothing about what the
+    // client writes there.
+    unsafe { &*page.as_ptr().cast::<moneta_abi::ChannelHeader>() }
 }

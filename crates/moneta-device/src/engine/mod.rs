@@ -302,6 +302,11 @@ pub struct Device {
     free_ids: Mutex<std::collections::VecDeque<u32>>,
     started: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Each open channel's header page, mapped again for the threads that announce retired
+    /// pages ([`Device::retire_pages`]) beside the poller.
+    headers: Mutex<std::collections::HashMap<u32, memmap2::MmapRaw>>,
+    /// Pages retired so far ([`moneta_abi::ChannelHeader`]'s `retired`).
+    retired: AtomicU64,
 }
 
 const WAKER: u64 = u64::MAX;

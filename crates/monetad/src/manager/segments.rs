@@ -48,6 +48,9 @@ pub const MAX_SHOWN: usize = 16_384;
 
 const PAGE: u64 = 4096;
 
+/// The longest a retirement waits for accesses in place to finish.
+const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A file's own pages.
 struct Segment {
     /// The memfd, read-write, sealed against shrinking.
@@ -334,6 +337,9 @@ impl Segments {
         };
         self.shown -= seg.shown.len();
         if revoke {
+            // Clients reading and writing in place stop using these pages first (the wait
+            // is bounded: a client can only delay this).
+            self.device.retire_pages(IN_PLACE_WAIT);
             let ops = seg
                 .shown
                 .iter()

@@ -1,0 +1,194 @@
+//! Reads and writes in place (memory drives, 004's execute/access in place): a file's own
+//! pages (`FS_MAP`) mapped once, after which a read or a write inside the file's known size is
+//! a copy from or to the mapping, with no command and no system call.
+//!
+//! Off unless asked for: `MONETA_MODE=map` in the environment, or [`File::set_in_place`].
+//! Only what lies inside the size the library knows goes in place; anything else (a read that
+//! may meet the end, a write that grows the file, an appending file) takes the channel, which
+//! learns the size or extends the file, after which that range goes in place too.
+//!
+//! Pages can be retired under a mapping (a truncation or the file's final free: docs/abi.md,
+//! `FS_MAP`); an access in place must then never reach them. Each access announces itself in
+//! the channel header's `in_place` word, then checks that the header's `retired` count is the
+//! one the mapping was made under, and the device raises that count before it retires pages
+//! and waits (a bounded time) for `in_place` to fall to zero. Either the access sees the new
+//! count (it drops the mapping and takes the channel), or the device sees it inside and lets
+//! it finish first: both use sequentially consistent operations, so one of the two always
+//! happens (the pattern of Dekker's algorithm).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+
+use super::File;
+use crate::ClientError;
+
+/// Address space reserved for one file's pages: a file larger than this is read and written
+/// in place up to here, and through the channel beyond.
+const RESERVE: usize = 16 << 30;
+
+/// The environment variable that turns access in place on for every file (`map`).
+pub const ENV_MODE: &str = "MONETA_MODE";
+
+/// A file's mapping for access in place.
+pub(super) struct InPlace {
+    on: AtomicBool,
+    map: RwLock<Option<Mapping>>,
+}
+
+struct Mapping {
+    base: usize,
+    len: usize,
+    writable: bool,
+    /// The `retired` count it was made under.
+    generation: u64,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours, and no access uses it (they hold the read lock).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+impl InPlace {
+    /// Off, unless `MONETA_MODE=map`.
+    pub(super) fn from_env() -> InPlace {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var(ENV_MODE).is_ok_and(|v| v == "map"));
+        InPlace {
+            on: AtomicBool::new(on),
+            map: RwLock::new(None),
+        }
+    }
+}
+
+enum Dir<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+impl File {
+    /// Turns reading and writing through the file's own pages on or off for this file (the
+    /// default is off, or on for every file with `MONETA_MODE=map`). On, a read or a write
+    /// inside the file's known size copies from or to a mapping of the file's pages with no
+    /// command; the first such access maps them (`FS_MAP`). Where the array hands out no
+    /// pages, everything goes through the channel as before.
+    pub fn set_in_place(&self, on: bool) {
+        self.in_place.on.store(on, Ordering::Relaxed);
+        if !on {
+            *self.in_place.map.write().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Whether reads and writes go in place where they can.
+    pub fn in_place(&self) -> bool {
+        self.in_place.on.load(Ordering::Relaxed)
+    }
+
+    /// Reads `buf` at `off` in place, if it lies inside the known size: `Some(bytes)`, or
+    /// `None` for the channel to do it.
+    pub(super) fn read_in_place(&self, buf: &mut [u8], off: u64) -> Option<usize> {
+        let n = buf.len();
+        self.access(Dir::Read(buf), off).then_some(n)
+    }
+
+    /// Writes `data` at `off` in place, if it lies inside the known size: whether it did.
+    pub(super) fn write_in_place(&self, data: &[u8], off: u64) -> bool {
+        self.access(Dir::Write(data), off)
+    }
+
+    fn access(&self, dir: Dir<'_>, off: u64) -> bool {
+        if !self.in_place.on.load(Ordering::Relaxed) {
+            return false;
+        }
+        let (len, write) = match &dir {
+            Dir::Read(b) => (b.len(), false),
+            Dir::Write(d) => (d.len(), true),
+        };
+        let Some(end) = off.checked_add(len as u64) else {
+            return false;
+        };
+        if end > self.map.read().unwrap_or_else(|e| e.into_inner()).size || end > RESERVE as u64 {
+            return false;
+        }
+        let Ok(ch) = self.m.inner.live() else {
+            return false;
+        };
+        let header = ch.header();
+        {
+            let map = self.in_place.map.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(m) = map.as_ref().filter(|m| !write || m.writable) {
+                header.in_place.fetch_add(1, Ordering::SeqCst);
+                let current = header.retired.load(Ordering::SeqCst) == m.generation;
+                if current {
+                    let p = (m.base + off as usize) as *mut u8;
+                    // SAFETY: `[off, end)` lies inside the file's known size, which its pages
+                    // always cover (the daemon grows them before it answers a size), inside
+                    // the mapping's reserve; the pages are current (checked above, with the
+                    // device waiting for this access before it retires them).
+                    unsafe {
+                        match dir {
+                            Dir::Read(b) => std::ptr::copy_nonoverlapping(p, b.as_mut_ptr(), len),
+                            Dir::Write(d) => std::ptr::copy_nonoverlapping(d.as_ptr(), p, len),
+                        }
+                    }
+                }
+                header.in_place.fetch_sub(1, Ordering::SeqCst);
+                if current {
+                    return true;
+                }
+            }
+        }
+        // No mapping yet, or one of retired pages: (re)map, and let the channel do this one.
+        let _ = self.remap(write);
+        false
+    }
+
+    /// Maps the file's current pages, writable if the file is open for writing.
+    fn remap(&self, write: bool) -> Result<(), ClientError> {
+        let mut slot = self.in_place.map.write().unwrap_or_else(|e| e.into_inner());
+        let writable = self.writable && self.readable;
+        if write && !writable {
+            return Ok(());
+        }
+        let generation = self.m.inner.live()?.header().retired.load(Ordering::SeqCst);
+        *slot = None;
+        let (fd, _) = match self.pages(writable) {
+            Ok(p) => p,
+            Err(e) => {
+                if e.errno() == libc::ENODEV {
+                    // This array hands out no pages: the channel it is.
+                    self.in_place.on.store(false, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        };
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a new mapping chosen by the kernel, of the file's pages; pages past their
+        // end are never touched (accesses stay inside the known size).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RESERVE,
+                prot,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        *slot = Some(Mapping {
+            base: p as usize,
+            len: RESERVE,
+            writable,
+            generation,
+        });
+        Ok(())
+    }
+}
