@@ -28,6 +28,8 @@
 //!   each. The statements go to the shell's standard input and each phase ends with a marker
 //!   row the shell prints; the time is taken here, from the marker before a phase to the marker
 //!   after it. A count, a sum of lengths and `PRAGMA integrity_check` close the run (not timed).
+//! - `sqlite-wal-insert`, `sqlite-wal-update`: the same in `PRAGMA journal_mode=WAL`, where
+//!   every connection maps the database's `-shm` file shared (on Moneta, the file's own pages).
 //! - `fio-randread-1j`, `fio-randread-2j`, `fio-randwrite-1j`, `fio-randwrite-2j`: fio,
 //!   `psync`, 4 KiB, on one file; fio's JSON gives IOPS and the median completion latency.
 //!   `--direct=1` on the `-odirect` targets only (the shim keeps no page cache: its writes reach
@@ -110,11 +112,13 @@ impl AppRecord {
 }
 
 /// Every workload, in the order they run and are reported.
-pub const WORKLOADS: [&str; 8] = [
+pub const WORKLOADS: [&str; 10] = [
     "bdb-btree",
     "bdb-hash",
     "sqlite-insert",
     "sqlite-update",
+    "sqlite-wal-insert",
+    "sqlite-wal-update",
     "fio-randread-1j",
     "fio-randread-2j",
     "fio-randwrite-1j",
@@ -356,7 +360,10 @@ fn run_targets(
     for t in targets {
         make_dir(opts, t)?;
     }
-    let sql = sqlite_script(sizes);
+    let scripts = [
+        ("delete", sqlite_script(sizes, "delete")),
+        ("wal", sqlite_script(sizes, "wal")),
+    ];
     let mut records = Vec::new();
     let skipped = |t: &Target, workloads: &[&str], records: &mut Vec<AppRecord>| {
         for w in workloads {
@@ -384,14 +391,18 @@ fn run_targets(
             );
         }
     }
-    for t in targets {
-        if t.place.is_err() {
-            skipped(t, &["sqlite-insert", "sqlite-update"], &mut records);
-            continue;
+    for (journal, sql) in &scripts {
+        let names = sqlite_workloads(journal);
+        for t in targets {
+            if t.place.is_err() {
+                skipped(t, &names, &mut records);
+                continue;
+            }
+            records.extend(
+                run_sqlite(opts, sizes, sql, t, journal)
+                    .map_err(|e| format!("sqlite ({journal}) on {}: {e}", t.name))?,
+            );
         }
-        records.extend(
-            run_sqlite(opts, sizes, &sql, t).map_err(|e| format!("sqlite on {}: {e}", t.name))?,
-        );
     }
     // fio in rounds, each running every workload on every target in turn.
     let mut rounds: Vec<Vec<AppRecord>> = vec![Vec::new(); FIO_JOBS.len() * targets.len()];
@@ -408,7 +419,12 @@ fn run_targets(
     }
     for (i, t) in targets.iter().enumerate() {
         if t.place.is_err() {
-            skipped(t, &WORKLOADS[4..], &mut records);
+            let fio: Vec<&str> = WORKLOADS
+                .iter()
+                .copied()
+                .filter(|w| w.starts_with("fio"))
+                .collect();
+            skipped(t, &fio, &mut records);
             continue;
         }
         for j in 0..FIO_JOBS.len() {
@@ -700,8 +716,18 @@ const MARK_INSERTED: &str = "MONETA-INSERTED";
 const MARK_UPDATED: &str = "MONETA-UPDATED";
 const MARK_CHECK: &str = "MONETA-CHECK";
 
-/// The same statements for every target, from a fixed seed.
-fn sqlite_script(sizes: &Sizes) -> SqlScript {
+/// The two SQLite workloads in journal mode `journal`: inserts, updates.
+fn sqlite_workloads(journal: &str) -> [&'static str; 2] {
+    if journal == "wal" {
+        ["sqlite-wal-insert", "sqlite-wal-update"]
+    } else {
+        ["sqlite-insert", "sqlite-update"]
+    }
+}
+
+/// The same statements for every target, from a fixed seed, in journal mode `journal`
+/// (`delete` or `wal`).
+fn sqlite_script(sizes: &Sizes, journal: &str) -> SqlScript {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_a995);
     let text = |rng: &mut rand::rngs::StdRng| -> String {
         const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
@@ -710,7 +736,7 @@ fn sqlite_script(sizes: &Sizes) -> SqlScript {
             .collect()
     };
     let setup = format!(
-        "PRAGMA journal_mode=DELETE;\nPRAGMA synchronous=FULL;\n\
+        "PRAGMA journal_mode={journal};\nPRAGMA synchronous=FULL;\n\
          CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT NOT NULL);\nSELECT '{MARK_READY}';\n"
     );
     let mut inserts = String::new();
@@ -754,6 +780,7 @@ fn run_sqlite(
     sizes: &Sizes,
     sql: &SqlScript,
     t: &Target,
+    journal: &str,
 ) -> Result<Vec<AppRecord>, String> {
     let db = t.path("sqlite.db");
     let mut cmd = t.command(opts, "sqlite3", &["-bail".into(), db.clone()]);
@@ -829,8 +856,8 @@ fn run_sqlite(
     let wall = start.elapsed();
 
     // The durable work asked for, and the table that resulted.
-    if lines.first().map(String::as_str) != Some("delete") {
-        return Err(format!("journal_mode is not DELETE: {lines:?}"));
+    if lines.first().map(String::as_str) != Some(journal) {
+        return Err(format!("journal_mode is not {journal}: {lines:?}"));
     }
     let want_check = format!(
         "{MARK_CHECK}|{}|{}",
@@ -850,7 +877,7 @@ fn run_sqlite(
         json!({
             "command": text,
             "o_direct": false,
-            "journal_mode": "delete",
+            "journal_mode": journal,
             "synchronous": "full",
             "wall_seconds": wall.as_secs_f64(),
         }),
@@ -859,7 +886,7 @@ fn run_sqlite(
     let upd = (t2 - t1).as_secs_f64();
     Ok(vec![
         AppRecord {
-            workload: "sqlite-insert".into(),
+            workload: sqlite_workloads(journal)[0].into(),
             target: t.name.clone(),
             ops: sizes.sqlite_rows,
             seconds: ins,
@@ -875,7 +902,7 @@ fn run_sqlite(
             ),
         },
         AppRecord {
-            workload: "sqlite-update".into(),
+            workload: sqlite_workloads(journal)[1].into(),
             target: t.name.clone(),
             ops: sizes.sqlite_updates,
             seconds: upd,
@@ -1049,8 +1076,8 @@ mod tests {
     #[test]
     fn the_sqlite_script_is_the_same_every_time() {
         let s = Sizes::new(true);
-        let a = sqlite_script(&s);
-        let b = sqlite_script(&s);
+        let a = sqlite_script(&s, "delete");
+        let b = sqlite_script(&s, "delete");
         assert_eq!(a.inserts, b.inserts);
         assert_eq!(a.updates, b.updates);
         assert_eq!(a.transactions_insert, s.sqlite_rows / s.sqlite_batch);

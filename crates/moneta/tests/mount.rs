@@ -727,7 +727,10 @@ fn killed_server_and_unmounting() {
     while m.alive() && t.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(errno_of(std::fs::metadata(m.p("kept"))), libc::ENOTCONN);
+    // The kernel answers a call on a connection it is still aborting ECONNABORTED, and
+    // ENOTCONN once it is done: either way the mount is dead.
+    let e = errno_of(std::fs::metadata(m.p("kept")));
+    assert!(e == libc::ENOTCONN || e == libc::ECONNABORTED, "errno {e}");
     let o = moneta().arg("umount").arg(&m.path).output().unwrap();
     assert!(o.status.success(), "umount of a dead mount: {}", text(&o));
     assert_eq!(std::fs::read_dir(&m.path).unwrap().count(), 0);
