@@ -98,7 +98,8 @@ pub const OP_FS_LOCK: u16 = 37;
 /// every other mapping of the file sees, with no copy. Errors: `EBADF` for `write` on a
 /// handle not open for writing; `EINVAL` for a file that is not regular; `ENODEV` where the
 /// array cannot hand pages out (one with data checksums, or chunks that are not whole pages);
-/// `ENOMEM` when the daemon shows as many pieces of files as it allows.
+/// `ENOMEM` when the daemon already maps as many files (8,192) or shows as many pieces of
+/// them (16,384) as it allows.
 pub const OP_FS_MAP: u16 = 38;
 
 /// Longest path, in bytes.

@@ -51,12 +51,13 @@ const PAGE: u64 = 4096;
 /// The longest a retirement waits for accesses in place to finish.
 const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Most files mapped at once: each holds a descriptor of the daemon's.
+pub const MAX_SEGMENTS: usize = 8192;
+
 /// A file's own pages.
 struct Segment {
-    /// The memfd, read-write, sealed against shrinking.
+    /// The pages, read-write (a memfd sealed against shrinking, or a file of the host).
     rw: File,
-    /// The same pages, open for reading only.
-    ro: OwnedFd,
     /// Its length.
     len: u64,
     /// Pieces the array shows from it: (file offset, array address, bytes), in file order.
@@ -138,6 +139,12 @@ impl Segments {
     ) -> Result<OwnedFd, Failure> {
         let made = match self.files.get(&ino) {
             Some(_) => None,
+            None if self.files.len() >= MAX_SEGMENTS => {
+                return Err(fail(
+                    errno::ENOMEM,
+                    format!("the daemon already maps {MAX_SEGMENTS} files"),
+                ))
+            }
             None => Some(self.make(ino)?),
         };
         let fresh = made.is_some();
@@ -155,7 +162,9 @@ impl Segments {
         let fd = if write {
             seg.rw.as_fd().try_clone_to_owned()
         } else {
-            seg.ro.try_clone()
+            // The same pages opened again for reading only (the owner may, mode 0400).
+            let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&seg.rw));
+            File::open(path).map(OwnedFd::from)
         };
         fd.map_err(|e| io_fail("cannot share the file's pages", e))
     }
@@ -180,12 +189,8 @@ impl Segments {
             .mode(0o400)
             .open(&file)
             .map_err(|e| io_fail(&format!("cannot make {}", file.display()), e))?;
-        let ro: OwnedFd = File::open(&file)
-            .map_err(|e| io_fail("cannot open the file's pages for reading", e))?
-            .into();
         Ok(Segment {
             rw,
-            ro,
             len: 0,
             shown: Vec::new(),
         })
@@ -201,17 +206,12 @@ impl Segments {
         // A writer that shrank the segment would take pages from under the array's view.
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK)
             .map_err(|e| io_fail("cannot seal the file's pages", e))?;
-        // Opened for reading through /proc before the mode forbids it; afterwards nobody
-        // (but root) can open it again for writing that way.
-        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        let ro: OwnedFd = File::open(&path)
-            .map_err(|e| io_fail("cannot open the file's pages for reading", e))?
-            .into();
+        // Nobody (but root) can open it again for writing through /proc; the daemon opens it
+        // for reading that way.
         rustix::fs::fchmod(&fd, rustix::fs::Mode::RUSR)
             .map_err(|e| io_fail("cannot protect the file's pages", e))?;
         Ok(Segment {
             rw: File::from(fd),
-            ro,
             len: 0,
             shown: Vec::new(),
         })
