@@ -99,7 +99,8 @@ pub const OP_FS_LOCK: u16 = 37;
 /// handle not open for writing; `EINVAL` for a file that is not regular; `ENODEV` where the
 /// array cannot hand pages out (one with data checksums, or chunks that are not whole pages);
 /// `ENOMEM` when the daemon already maps as many files (8,192) or shows as many pieces of
-/// them (16,384) as it allows.
+/// them (16,384) as it allows, or the caller's user (other than root and the daemon's own)
+/// already had a quarter of those files mapped.
 pub const OP_FS_MAP: u16 = 38;
 
 /// Longest path, in bytes.

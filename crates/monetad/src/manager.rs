@@ -1109,7 +1109,10 @@ impl Manager {
             fs.extend(h.ino, 0, st.size, 1).map_err(failure)?;
             segs = self.segments();
         }
-        let fd = segs.give(h.ino, &fs.allocated(h.ino), st.size, write)?;
+        // Root and the daemon's own user are not held to a share.
+        let uid = s.cred.uid;
+        let owner = (uid != 0 && uid != rustix::process::geteuid().as_raw()).then_some(uid);
+        let fd = segs.give(h.ino, &fs.allocated(h.ino), st.size, write, owner)?;
         Ok((FsReply::Stat(wire_stat(&fs.stat_ino(h.ino))), fd))
     }
 

@@ -20,6 +20,7 @@ fn child_process_entry() {
     let code = match role.as_str() {
         "reader" => reader_cannot_write(&args),
         "store-and-die" => store_and_die(&args),
+        "map-many" => map_many(&args),
         other => panic!("unknown role {other}"),
     };
     std::process::exit(code);
@@ -216,6 +217,45 @@ fn store_and_die(args: &[String]) -> i32 {
     // SAFETY: ends this process.
     unsafe { libc::raise(libc::SIGKILL) };
     1
+}
+
+/// As another user: maps files until refused; reports how many it mapped.
+fn map_many(args: &[String]) -> i32 {
+    let m = Moneta::connect(std::path::Path::new(&args[0])).unwrap();
+    let want: usize = args[1].parse().unwrap();
+    for i in 0..=want {
+        let f = m.open(format!("/u/f{i}"), &rw()).unwrap();
+        f.write_at(b"x", 0).unwrap();
+        match f.pages(false) {
+            Ok(_) => {}
+            Err(e) if e.errno() == libc::ENOMEM && i == want => return 0,
+            Err(e) => panic!("file {i}: {e}"),
+        }
+    }
+    panic!("mapped {} files, past a user's share", want + 1);
+}
+
+#[test]
+fn one_user_cannot_map_every_file_the_daemon_allows() {
+    if !can_setuid("one_user_cannot_map_every_file_the_daemon_allows") {
+        return;
+    }
+    let d = Daemon::start_fs("256M", &["--socket-mode", "666"]);
+    std::fs::set_permissions(&d.dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = Moneta::connect(&d.socket).unwrap();
+    m.mkdir("/u", 0o777).unwrap();
+    m.chmod("/u", 0o777).unwrap();
+    // A user's share is a quarter of the 8,192 files the daemon maps at once.
+    let mut child = spawn_role_as(
+        1001,
+        "map-many",
+        &[d.socket.display().to_string(), "2048".into()],
+    );
+    assert!(child.wait().unwrap().success());
+    // Others still map.
+    let f = m.open("/mine", &rw()).unwrap();
+    f.write_at(b"mine", 0).unwrap();
+    f.pages(false).unwrap();
 }
 
 #[test]

@@ -53,6 +53,9 @@ const IN_PLACE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Most files mapped at once: each holds a descriptor of the daemon's.
 pub const MAX_SEGMENTS: usize = 8192;
+/// Most of them whose pages one user (other than root and the daemon's own) had made, so
+/// that one user always leaves room for others.
+pub const USER_SEGMENTS: usize = MAX_SEGMENTS / 4;
 
 /// A file's own pages.
 struct Segment {
@@ -60,6 +63,9 @@ struct Segment {
     rw: File,
     /// Its length.
     len: u64,
+    /// The user whose map call made it, counted against their share (none for root and
+    /// the daemon's own user).
+    owner: Option<u32>,
     /// Pieces the array shows from it: (file offset, array address, bytes), in file order.
     shown: Vec<(u64, u64, u64)>,
 }
@@ -82,6 +88,8 @@ pub struct Segments {
     store: Store,
     files: HashMap<u64, Segment>,
     shown: usize,
+    /// Segments each user's map calls made ([`USER_SEGMENTS`]).
+    per_user: HashMap<u32, usize>,
 }
 
 fn fail(errno: i32, message: impl Into<String>) -> Failure {
@@ -104,6 +112,7 @@ impl Segments {
             store,
             files: HashMap::new(),
             shown: 0,
+            per_user: HashMap::new(),
         }
     }
 
@@ -127,7 +136,8 @@ impl Segments {
         self.files.contains_key(&ino)
     }
 
-    /// The segment of `ino`, made if it has none, showing `allocated` (the file's extents, as
+    /// The segment of `ino`, made if it has none (on behalf of `owner`, whose share it then
+    /// counts against), showing `allocated` (the file's extents, as
     /// [`moneta_fs::Fs::allocated`] lists them) and at least `size` bytes long: a descriptor
     /// open for writing if `write`, else for reading only.
     pub fn give(
@@ -136,6 +146,7 @@ impl Segments {
         allocated: &[(u64, u64, u64)],
         size: u64,
         write: bool,
+        owner: Option<u32>,
     ) -> Result<OwnedFd, Failure> {
         let made = match self.files.get(&ino) {
             Some(_) => None,
@@ -145,10 +156,23 @@ impl Segments {
                     format!("the daemon already maps {MAX_SEGMENTS} files"),
                 ))
             }
-            None => Some(self.make(ino)?),
+            None if owner
+                .is_some_and(|u| self.per_user.get(&u).copied().unwrap_or(0) >= USER_SEGMENTS) =>
+            {
+                return Err(fail(
+                    errno::ENOMEM,
+                    format!(
+                        "this user's programs already map {USER_SEGMENTS} files, a user's share"
+                    ),
+                ))
+            }
+            None => Some(self.make(ino, owner)?),
         };
         let fresh = made.is_some();
         if let Some(seg) = made {
+            if let Some(u) = owner {
+                *self.per_user.entry(u).or_default() += 1;
+            }
             self.files.insert(ino, seg);
         }
         if let Err(f) = self.show(ino, allocated, size) {
@@ -169,9 +193,9 @@ impl Segments {
         fd.map_err(|e| io_fail("cannot share the file's pages", e))
     }
 
-    fn make(&self, ino: u64) -> Result<Segment, Failure> {
+    fn make(&self, ino: u64, owner: Option<u32>) -> Result<Segment, Failure> {
         let Store::Dir { path, .. } = &self.store else {
-            return Self::make_memfd();
+            return Self::make_memfd(owner);
         };
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -192,11 +216,12 @@ impl Segments {
         Ok(Segment {
             rw,
             len: 0,
+            owner,
             shown: Vec::new(),
         })
     }
 
-    fn make_memfd() -> Result<Segment, Failure> {
+    fn make_memfd(owner: Option<u32>) -> Result<Segment, Failure> {
         use rustix::fs::{MemfdFlags, SealFlags};
         let fd = rustix::fs::memfd_create(
             "moneta-file",
@@ -213,6 +238,7 @@ impl Segments {
         Ok(Segment {
             rw: File::from(fd),
             len: 0,
+            owner,
             shown: Vec::new(),
         })
     }
@@ -336,6 +362,14 @@ impl Segments {
             return Ok(());
         };
         self.shown -= seg.shown.len();
+        if let Some(u) = seg.owner {
+            if let Some(n) = self.per_user.get_mut(&u) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_user.remove(&u);
+                }
+            }
+        }
         if revoke {
             // Clients reading and writing in place stop using these pages first (the wait
             // is bounded: a client can only delay this).
