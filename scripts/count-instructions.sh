@@ -31,16 +31,16 @@ for line in sys.stdin:
     star, what = m.group(2), m.group(3)
     if star == "*":
         cur = what
-        if "File::read_at_with [" in what:
+        if re.search(r"File>?::read_at_with \[", what):
             total = n
     else:
         c = re.search(r"\(([\d,]+)x\)", what)
         k = int(c.group(1).replace(",", "")) if c else 0
-        if "File::read_at_with" in what and "bench::files::file_thread" in (cur or ""):
+        if re.search(r"File>?::read_at_with", what) and "bench::files::file_thread" in (cur or ""):
             calls = k
-        if "memcpy" in what and cur and ("File::one" in cur or "transfer" in cur) and k == calls:
+        if "memcpy" in what and cur and (re.search(r"File>?::one", cur) or "transfer" in cur) and k == calls:
             copy = max(copy, n)
-        if "Channel::wait" in what and cur and ("File::one" in cur or "transfer" in cur) and k >= calls:
+        if "Channel::wait" in what and cur and (re.search(r"File>?::one", cur) or "transfer" in cur) and k >= calls:
             wait = max(wait, n)
 if not calls:
     sys.exit("no read_at_with calls found in the profile")
