@@ -3,15 +3,16 @@
 //! A file's pages handed to processes as a file of the host's file system (the segments of a
 //! persistent array: see [`crate::Media::overlay`]) can be shortened by any process that holds
 //! them open for writing, and a load or store of the daemon past the new end would raise
-//! `SIGBUS` and kill it. Inside a guarded range, the handler here maps a page of zeros where
-//! the fault was, instead, and the access goes on: the process that shortened the file sees
-//! its own file so, and nothing else changes. Faults anywhere else keep their default action.
+//! `SIGBUS` and kill it. Inside a guarded range (a piece of such a file shown in the array),
+//! the handler here maps a page of zeros where the fault was, instead, and the access goes on:
+//! the process that shortened the file sees its own file so, and nothing else changes. Faults
+//! anywhere else, the array's own pages included, keep the disposition they had.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
 /// Guarded ranges: (start, length) pairs; length 0 is a free slot.
-const SLOTS: usize = 16;
+const SLOTS: usize = 65_536;
 static RANGES: [(AtomicUsize, AtomicUsize); SLOTS] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
 /// Faults the guard has answered.
@@ -21,15 +22,11 @@ static INSTALL: Once = Once::new();
 /// go back to (the standard library's handler of stack overflows, or the default).
 static PREVIOUS: std::sync::OnceLock<libc::sigaction> = std::sync::OnceLock::new();
 
-/// Guards `[start, start + len)` (an array's mapping) for the life of the process, or until
-/// [`unguard`]. Returns false when every slot is taken (the range then stays unguarded).
+/// Guards `[start, start + len)` (a piece of the array's mapping) until [`unguard`]. Returns
+/// false when every slot is taken (the range is then not guarded: the caller must not show
+/// the piece).
 pub fn guard(start: usize, len: usize) -> bool {
     INSTALL.call_once(install);
-    for (s, l) in &RANGES {
-        if s.load(Ordering::Acquire) == start && l.load(Ordering::Acquire) == len {
-            return true;
-        }
-    }
     for (s, l) in &RANGES {
         if l.load(Ordering::Acquire) == 0
             && s.compare_exchange(0, start, Ordering::AcqRel, Ordering::Acquire)
@@ -42,10 +39,12 @@ pub fn guard(start: usize, len: usize) -> bool {
     false
 }
 
-/// Stops guarding the range that starts at `start` (its mapping is going away).
-pub fn unguard(start: usize) {
+/// Stops guarding every range inside `[start, start + len)`.
+pub fn unguard(start: usize, len: usize) {
+    let end = start.saturating_add(len);
     for (s, l) in &RANGES {
-        if s.load(Ordering::Acquire) == start {
+        let (rs, rl) = (s.load(Ordering::Acquire), l.load(Ordering::Acquire));
+        if rl != 0 && rs >= start && rs + rl <= end {
             l.store(0, Ordering::Release);
             s.store(0, Ordering::Release);
         }
@@ -58,7 +57,7 @@ pub fn faults() -> usize {
 }
 
 fn install() {
-    // SAFETY: installing a handler that only makes async-signal-safe calls (mmap, signal).
+    // SAFETY: installing a handler that only makes async-signal-safe calls (mmap, sigaction).
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
@@ -78,8 +77,8 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         let (start, len) = (s.load(Ordering::Acquire), l.load(Ordering::Acquire));
         if len != 0 && addr >= start && addr < start + len {
             let page = addr & !4095;
-            // SAFETY: replaces one page of the guarded mapping with zeros (the mapping is
-            // the array's, inside the daemon); mmap is async-signal-safe.
+            // SAFETY: replaces one page of a guarded piece of the array's mapping with zeros;
+            // mmap is async-signal-safe.
             let p = unsafe {
                 libc::mmap(
                     page as *mut libc::c_void,
@@ -152,7 +151,7 @@ mod tests {
         };
         assert_eq!((a, b), (7, 0));
         assert_eq!(faults(), before + 1);
-        unguard(p as usize);
+        unguard(p as usize, 8192);
         // SAFETY: our own mapping.
         unsafe { libc::munmap(p, 8192) };
     }

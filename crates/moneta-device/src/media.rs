@@ -266,7 +266,7 @@ pub struct MappedArray {
 
 impl Drop for MappedArray {
     fn drop(&mut self) {
-        crate::guard::unguard(self.map.as_mut_ptr() as usize);
+        crate::guard::unguard(self.map.as_mut_ptr() as usize, self.size as usize);
     }
 }
 
@@ -538,7 +538,10 @@ impl Media for MappedArray {
         // the host file system, their ragged ends stored.
         let first = addr.next_multiple_of(4096);
         let last = (addr + len) / 4096 * 4096;
-        if len < ZERO_BY_STORES || first >= last {
+        // While other files' pages are shown, the host file system's zeroing would miss
+        // them: stores reach whichever pages are there.
+        let overlaid = self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0;
+        if len < ZERO_BY_STORES || first >= last || overlaid {
             return zero_by_stores(self, addr, len);
         }
         self.zero_pages(first, last - first)?;
@@ -553,28 +556,37 @@ impl Media for MappedArray {
         segment: BorrowedFd<'_>,
         seg_off: u64,
     ) -> io::Result<()> {
-        if self.persistent {
+        let at = self.map.as_mut_ptr() as usize + addr as usize;
+        if self.persistent && !crate::guard::guard(at, len as usize) {
             // Pages of a host file, which its writers can shorten: a fault there must not
-            // kill the daemon (see `guard`).
-            crate::guard::guard(self.map.as_mut_ptr() as usize, self.size as usize);
+            // kill the daemon (see `guard`), so none is shown unguarded.
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "no room left to guard another piece of a mapped file",
+            ));
         }
-        self.remap(addr, len, segment, seg_off)?;
+        if let Err(e) = self.remap(addr, len, segment, seg_off) {
+            crate::guard::unguard(at, len as usize);
+            return Err(e);
+        }
         self.overlaid
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         if !self.persistent {
-            // The memfd's own pages there are no longer seen: give their memory back.
-            rustix::fs::fallocate(
+            // The memfd's own pages there are no longer seen: give their memory back (at
+            // best: they are unseen either way).
+            let _ = rustix::fs::fallocate(
                 &self.file,
                 rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
                 addr,
                 len,
-            )?;
+            );
         }
         Ok(())
     }
 
     fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
         self.remap(addr, len, self.file.as_fd(), addr)?;
+        crate::guard::unguard(self.map.as_mut_ptr() as usize + addr as usize, len as usize);
         let _ = self.overlaid.fetch_update(
             std::sync::atomic::Ordering::AcqRel,
             std::sync::atomic::Ordering::Acquire,

@@ -1513,6 +1513,11 @@ impl Fs {
         Ok((size, out))
     }
 
+    /// The generation of inode `ino` (it changes when the number is given to a new file).
+    pub fn generation(&self, ino: u64) -> u32 {
+        self.inode(ino).generation
+    }
+
     /// Every extent of `ino`, past its size too (space reserved ahead of appends):
     /// `(file offset, array address, bytes)`, in file order, adjacent extents merged.
     pub fn allocated(&self, ino: u64) -> Vec<(u64, u64, u64)> {

@@ -1075,6 +1075,27 @@ impl Manager {
         self.segments.lock().expect("segments lock")
     }
 
+    /// After `ino` grew to `size` (an extend or a truncation), with the file-system lock held:
+    /// if it is mapped, its holes get space (a mapped file has none: a store into its pages is
+    /// a store into the array) and its pages show the new space. If that fails, its pages are
+    /// retired, so that mappings and the array never disagree.
+    fn show_grown(&self, fs: &mut Fs, ino: u64, size: u64) -> Result<(), Failure> {
+        let mut segs = self.segments();
+        if !segs.has(ino) {
+            return Ok(());
+        }
+        drop(segs);
+        let filled = fs.extend(ino, 0, size, 1).map_err(failure);
+        segs = self.segments();
+        let shown =
+            filled.and_then(|_| segs.show(ino, &fs.allocated(ino), size, fs.generation(ino)));
+        if let Err(f) = shown {
+            segs.retire(ino)?;
+            return Err(f);
+        }
+        Ok(())
+    }
+
     /// Answers [`FsRequest::Map`]: the attributes of the file of `handle` and a descriptor of
     /// its pages (see `segments.rs`), open for writing if `write`.
     pub fn map(
@@ -1103,8 +1124,10 @@ impl Manager {
         }
         let mut segs = self.segments();
         segs.supported(fs.geometry().chunk_size)?;
-        if st.size > 0 {
-            // Every byte a mapping reaches is in the array: holes get space (zeroed).
+        if st.size > 0 && write {
+            // Every byte a writable mapping reaches is in the array: holes get space (zeroed).
+            // A read-only one sees a hole's zeros in pages of its own, which nobody can store
+            // into (a writer's mapping or write fills the hole first).
             drop(segs);
             fs.extend(h.ino, 0, st.size, 1).map_err(failure)?;
             segs = self.segments();
@@ -1112,7 +1135,15 @@ impl Manager {
         // Root and the daemon's own user are not held to a share.
         let uid = s.cred.uid;
         let owner = (uid != 0 && uid != rustix::process::geteuid().as_raw()).then_some(uid);
-        let fd = segs.give(h.ino, &fs.allocated(h.ino), st.size, write, owner)?;
+        let generation = fs.generation(h.ino);
+        let fd = segs.give(
+            h.ino,
+            &fs.allocated(h.ino),
+            st.size,
+            write,
+            owner,
+            generation,
+        )?;
         Ok((FsReply::Stat(wire_stat(&fs.stat_ino(h.ino))), fd))
     }
 
@@ -1194,7 +1225,7 @@ impl Manager {
                 let (size, maps) = fs
                     .extend(h.ino, offset, len, MAX_EXTENTS)
                     .map_err(failure)?;
-                self.segments().show(h.ino, &fs.allocated(h.ino), size)?;
+                self.show_grown(&mut fs, h.ino, size)?;
                 let file = fs.layout_tag(h.ino);
                 self.install(s, channel, &h, &maps, file)?;
                 Ok(extents(size, file, &maps))
@@ -1221,12 +1252,8 @@ impl Manager {
                         fs.lookup(&cred, path, true).map_err(failure)?
                     }
                 };
-                if self.segments().has(ino) {
-                    // A mapped file has no holes: what the truncation added gets space, and
-                    // the pages cover the new size (a store there is a store to the array).
-                    fs.extend(ino, 0, size, 1).map_err(failure)?;
-                    self.segments().show(ino, &fs.allocated(ino), size)?;
-                }
+                // What the truncation added is part of the mapped pages.
+                self.show_grown(&mut fs, ino, size)?;
                 Ok(FsReply::Empty)
             }
             FsRequest::Chmod { target, mode } => {

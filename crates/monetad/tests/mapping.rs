@@ -290,6 +290,14 @@ fn a_mapped_file_grown_by_truncation_has_no_holes() {
     f.read_at(&mut buf, 60_000).unwrap();
     assert_eq!(&buf, b"past the old end");
     assert!(map.bytes()[5..60_000].iter().all(|&b| b == 0));
+    // A write far past the end leaves no hole either: a store into the gap is in the array.
+    f.write_at(b"far", 200_000).unwrap();
+    let big = Mapped::new(&pages, 200_003, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    big.store(100_000, b"in the gap");
+    let mut buf = [0u8; 10];
+    f.read_at(&mut buf, 100_000).unwrap();
+    assert_eq!(&buf, b"in the gap");
+    assert_eq!(&big.bytes()[200_000..], b"far");
 }
 
 #[test]
@@ -466,6 +474,18 @@ fn a_writer_that_shortens_the_pages_hurts_only_its_file() {
     let mut buf = vec![0u8; 16384];
     other.read_at(&mut buf, 0).unwrap();
     assert_eq!(buf, theirs);
+    // Its truncation retires the cut pages (reading them back as zeros), and the space it
+    // frees goes to another file untouched by them.
+    f.set_len(0).unwrap();
+    let third = m.open("/c", &rw()).unwrap();
+    let more = pattern(13, 0, 1 << 20);
+    third.write_at(&more, 0).unwrap();
+    rustix::fs::ftruncate(&pages, 1 << 20).unwrap();
+    let map = Mapped::new(&pages, 16384, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    map.store(0, b"into retired pages");
+    let mut buf = vec![0u8; 1 << 20];
+    third.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, more);
 }
 
 #[test]
@@ -525,4 +545,48 @@ fn reads_and_writes_in_place_need_no_command() {
         assert_eq!(&got, b"Fresh");
     }
     assert!(ctl.status().unwrap().commands <= before + 2);
+}
+
+#[test]
+fn an_inode_number_given_to_a_new_file_brings_no_old_pages() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    // An empty file, mapped (its pages kept open), then unlinked and closed: nothing of it
+    // needs space, so nothing of it is revoked.
+    let f = m.open("/old", &rw()).unwrap();
+    let old_ino = f.ino();
+    let (old_pages, _) = f.pages(true).unwrap();
+    drop(f);
+    m.unlink("/old").unwrap();
+    // New files until one gets the old inode number.
+    let mut new = None;
+    for i in 0..64 {
+        let g = m.open(format!("/new{i}"), &rw()).unwrap();
+        if g.ino() == old_ino {
+            new = Some(g);
+            break;
+        }
+    }
+    let g = new.expect("nvfs gives a freed inode number to a new file");
+    let theirs = pattern(12, 0, 8192);
+    g.write_at(&theirs, 0).unwrap();
+    let (pages, _) = g.pages(true).unwrap();
+    let fresh = Mapped::new(&pages, 8192, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+    assert_eq!(fresh.bytes(), &theirs[..]);
+    // The new file has pages of its own; the old ones never grew to hold its bytes.
+    let (old, now) = (
+        rustix::fs::fstat(&old_pages).unwrap(),
+        rustix::fs::fstat(&pages).unwrap(),
+    );
+    assert_ne!(
+        old.st_ino, now.st_ino,
+        "the new file got the old file's pages"
+    );
+    assert_eq!(
+        old.st_size, 0,
+        "the old file's pages grew with the new file"
+    );
+    // Growing it again (through the socket, as a mapped file does) changes nothing of that.
+    g.write_at(&theirs, 8192).unwrap();
+    assert_eq!(rustix::fs::fstat(&old_pages).unwrap().st_size, 0);
 }

@@ -108,7 +108,7 @@ impl File {
         let Some(end) = off.checked_add(len as u64) else {
             return false;
         };
-        if end > self.map.read().unwrap_or_else(|e| e.into_inner()).size || end > RESERVE as u64 {
+        if end > RESERVE as u64 {
             return false;
         }
         let Ok(ch) = self.m.inner.live() else {
@@ -117,6 +117,11 @@ impl File {
         let header = ch.header();
         {
             let map = self.in_place.map.read().unwrap_or_else(|e| e.into_inner());
+            // The size is read under the mapping's lock: a remap sets it to what the new
+            // pages cover before anyone uses them.
+            if end > self.map.read().unwrap_or_else(|e| e.into_inner()).size {
+                return false;
+            }
             if let Some(m) = map.as_ref().filter(|m| !write || m.writable) {
                 header.in_place.fetch_add(1, Ordering::SeqCst);
                 let current = header.retired.load(Ordering::SeqCst) == m.generation;
@@ -151,9 +156,11 @@ impl File {
         if write && !writable {
             return Ok(());
         }
+        // In order with the file's lookups and extends, whose answers set its size too.
+        let _order = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         let generation = self.m.inner.live()?.header().retired.load(Ordering::SeqCst);
         *slot = None;
-        let (fd, _) = match self.pages(writable) {
+        let (fd, stat) = match self.pages(writable) {
             Ok(p) => p,
             Err(e) => {
                 if e.errno() == libc::ENODEV {
@@ -189,6 +196,10 @@ impl File {
             writable,
             generation,
         });
+        // The pages cover the size the daemon answered with, which may be less than this
+        // file knew (another process truncated it): accesses in place stay inside it.
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        map.size = stat.size;
         Ok(())
     }
 }

@@ -15,9 +15,11 @@
 //! A segment grows with its file (new extents are shown from it as they are allocated) but
 //! never shrinks: it is sealed against shrinking, since a writer that shrank it would leave
 //! the array's view of the file without pages. When space leaves the file (truncate, unlink's
-//! final free) or its mode or owner change, the segment is *retired*: the array shows its own
-//! pages again, with the segment's bytes copied back for the space the file keeps, and the
-//! file's next mapping gets a new segment. Mappings made before keep the old segment: the
+//! final free), the segment is *retired*: the array shows its own pages again, with the
+//! segment's bytes copied back for the space the file keeps, and the file's next mapping gets
+//! a new segment. A segment also belongs to one generation of its inode: a segment found for
+//! an inode number that has since been freed and given to another file is retired, never
+//! shown for the new one. Mappings made before keep the old segment: the
 //! bytes as they were at retirement, private to the processes that map it, reaching neither
 //! the file nor any other file's space.
 //!
@@ -25,14 +27,17 @@
 //! beside the backing file (`<backing file>.pages/<inode>`), fully allocated as they grow: a
 //! store through a mapping or a channel write to a mapped file then outlives the daemon as a
 //! write to the array does (both are in the host's page cache), and `fsync` at the `host`
-//! level writes the segment's pages back with the rest. At start the daemon folds every
-//! segment left by one that was killed back into the array ([`Segments::recover`]), and a
-//! clean stop folds them all back. Such a file cannot be sealed, and a writer may shorten it:
+//! level writes the segment's pages back with the rest. Beside each segment a list of the
+//! pieces it shows (`<inode>.pieces`) grows as they are shown: at start the daemon folds the
+//! listed pieces of every segment left by one that was killed back into the array
+//! ([`Segments::recover`]), and nothing else (a piece being copied when the daemon died is not
+//! listed yet, and the array still holds its bytes); a clean stop folds them all back. Such a file cannot be sealed, and a writer may shorten it:
 //! the daemon's own accesses past its end then find a page of zeros
 //! ([`moneta_device::guard`]) instead of a `SIGBUS`, and only that file is affected.
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -66,6 +71,10 @@ struct Segment {
     /// The user whose map call made it, counted against their share (none for root and
     /// the daemon's own user).
     owner: Option<u32>,
+    /// The generation of the inode it belongs to.
+    generation: u32,
+    /// The list of pieces shown, beside a segment of the host (see the module's text).
+    pieces: Option<File>,
     /// Pieces the array shows from it: (file offset, array address, bytes), in file order.
     shown: Vec<(u64, u64, u64)>,
 }
@@ -131,9 +140,23 @@ impl Segments {
         Ok(())
     }
 
-    /// Whether `ino` has a segment (its allocations must then pass through [`Segments::show`]).
+    /// Whether `ino` may have a segment (its allocations must then pass through
+    /// [`Segments::show`], which also retires one of an older generation).
     pub fn has(&self, ino: u64) -> bool {
         self.files.contains_key(&ino)
+    }
+
+    /// Retires `ino`'s segment if it belongs to another generation of the inode than
+    /// `generation` (the inode was freed and given to another file since).
+    fn drop_stale(&mut self, ino: u64, generation: u32) -> Result<(), Failure> {
+        if self
+            .files
+            .get(&ino)
+            .is_some_and(|s| s.generation != generation)
+        {
+            self.retire(ino)?;
+        }
+        Ok(())
     }
 
     /// The segment of `ino`, made if it has none (on behalf of `owner`, whose share it then
@@ -147,7 +170,9 @@ impl Segments {
         size: u64,
         write: bool,
         owner: Option<u32>,
+        generation: u32,
     ) -> Result<OwnedFd, Failure> {
+        self.drop_stale(ino, generation)?;
         let made = match self.files.get(&ino) {
             Some(_) => None,
             None if self.files.len() >= MAX_SEGMENTS => {
@@ -166,7 +191,7 @@ impl Segments {
                     ),
                 ))
             }
-            None => Some(self.make(ino, owner)?),
+            None => Some(self.make(ino, owner, generation)?),
         };
         let fresh = made.is_some();
         if let Some(seg) = made {
@@ -175,7 +200,7 @@ impl Segments {
             }
             self.files.insert(ino, seg);
         }
-        if let Err(f) = self.show(ino, allocated, size) {
+        if let Err(f) = self.show(ino, allocated, size, generation) {
             if fresh {
                 // Nothing half made stays: what was shown goes back to the array.
                 self.retire(ino)?;
@@ -193,9 +218,9 @@ impl Segments {
         fd.map_err(|e| io_fail("cannot share the file's pages", e))
     }
 
-    fn make(&self, ino: u64, owner: Option<u32>) -> Result<Segment, Failure> {
+    fn make(&self, ino: u64, owner: Option<u32>, generation: u32) -> Result<Segment, Failure> {
         let Store::Dir { path, .. } = &self.store else {
-            return Self::make_memfd(owner);
+            return Self::make_memfd(owner, generation);
         };
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -213,23 +238,33 @@ impl Segments {
             .mode(0o400)
             .open(&file)
             .map_err(|e| io_fail(&format!("cannot make {}", file.display()), e))?;
+        let pieces = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path.join(format!("{ino}.pieces")))
+            .map_err(|e| io_fail("cannot make the list of the file's pieces", e))?;
         Ok(Segment {
             rw,
             len: 0,
             owner,
+            generation,
+            pieces: Some(pieces),
             shown: Vec::new(),
         })
     }
 
-    fn make_memfd(owner: Option<u32>) -> Result<Segment, Failure> {
+    fn make_memfd(owner: Option<u32>, generation: u32) -> Result<Segment, Failure> {
         use rustix::fs::{MemfdFlags, SealFlags};
         let fd = rustix::fs::memfd_create(
             "moneta-file",
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )
         .map_err(|e| io_fail("cannot make the file's pages", e))?;
-        // A writer that shrank the segment would take pages from under the array's view.
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK)
+        // A writer that shrank the segment would take pages from under the array's view, and
+        // one that sealed it further would stop it growing with its file.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::SEAL)
             .map_err(|e| io_fail("cannot seal the file's pages", e))?;
         // Nobody (but root) can open it again for writing through /proc; the daemon opens it
         // for reading that way.
@@ -239,6 +274,8 @@ impl Segments {
             rw: File::from(fd),
             len: 0,
             owner,
+            generation,
+            pieces: None,
             shown: Vec::new(),
         })
     }
@@ -252,7 +289,9 @@ impl Segments {
         ino: u64,
         allocated: &[(u64, u64, u64)],
         size: u64,
+        generation: u32,
     ) -> Result<(), Failure> {
+        self.drop_stale(ino, generation)?;
         let Some(seg) = self.files.get(&ino) else {
             return Ok(());
         };
@@ -321,10 +360,26 @@ impl Segments {
                     std::io::ErrorKind::Unsupported => fail(libc::ENODEV, e.to_string()),
                     _ => io_fail("cannot show the file's pages", e),
                 })?;
+            if let Some(list) = seg.pieces.as_mut() {
+                // Listed once shown: recovery folds only what the segment holds.
+                list.write_all(format!("{off} {addr} {len}\n").as_bytes())
+                    .map_err(|e| io_fail("cannot list the file's pieces", e))?;
+            }
             seg.shown.push((off, addr, len));
             self.shown += 1;
         }
+        // Pieces adjacent in the file and in the array are one (the kernel merges the
+        // mappings too), so a file that grows in place counts as one piece.
         seg.shown.sort_unstable();
+        let mut merged: Vec<(u64, u64, u64)> = Vec::with_capacity(seg.shown.len());
+        for &(off, addr, len) in &seg.shown {
+            match merged.last_mut() {
+                Some(l) if l.0 + l.2 == off && l.1 + l.2 == addr => l.2 += len,
+                _ => merged.push((off, addr, len)),
+            }
+        }
+        self.shown -= seg.shown.len() - merged.len();
+        seg.shown = merged;
         Ok(())
     }
 
@@ -356,20 +411,13 @@ impl Segments {
     }
 
     /// Retires `ino`'s segment; `revoke`: first revokes every record over it (unless the
-    /// device has stopped, and no command can come).
+    /// device has stopped, and no command can come). The segment stays known, with the pieces
+    /// still shown, until every piece is the array's own again: a failure leaves nothing
+    /// shown that the daemon does not know of (and so no space freed while it is shown).
     fn retire_with(&mut self, ino: u64, revoke: bool) -> Result<(), Failure> {
-        let Some(seg) = self.files.remove(&ino) else {
+        let Some(seg) = self.files.get(&ino) else {
             return Ok(());
         };
-        self.shown -= seg.shown.len();
-        if let Some(u) = seg.owner {
-            if let Some(n) = self.per_user.get_mut(&u) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_user.remove(&u);
-                }
-            }
-        }
         if revoke {
             // Clients reading and writing in place stop using these pages first (the wait
             // is bounded: a client can only delay this).
@@ -384,39 +432,58 @@ impl Segments {
                 .map_err(|e| io_fail("cannot revoke records", e))?;
         }
         let mut buf = vec![0u8; 1 << 20];
-        for &(off, addr, len) in &seg.shown {
+        let seg = self.files.get_mut(&ino).expect("checked above");
+        let folded: Vec<(u64, u64)> = seg.shown.iter().map(|&(_, a, l)| (a, l)).collect();
+        while let Some(&(off, addr, len)) = seg.shown.last() {
             self.media
                 .detach(addr, len)
                 .map_err(|e| io_fail("cannot show the array's pages again", e))?;
+            seg.shown.pop();
+            self.shown -= 1;
             let mut at = 0;
             while at < len {
                 let n = (len - at).min(buf.len() as u64) as usize;
-                seg.rw
-                    .read_exact_at(&mut buf[..n], off + at)
-                    .map_err(|e| io_fail("cannot read the file's pages back", e))?;
+                // A segment a writer shortened reads as zeros past its end.
+                let got = read_full_at(&seg.rw, &mut buf[..n], off + at);
+                buf[got..n].fill(0);
                 // SAFETY: `buf` holds `n` bytes; the range is the file's, inside the array.
                 unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
                 at += n as u64;
             }
         }
-        self.forget(ino, &seg)
+        let seg = self.files.remove(&ino).expect("checked above");
+        if let Some(u) = seg.owner {
+            if let Some(n) = self.per_user.get_mut(&u) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_user.remove(&u);
+                }
+            }
+        }
+        self.forget(ino, &folded)
     }
 
     /// Removes a retired segment's file, once the array holds its bytes for good at the
     /// `host` level (so that a free that follows can never be durable before it).
-    fn forget(&self, ino: u64, seg: &Segment) -> Result<(), Failure> {
+    fn forget(&self, ino: u64, folded: &[(u64, u64)]) -> Result<(), Failure> {
         let Store::Dir { path, host } = &self.store else {
             return Ok(());
         };
         if *host {
-            let ranges: Vec<(u64, u64)> = seg.shown.iter().map(|&(_, a, l)| (a, l)).collect();
             self.media
-                .flush_ranges(&ranges)
+                .flush_ranges(folded)
                 .map_err(|e| io_fail("cannot make the file's bytes durable", e))?;
         }
-        let file = path.join(ino.to_string());
-        std::fs::remove_file(&file)
-            .map_err(|e| io_fail(&format!("cannot remove {}", file.display()), e))?;
+        // The list first: without it, a segment left behind is never folded.
+        for name in [format!("{ino}.pieces"), ino.to_string()] {
+            let file = path.join(name);
+            match std::fs::remove_file(&file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_fail(&format!("cannot remove {}", file.display()), e))
+                }
+                _ => {}
+            }
+        }
         if *host {
             File::open(path)
                 .and_then(|d| d.sync_all())
@@ -427,10 +494,18 @@ impl Segments {
 
     /// Retires every segment once the device has stopped (a clean stop: the array then
     /// holds every byte).
+    /// On a failure the others are still retired, and what failed stays for the next start
+    /// to fold; the first failure is returned.
     pub fn retire_all(&mut self) -> Result<(), Failure> {
         let inos: Vec<u64> = self.files.keys().copied().collect();
+        let mut first = None;
         for ino in inos {
-            self.retire_with(ino, false)?;
+            if let Err(f) = self.retire_with(ino, false) {
+                first.get_or_insert(f);
+            }
+        }
+        if let Some(f) = first {
+            return Err(f);
         }
         if let Store::Dir { path, .. } = &self.store {
             match std::fs::remove_dir(path) {
@@ -444,9 +519,9 @@ impl Segments {
     }
 
     /// Folds the segments a daemon left (killed while files were mapped) back into the
-    /// array: each one's bytes go to its file's extents, as `allocated` lists them for an
-    /// inode that is a regular file (`None` otherwise), and the segment's file goes. Returns
-    /// how many there were.
+    /// array: the pieces each one's list names, where the inode is a regular file whose
+    /// extents (`allocated`, `None` for any other inode) still hold each piece at the same
+    /// address; then the pages directory goes. Returns how many segments there were.
     pub fn recover(
         &self,
         allocated: impl Fn(u64) -> Option<Vec<(u64, u64, u64)>>,
@@ -464,39 +539,59 @@ impl Segments {
         let mut buf = vec![0u8; 1 << 20];
         for entry in entries {
             let entry = entry.map_err(|e| io_fail("cannot read the pages directory", e))?;
-            let file = entry.path();
-            let ino = entry
-                .file_name()
+            let name = entry.file_name();
+            let Some(ino) = name
                 .to_str()
-                .and_then(|n| n.parse::<u64>().ok());
-            if let Some(pieces) = ino.and_then(&allocated) {
-                let seg = File::open(&file)
-                    .map_err(|e| io_fail(&format!("cannot open {}", file.display()), e))?;
-                for (off, addr, len) in pieces {
-                    let mut at = 0;
-                    while at < len {
-                        let want = (len - at).min(buf.len() as u64) as usize;
-                        let n = seg
-                            .read_at(&mut buf[..want], off + at)
-                            .map_err(|e| io_fail(&format!("cannot read {}", file.display()), e))?;
-                        if n == 0 {
-                            // A segment shorter than its file: the rest never left the array.
-                            break;
-                        }
-                        // SAFETY: `buf` holds `n` bytes; the range is the file's, in the array.
-                        unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
-                        at += n as u64;
-                    }
-                    ranges.push((addr, len));
-                }
-            }
+                .and_then(|n| n.strip_suffix(".pieces"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
             count += 1;
+            let Some(extents) = allocated(ino) else {
+                continue;
+            };
+            let list = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let Ok(seg) = File::open(path.join(ino.to_string())) else {
+                continue;
+            };
+            for line in list.lines() {
+                let v: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+                let &[off, addr, len] = v.as_slice() else {
+                    continue;
+                };
+                let held = extents.iter().any(|&(x_off, x_addr, x_len)| {
+                    off >= x_off
+                        && off.saturating_add(len) <= x_off + x_len
+                        && addr == x_addr + (off - x_off)
+                });
+                if !held {
+                    continue;
+                }
+                let mut at = 0;
+                while at < len {
+                    let want = (len - at).min(buf.len() as u64) as usize;
+                    let n = read_full_at(&seg, &mut buf[..want], off + at);
+                    if n == 0 {
+                        break;
+                    }
+                    // SAFETY: `buf` holds `n` bytes; the range is the file's, in the array.
+                    unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
+                    at += n as u64;
+                }
+                ranges.push((addr, len));
+            }
         }
         self.media
             .flush_ranges(&ranges)
             .map_err(|e| io_fail("cannot make the folded bytes durable", e))?;
         std::fs::remove_dir_all(path)
             .map_err(|e| io_fail(&format!("cannot remove {}", path.display()), e))?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_fail("cannot make the removal durable", e))?;
+        }
         Ok(count)
     }
 }
@@ -525,6 +620,18 @@ fn missing(have: &[(u64, u64, u64)], want: &[(u64, u64, u64)]) -> Vec<(u64, u64,
         }
     }
     out
+}
+
+/// Reads into `buf` at `off` until it is full or the file ends; the bytes read.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    got
 }
 
 #[cfg(test)]
