@@ -361,8 +361,13 @@ impl Segments {
                     _ => io_fail("cannot show the file's pages", e),
                 })?;
             if let Some(list) = seg.pieces.as_mut() {
-                // Listed once shown: recovery folds only what the segment holds.
+                // Listed once shown: recovery folds only what the segment holds (at the
+                // `host` level durably, as the segment's own pages become at `fsync`).
                 list.write_all(format!("{off} {addr} {len}\n").as_bytes())
+                    .and_then(|()| match self.store {
+                        Store::Dir { host: true, .. } => list.sync_data(),
+                        _ => Ok(()),
+                    })
                     .map_err(|e| io_fail("cannot list the file's pieces", e))?;
             }
             seg.shown.push((off, addr, len));
