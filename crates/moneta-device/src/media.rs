@@ -260,7 +260,8 @@ pub struct MappedArray {
     file: File,
     /// Mapped for reading only ([`MappedArray::open_read_only`]).
     read_only: bool,
-    /// Pieces shown from other files ([`Media::overlay`]) and not detached since.
+    /// Pages shown from other files ([`Media::overlay`]) and not detached since (counted in
+    /// pages, since a detach may cover several pieces shown one by one).
     overlaid: std::sync::atomic::AtomicUsize,
 }
 
@@ -570,7 +571,7 @@ impl Media for MappedArray {
             return Err(e);
         }
         self.overlaid
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            .fetch_add((len / 4096) as usize, std::sync::atomic::Ordering::AcqRel);
         if !self.persistent {
             // The memfd's own pages there are no longer seen: give their memory back (at
             // best: they are unseen either way).
@@ -590,7 +591,7 @@ impl Media for MappedArray {
         let _ = self.overlaid.fetch_update(
             std::sync::atomic::Ordering::AcqRel,
             std::sync::atomic::Ordering::Acquire,
-            |n| n.checked_sub(1),
+            |n| Some(n.saturating_sub((len / 4096) as usize)),
         );
         if self.persistent {
             // As at `map`: no readahead on the backing file's pages.
@@ -861,6 +862,37 @@ mod tests {
                 assert_eq!(edge[0], 0xa5, "byte after addr {addr} len {len}");
             }
         }
+    }
+
+    #[test]
+    fn pieces_shown_one_by_one_and_detached_together() {
+        use std::io::Write;
+        let a = MappedArray::volatile(1 << 20).unwrap();
+        let own = [1u8; 8192];
+        // SAFETY: `own` is valid for its length, inside the array.
+        unsafe { a.write(8192, own.as_ptr(), own.len()) };
+        let fd = rustix::fs::memfd_create("piece", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let mut seg = File::from(fd);
+        seg.write_all(&[2u8; 8192]).unwrap();
+        a.overlay(8192, 4096, seg.as_fd(), 0).unwrap();
+        a.overlay(12288, 4096, seg.as_fd(), 4096).unwrap();
+        let mut got = [0u8; 8192];
+        // SAFETY: `got` is valid for its length.
+        unsafe { a.read(8192, got.as_mut_ptr(), got.len()) };
+        assert!(got.iter().all(|&b| b == 2), "the segment's pages are shown");
+        // A store through the array is a store to the segment.
+        // SAFETY: as above.
+        unsafe { a.write(9000, [9u8].as_ptr(), 1) };
+        let mut one = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&seg, &mut one, 808).unwrap();
+        assert_eq!(one, [9]);
+        assert_eq!(a.overlaid.load(std::sync::atomic::Ordering::Relaxed), 2);
+        a.detach(8192, 8192).unwrap();
+        assert_eq!(a.overlaid.load(std::sync::atomic::Ordering::Relaxed), 0);
+        // The array's own pages again (a volatile array's were given back: zeros).
+        // SAFETY: as above.
+        unsafe { a.read(8192, got.as_mut_ptr(), got.len()) };
+        assert!(got.iter().all(|&b| b == 0));
     }
 
     #[test]
