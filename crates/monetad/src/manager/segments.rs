@@ -335,13 +335,7 @@ impl Segments {
         if new.is_empty() {
             return Ok(());
         }
-        let ops = new
-            .iter()
-            .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
-            .collect();
-        self.device
-            .update(ops)
-            .map_err(|e| io_fail("cannot revoke records", e))?;
+        revoke_records(&self.device, &new)?;
         let mut buf = vec![0u8; 1 << 20];
         for &(off, addr, len) in &new {
             let mut at = 0;
@@ -427,14 +421,7 @@ impl Segments {
             // Clients reading and writing in place stop using these pages first (the wait
             // is bounded: a client can only delay this).
             self.device.retire_pages(IN_PLACE_WAIT);
-            let ops = seg
-                .shown
-                .iter()
-                .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
-                .collect();
-            self.device
-                .update(ops)
-                .map_err(|e| io_fail("cannot revoke records", e))?;
+            revoke_records(&self.device, &seg.shown)?;
         }
         let mut buf = vec![0u8; 1 << 20];
         let seg = self.files.get_mut(&ino).expect("checked above");
@@ -625,6 +612,18 @@ fn missing(have: &[(u64, u64, u64)], want: &[(u64, u64, u64)]) -> Vec<(u64, u64,
         }
     }
     out
+}
+
+/// Revokes every channel's records over `pieces` (file offset, address, bytes), and waits
+/// until no command issued before is in flight.
+fn revoke_records(device: &Device, pieces: &[(u64, u64, u64)]) -> Result<(), Failure> {
+    let ops = pieces
+        .iter()
+        .map(|&(_, addr, len)| TableOp::RemoveRangeAll { start: addr, len })
+        .collect();
+    device
+        .update(ops)
+        .map_err(|e| io_fail("cannot revoke records", e))
 }
 
 /// Reads into `buf` at `off` until it is full or the file ends; the bytes read.

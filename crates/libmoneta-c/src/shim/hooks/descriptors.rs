@@ -198,8 +198,7 @@ fn refuse_map(path: &[u8]) {
 /// from `off` (zeros past the end), with the protection asked for. `MAP_PRIVATE` promises
 /// no more: the process's own stores stay its own, and POSIX leaves unspecified whether
 /// later changes of the file show through, so readers that map (git, `ld.so`, `grep`) work.
-/// The kernel's checks come first: an aligned offset, a length, a regular file open for
-/// reading.
+/// The caller has made [`map_checks`].
 fn map_private_copy(
     d: &Desc,
     addr: *mut c_void,
@@ -208,17 +207,6 @@ fn map_private_copy(
     flags: c_int,
     off: off_t,
 ) -> Result<*mut c_void, i32> {
-    // SAFETY: a plain system call.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
-    if len == 0 || off < 0 || off % page != 0 {
-        return Err(libc::EINVAL);
-    }
-    if d.is_dir {
-        return Err(libc::ENODEV);
-    }
-    if d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE == libc::O_WRONLY {
-        return Err(libc::EACCES);
-    }
     // The flags that describe the mapping's place and backing carry over; the file does not.
     let keep = libc::MAP_FIXED
         | libc::MAP_FIXED_NOREPLACE
@@ -265,19 +253,9 @@ fn map_private_copy(
     Ok(p)
 }
 
-/// A mapping of a Moneta file's own pages (a memory drive, `OP_FS_MAP`): the kernel maps
-/// them as asked and enforces the descriptor's mode, which is the file's open mode (a shared
-/// mapping of a file open for writing gets writable pages; any other gets read-only ones, so
-/// `PROT_WRITE` on a shared mapping of a read-only open fails with `EACCES`, at `mmap` or
-/// at a later `mprotect`). `Ok(None)` where the array hands out no pages (`ENODEV`).
-fn map_pages(
-    d: &Desc,
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    off: off_t,
-) -> Result<Option<*mut c_void>, i32> {
+/// The kernel's checks of a file mapping, before anything is mapped: a length, an offset
+/// that is a multiple of the page size, a regular file open for reading.
+fn map_checks(d: &Desc, len: size_t, off: off_t) -> Result<(), i32> {
     // SAFETY: a plain system call.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
     if len == 0 || off < 0 || off % page != 0 {
@@ -286,10 +264,27 @@ fn map_pages(
     if d.is_dir {
         return Err(libc::ENODEV);
     }
-    let acc = d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE;
-    if acc == libc::O_WRONLY {
+    if d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE == libc::O_WRONLY {
         return Err(libc::EACCES);
     }
+    Ok(())
+}
+
+/// A mapping of a Moneta file's own pages (a memory drive, `OP_FS_MAP`): the kernel maps
+/// them as asked and enforces the descriptor's mode, which is the file's open mode (a shared
+/// mapping of a file open for writing gets writable pages; any other gets read-only ones, so
+/// `PROT_WRITE` on a shared mapping of a read-only open fails with `EACCES`, at `mmap` or
+/// at a later `mprotect`). `Ok(None)` where the array hands out no pages (`ENODEV`). The
+/// caller has made [`map_checks`].
+fn map_pages(
+    d: &Desc,
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    off: off_t,
+) -> Result<Option<*mut c_void>, i32> {
+    let acc = d.flags.load(Ordering::Relaxed) & libc::O_ACCMODE;
     let shared = flags & 3 != libc::MAP_PRIVATE;
     let write = shared && acc == libc::O_RDWR;
     let pages = match d.file.pages(write).map_err(eno) {
@@ -335,6 +330,7 @@ pub unsafe extern "C" fn mmap(
     if hooked() && flags & libc::MAP_ANONYMOUS == 0 {
         if let Some(d) = fds::get(fd) {
             return run(libc::MAP_FAILED, || {
+                map_checks(&d, len, off)?;
                 if let Some(p) = map_pages(&d, addr, len, prot, flags, off)? {
                     return Ok(p);
                 }
