@@ -48,6 +48,15 @@ pub const OP_LOOKUP: u16 = 4;
 /// control socket with the same request: the device answers only calls it can answer at once.
 pub const OP_FS: u16 = 5;
 
+/// A hint: the range will be read soon (the memory drives' paper, §3: hints from applications
+/// to the DRAM buffer in front of the array). Words 1-2: array range (at least 1 byte), which
+/// needs records with the read right, as a read (and the file tag in word 4, as a read). No
+/// data moves and the DMA buffer is not used. Under an array model with a DRAM buffer the
+/// device starts filling the buffer with the range's lines (at most as many as it holds); on
+/// a persistent array it asks the host to read the range's pages in. It completes as soon as
+/// it is checked, without waiting for either.
+pub const OP_WILLNEED: u16 = 6;
+
 /// Bytes of a [`OP_LOOKUP`] answer's header in the DMA slice.
 pub const LOOKUP_HEADER: usize = 24;
 
@@ -111,6 +120,8 @@ pub enum Opcode {
     Lookup,
     /// [`OP_FS`].
     Fs,
+    /// [`OP_WILLNEED`].
+    WillNeed,
     /// Any other value: answered with [`Status::Malformed`].
     Unsupported(u16),
 }
@@ -125,6 +136,7 @@ impl Opcode {
             OP_FLUSH => Opcode::Flush,
             OP_LOOKUP => Opcode::Lookup,
             OP_FS => Opcode::Fs,
+            OP_WILLNEED => Opcode::WillNeed,
             other => Opcode::Unsupported(other),
         }
     }
@@ -138,6 +150,7 @@ impl Opcode {
             Opcode::Flush => OP_FLUSH,
             Opcode::Lookup => OP_LOOKUP,
             Opcode::Fs => OP_FS,
+            Opcode::WillNeed => OP_WILLNEED,
             Opcode::Unsupported(v) => v,
         }
     }
@@ -264,7 +277,7 @@ pub fn decode(w: &CommandWords) -> Result<Decoded, DecodeError> {
     let (addr, len) = (w[1], w[2]);
     match opcode {
         Opcode::Unsupported(_) => return Err(fail(Status::Malformed)),
-        Opcode::Read | Opcode::Write | Opcode::Lookup if len == 0 => {
+        Opcode::Read | Opcode::Write | Opcode::Lookup | Opcode::WillNeed if len == 0 => {
             return Err(fail(Status::Malformed))
         }
         Opcode::Lookup if addr.checked_add(len).is_none() => return Err(fail(Status::Malformed)),

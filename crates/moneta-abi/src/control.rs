@@ -302,6 +302,8 @@ status_report! {
     fs_calls,
     /// `OP_FS` commands it referred to the control socket.
     fs_calls_referred,
+    /// `OP_WILLNEED` hints that passed the permission check.
+    hints,
 }
 
 /// The array model's report ([`OP_MODEL`]): after the result word, a byte count (u32), four

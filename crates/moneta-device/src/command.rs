@@ -58,7 +58,9 @@ pub fn validate(
                 None
             }
         }
-        Opcode::Flush if !in_array(cmd.addr, cmd.len) => Some(Status::OutOfRange),
+        Opcode::Flush | Opcode::WillNeed if !in_array(cmd.addr, cmd.len) => {
+            Some(Status::OutOfRange)
+        }
         // Answered when taken, outside the channel's barrier epochs: they cannot be barriers.
         Opcode::Lookup | Opcode::Fs if cmd.barrier => Some(Status::Malformed),
         // The request lies in the tag's own slice; nothing else is addressed.
@@ -115,6 +117,12 @@ mod tests {
         let e = validate(&words(Opcode::Flush, u64::MAX, 2), 0, GEO, 1 << 30).unwrap_err();
         assert_eq!(e.status, Status::OutOfRange);
         assert!(validate(&words(Opcode::Flush, 0, 0), 0, GEO, 1 << 30).is_ok());
+        // A hint names a range of the array, of any length past the DMA buffer, but not none.
+        assert!(validate(&words(Opcode::WillNeed, 0, 1 << 29), 63, GEO, 1 << 30).is_ok());
+        let e = validate(&words(Opcode::WillNeed, 1 << 29, 1 << 30), 0, GEO, 1 << 30).unwrap_err();
+        assert_eq!(e.status, Status::OutOfRange);
+        let e = validate(&words(Opcode::WillNeed, 0, 0), 0, GEO, 1 << 30).unwrap_err();
+        assert_eq!(e.status, Status::Malformed);
         // LOOKUP and FS are answered when taken: neither can be a barrier.
         for op in [Opcode::Lookup, Opcode::Fs] {
             let mut c = Command::new(op, Completion::Dma, 0, 16, 0);

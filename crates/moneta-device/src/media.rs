@@ -160,6 +160,12 @@ pub trait Media: Send + Sync + 'static {
             "this array shows no other pages",
         ))
     }
+
+    /// `[addr, addr + len)` will be read soon: an array kept in a file asks the host to start
+    /// reading its pages in, without waiting. The default, for arrays in memory, does nothing.
+    fn will_need(&self, addr: u64, len: u64) {
+        let _ = (addr, len);
+    }
 }
 
 impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
@@ -200,6 +206,9 @@ impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
     }
     fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
         (**self).detach(addr, len)
+    }
+    fn will_need(&self, addr: u64, len: u64) {
+        (**self).will_need(addr, len)
     }
 }
 
@@ -249,6 +258,9 @@ impl<M: Media> Media for DeviceFlush<M> {
     }
     fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
         self.0.detach(addr, len)
+    }
+    fn will_need(&self, addr: u64, len: u64) {
+        self.0.will_need(addr, len)
     }
 }
 
@@ -603,7 +615,36 @@ impl Media for MappedArray {
         }
         Ok(())
     }
+
+    fn will_need(&self, addr: u64, len: u64) {
+        if !self.persistent {
+            return;
+        }
+        // Whole pages, inside the array, and at most `WILL_NEED_MAX` of them at once: the
+        // host starts the reads and the poller does not wait for them.
+        let start = addr & !4095;
+        let end = addr
+            .saturating_add(len.min(WILL_NEED_MAX))
+            .min(self.size)
+            .next_multiple_of(4096)
+            .min(self.size);
+        if end <= start {
+            return;
+        }
+        // SAFETY: advice on pages of our own mapping, inside it (checked above).
+        unsafe {
+            let p = self.map.as_mut_ptr().add(start as usize);
+            let _ = rustix::mm::madvise(
+                p.cast(),
+                (end - start) as usize,
+                rustix::mm::Advice::WillNeed,
+            );
+        }
+    }
 }
+
+/// Most bytes one hint asks the host to read in (a larger hint asks for its start).
+const WILL_NEED_MAX: u64 = 64 << 20;
 
 impl MappedArray {
     /// Maps `len` bytes of `fd` from `off` over the array's pages at `addr`, in place.

@@ -273,6 +273,32 @@ impl PermissionTable {
         }
     }
 
+    /// How far the extent around byte `at` reaches for channel `channel`: the end of the
+    /// record covering `at` and of the records contiguous with it that carry the same file tag
+    /// (`file`, or the first record's when 0) and the rights `need` (at most 64 records are
+    /// followed). `at` itself when no such record covers it. What the DRAM buffer of the
+    /// array's model may read ahead: never past the space this channel may read of the file.
+    pub fn reach(&self, channel: u32, at: u64, need: u8, file: u64) -> u64 {
+        let Some(&root) = self.roots.get(channel as usize) else {
+            return at;
+        };
+        let mut end = at;
+        let mut file = file;
+        for _ in 0..64 {
+            let r = self.floor(root, end);
+            if r == NIL {
+                break;
+            }
+            let rec = &self.recs[r as usize];
+            if rec.end <= end || rec.rights & need != need || (file != 0 && rec.file != file) {
+                break;
+            }
+            file = rec.file;
+            end = rec.end;
+        }
+        end
+    }
+
     /// Installs a record for `channel` over `[start, start+len)`, replacing whatever that channel
     /// had there, and merging with adjacent records of the same file and rights.
     pub fn insert(
@@ -868,6 +894,26 @@ mod tests {
         );
         assert_eq!(t.check_file(1, 250, 60, READ, 0), Ok(()));
         t.validate();
+    }
+
+    #[test]
+    fn reach_follows_contiguous_readable_records_of_one_file() {
+        // Without merging, so that the extent is several records.
+        let mut t = PermissionTable::new(16, 2, false);
+        t.insert(0, 0, 100, READ, 7).unwrap();
+        t.insert(0, 100, 100, READ | WRITE, 7).unwrap();
+        t.insert(0, 200, 100, READ, 8).unwrap();
+        t.insert(0, 400, 100, WRITE, 7).unwrap();
+        assert_eq!(t.reach(0, 50, READ, 7), 200);
+        assert_eq!(t.reach(0, 50, READ, 0), 200);
+        // Another file's record ends it; so does a gap, or a record without the right.
+        assert_eq!(t.reach(0, 250, READ, 0), 300);
+        assert_eq!(t.reach(0, 250, READ, 7), 250);
+        assert_eq!(t.reach(0, 350, READ, 0), 350);
+        assert_eq!(t.reach(0, 450, READ, 7), 450);
+        // Another channel's records are not this one's.
+        assert_eq!(t.reach(1, 50, READ, 0), 50);
+        assert_eq!(t.reach(9, 50, READ, 0), 50);
     }
 
     #[test]

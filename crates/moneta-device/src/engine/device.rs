@@ -416,6 +416,7 @@ impl Device {
             lookups_referred: g(&s.lookups_referred),
             fs_calls: g(&s.fs_calls),
             fs_calls_referred: g(&s.fs_calls_referred),
+            hints: g(&s.hints),
         }
     }
 }

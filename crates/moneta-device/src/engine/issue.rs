@@ -44,12 +44,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
     pub(super) fn start(&mut self, phys: u16, p: Pending, now: u64) {
         let cmd = p.cmd;
         let need = match cmd.opcode {
-            Opcode::Read => READ,
+            Opcode::Read | Opcode::WillNeed => READ,
             Opcode::Write => WRITE,
             _ => 0,
         };
         let check = |t: &PermissionTable| match cmd.opcode {
-            Opcode::Read | Opcode::Write => {
+            Opcode::Read | Opcode::Write | Opcode::WillNeed => {
                 t.check_file(p.channel, cmd.addr, cmd.len, need, cmd.file)
             }
             Opcode::Flush if cmd.len > 0 => t.check_file(p.channel, cmd.addr, cmd.len, 0, cmd.file),
@@ -143,13 +143,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
         let media = issued.status == Status::Ok
             && matches!(issued.cmd.opcode, Opcode::Read | Opcode::Write);
         if media {
+            let reach = self.reach(&issued);
             if let Some(model) = self.model.as_mut() {
                 // The model's time starts once the emulator has moved the data, so what a
                 // client sees beyond an unmodelled device is the model's time.
                 let t = self.clock.now_ns();
-                model.submit(&mut self.sched, issued, t);
+                model.submit(&mut self.sched, issued, reach, t);
                 return;
             }
+        }
+        if issued.status == Status::Ok && issued.cmd.opcode == Opcode::WillNeed {
+            self.will_need(&issued.cmd);
         }
         let ready = now
             + match (media, issued.cmd.opcode) {
@@ -162,6 +166,32 @@ impl<M: Media, C: Clock> Poller<M, C> {
         } else {
             self.sched.issue(ready, issued);
         }
+    }
+
+    /// How far a read's extent reaches, for the model's read-ahead: the end of the records of
+    /// its channel and file contiguous with the one covering its last byte (0 where the model
+    /// reads nothing ahead).
+    fn reach(&self, issued: &Issued) -> u64 {
+        match &self.model {
+            Some(m) if m.reads_ahead() && issued.cmd.opcode == Opcode::Read => {
+                let last = issued.cmd.addr + issued.cmd.len.max(1) - 1;
+                self.table
+                    .reach(issued.channel, last, READ, issued.cmd.file)
+            }
+            _ => 0,
+        }
+    }
+
+    /// A hint that a range the channel may read will be read soon (`OP_WILLNEED`): the
+    /// model's DRAM buffer fills its lines, and the media reads the range in where it lives in
+    /// a file (a persistent array). It completes at once; neither waits.
+    fn will_need(&mut self, cmd: &Decoded) {
+        if let Some(model) = self.model.as_mut() {
+            let t = self.clock.now_ns();
+            model.hint(&mut self.sched, cmd.addr, cmd.len, t);
+        }
+        self.media.will_need(cmd.addr, cmd.len);
+        self.local.hints += 1;
     }
 
     /// Whether a request of channel `id` issued before `fence` is still in flight: in the
@@ -280,10 +310,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.local.trace_move_ns += t.saturating_sub(m.t_checked);
                 issued.moved = t;
             }
+            let reach = self.reach(&issued);
             if let Some(model) = self.model.as_mut().filter(|_| issued.status == Status::Ok) {
                 self.sched.issue_reserved(UNDECIDED, m.seq, issued);
                 let t = self.clock.now_ns();
-                model.submit_issued(&mut self.sched, m.seq, t);
+                model.submit_issued(&mut self.sched, m.seq, reach, t);
                 continue;
             }
             let ready = now

@@ -237,6 +237,7 @@ struct Shared {
     lookups_referred: AtomicU64,
     fs_calls: AtomicU64,
     fs_calls_referred: AtomicU64,
+    hints: AtomicU64,
     retag_stalls: AtomicU64,
     phys_in_use: AtomicU64,
     table_used: AtomicU64,
@@ -273,6 +274,7 @@ struct Local {
     lookups_referred: u64,
     fs_calls: u64,
     fs_calls_referred: u64,
+    hints: u64,
 }
 
 /// An opened channel, for the control server to hand to its client.

@@ -134,6 +134,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         s.fs_calls.store(l.fs_calls, Ordering::Relaxed);
         s.fs_calls_referred
             .store(l.fs_calls_referred, Ordering::Relaxed);
+        s.hints.store(l.hints, Ordering::Relaxed);
         s.retag_stalls.store(self.retag.stalls(), Ordering::Relaxed);
         s.phys_in_use
             .store(self.retag.in_use() as u64, Ordering::Relaxed);

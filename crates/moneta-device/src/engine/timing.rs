@@ -49,20 +49,49 @@ impl Timed {
 
     /// Issues request `cmd` of `channel` in the scheduler and hands it to the model, arriving
     /// at `now_ns`.
-    pub(super) fn submit(&mut self, sched: &mut Scheduler<Issued>, issued: Issued, now_ns: u64) {
+    /// `reach` is how far a read's extent goes (see [`Submit::reach`]).
+    pub(super) fn submit(
+        &mut self,
+        sched: &mut Scheduler<Issued>,
+        issued: Issued,
+        reach: u64,
+        now_ns: u64,
+    ) {
         let seq = sched.issue(UNDECIDED, issued);
-        self.submit_issued(sched, seq, now_ns);
+        self.submit_issued(sched, seq, reach, now_ns);
     }
 
     /// Hands the model request `seq`, issued (or reserved and now issued) in the scheduler as
     /// [`UNDECIDED`].
-    pub(super) fn submit_issued(&mut self, sched: &mut Scheduler<Issued>, seq: u64, now_ns: u64) {
+    pub(super) fn submit_issued(
+        &mut self,
+        sched: &mut Scheduler<Issued>,
+        seq: u64,
+        reach: u64,
+        now_ns: u64,
+    ) {
         let Some(r) = sched.find(seq) else {
             return;
         };
-        let s = submission(seq, r.channel, &r.cmd);
+        let s = submission(seq, r.channel, &r.cmd, reach);
         self.model.submit(s, now_ns);
         self.advance(sched, now_ns);
+    }
+
+    /// Whether the model reads ahead within a read's extent (so the device should say how far
+    /// the extent goes).
+    #[inline]
+    pub(super) fn reads_ahead(&self) -> bool {
+        let c = self.model.config();
+        c.buffer > 0 && c.readahead > 0
+    }
+
+    /// A client's hint that `[addr, addr + len)` will be read soon (`OP_WILLNEED`), at
+    /// `now_ns`: the model decides what it can first, so the buffer fills in time order.
+    pub(super) fn hint(&mut self, sched: &mut Scheduler<Issued>, addr: u64, len: u64, now_ns: u64) {
+        self.advance(sched, now_ns);
+        self.model.hint(addr, len, now_ns);
+        self.next_ns = self.model.next_event_ns();
     }
 
     /// Whether the model has a decision due at `now_ns`.
@@ -113,8 +142,9 @@ impl Timed {
 }
 
 /// What the model needs to know of a request.
-fn submission(id: u64, channel: u32, cmd: &Decoded) -> Submit {
+fn submission(id: u64, channel: u32, cmd: &Decoded, reach: u64) -> Submit {
     Submit {
+        reach,
         id,
         write: cmd.opcode == Opcode::Write,
         addr: cmd.addr,

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub use super::buffer::BufferPolicy;
+
 /// How the scheduler orders transfers (Moneta §IV).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -155,6 +157,19 @@ pub struct ModelConfig {
     pub gap_interval: u64,
     /// Randomize addresses before start-gap (a static permutation of each controller's rows).
     pub randomize: bool,
+    /// Bytes of the DRAM buffer in front of the array; 0: none.
+    pub buffer: u64,
+    /// Its line: what it fills and gives up at a time (bytes).
+    pub buffer_line: u64,
+    /// Which line it gives up when full.
+    pub buffer_policy: BufferPolicy,
+    /// Latency of a read the buffer serves (ns).
+    pub buffer_ns: f64,
+    /// Rate of the buffer towards the link (bytes per ns).
+    pub buffer_rate: f64,
+    /// Bytes past each read, within the extent the read lies in, that the buffer fills ahead
+    /// of use; 0: none.
+    pub readahead: u64,
     /// Power figures.
     pub power: Power,
 }
@@ -191,6 +206,12 @@ impl ModelConfig {
             policy: Policy::RoundRobin,
             gap_interval: 100,
             randomize: true,
+            buffer: 0,
+            buffer_line: 4 << 10,
+            buffer_policy: BufferPolicy::Lru,
+            buffer_ns: 50.0,
+            buffer_rate: 10.0,
+            readahead: 32 << 10,
             power: Power::MONETA,
         }
     }
@@ -315,6 +336,31 @@ impl ModelConfig {
                 return Err(format!("model: {what} must be 1 to 64, not {v}"));
             }
         }
+        pos(self.buffer_rate, "buffer_rate")?;
+        nonneg(self.buffer_ns, "buffer_ns")?;
+        if !self.buffer_line.is_power_of_two()
+            || self.buffer_line < 512
+            || self.buffer_line > self.stripe.min(self.transfer_max)
+        {
+            return Err(format!(
+                "model: buffer_line must be a power of two from 512 bytes to the stripe and the \
+                 largest transfer ({} bytes), not {}",
+                self.stripe.min(self.transfer_max),
+                self.buffer_line
+            ));
+        }
+        if self.buffer != 0 && (self.buffer < self.buffer_line || self.buffer > 1 << 40) {
+            return Err(format!(
+                "model: buffer must be 0 (none) or from one line ({} bytes) to 1 TiB, not {}",
+                self.buffer_line, self.buffer
+            ));
+        }
+        if self.readahead > 1 << 30 {
+            return Err(format!(
+                "model: readahead must be at most 1 GiB, not {}",
+                self.readahead
+            ));
+        }
         let p = &self.power;
         for (v, what) in [
             (p.array_write_pj, "array_write_pj"),
@@ -389,6 +435,12 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     ("wake_ns", "time to wake powered-down memory (ns)"),
     ("gap_interval", "writes between start-gap moves (0: no wear leveling)"),
     ("randomize", "randomize addresses before start-gap (true or false)"),
+    ("buffer", "DRAM buffer in front of the array (bytes; 0: none)"),
+    ("buffer_line", "the buffer's line, filled and given up whole (bytes)"),
+    ("buffer_policy", "line the full buffer gives up: lru or fifo"),
+    ("buffer_ns", "latency of a read the buffer serves (ns)"),
+    ("buffer_rate", "buffer towards the link (GB/s)"),
+    ("readahead", "bytes past a read, within its extent, the buffer fills ahead (0: none)"),
     ("scheduler_idle_w", "scheduler and DMA engine, idle (W)"),
     ("scheduler_peak_w", "scheduler and DMA engine, busy (W)"),
     ("ring_idle_w", "ring, idle (W)"),
@@ -485,6 +537,12 @@ impl ModelConfig {
             "wake_ns" => self.wake_ns = real(value)?,
             "gap_interval" => self.gap_interval = count(value)?,
             "randomize" => self.randomize = parse_flag(value, key)?,
+            "buffer" => self.buffer = count(value)?,
+            "buffer_line" => self.buffer_line = count(value)?,
+            "buffer_policy" => self.buffer_policy = BufferPolicy::parse(value)?,
+            "buffer_ns" => self.buffer_ns = real(value)?,
+            "buffer_rate" => self.buffer_rate = real(value)?,
+            "readahead" => self.readahead = count(value)?,
             "scheduler_idle_w" => p.scheduler_w.0 = real(value)?,
             "scheduler_peak_w" => p.scheduler_w.1 = real(value)?,
             "ring_idle_w" => p.ring_w.0 = real(value)?,
@@ -547,6 +605,12 @@ impl ModelConfig {
             f(self.wake_ns),
             self.gap_interval.to_string(),
             self.randomize.to_string(),
+            self.buffer.to_string(),
+            self.buffer_line.to_string(),
+            self.buffer_policy.name().to_string(),
+            f(self.buffer_ns),
+            f(self.buffer_rate),
+            self.readahead.to_string(),
             f(p.scheduler_w.0),
             f(p.scheduler_w.1),
             f(p.ring_w.0),

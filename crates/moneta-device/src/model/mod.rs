@@ -25,6 +25,7 @@
 //! where the policy says so. Wear leveling ([`startgap`]) maps each controller's rows; the
 //! power model (Table I) integrates what the resources did ([`Energy`]).
 
+pub mod buffer;
 pub mod config;
 pub mod report;
 pub mod startgap;
@@ -33,6 +34,8 @@ pub mod wear;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
+pub use buffer::{BufferPolicy, BufferStats};
+use buffer::{Fill, LineBuffer};
 pub use config::{ModelConfig, Policy, Power, PRESETS};
 use startgap::StartGap;
 use wear::{Rows, WearFile};
@@ -56,6 +59,10 @@ pub struct Submit {
     /// A barrier: no later request of the channel issues before this one and every earlier
     /// one of the channel have completed.
     pub barrier: bool,
+    /// For a read: the end of the extent it lies in (of the permission record covering its
+    /// last byte, and those contiguous with it), how far the DRAM buffer may read ahead;
+    /// `addr + len` (or less) for none.
+    pub reach: u64,
 }
 
 /// A request in the scheduler.
@@ -353,6 +360,11 @@ pub struct Model {
     /// (`Some(None)`: nothing queued); `None` once something it depends on has changed: a
     /// transfer issued, or a request arrived that the policy could take first.
     next_cache: Option<Option<(usize, usize, u64)>>,
+    /// The DRAM buffer in front of the array, if the configuration has one.
+    buffer: Option<LineBuffer>,
+    /// Its latency and rate.
+    buffer_lat: u64,
+    buffer_ps: Rate,
 }
 
 /// Hashes the model's own ids (request and channel numbers) by one multiplication: they come
@@ -495,6 +507,10 @@ impl Model {
             seed,
             wear_file: None,
             next_cache: None,
+            buffer: (cfg.buffer > 0)
+                .then(|| LineBuffer::new(cfg.buffer, cfg.buffer_line, cfg.buffer_policy)),
+            buffer_lat: (cfg.buffer_ns * PS as f64).round() as u64,
+            buffer_ps: Rate::new(cfg.buffer_rate),
             size,
             cfg,
         })
@@ -673,9 +689,19 @@ impl Model {
             let stages = Model::write_stages(ring_d, link_d, self.ctrls[ci].inq_free);
             // It issues when its DMA starts into the buffer it gets.
             (self.find_buffer(ready, stages).2).0
+        } else if self.buffered(r.next, self.next_len(r)) {
+            // Served from the DRAM buffer: the controller's queue is not on its path.
+            ready
         } else {
             self.ctrls[ci].outq_free
         }
+    }
+
+    /// Whether the DRAM buffer holds every line of `[addr, addr + len)`.
+    fn buffered(&self, addr: u64, len: u64) -> bool {
+        self.buffer
+            .as_ref()
+            .is_some_and(|b| b.holds(b.line_of(addr), b.line_of(addr + len - 1)))
     }
 
     /// The controller of array address `addr` and the address within it.
@@ -775,13 +801,17 @@ impl Model {
     /// Issues the next transfer of request `id` at `t`.
     fn issue(&mut self, id: usize, t: u64) {
         self.prune(t);
-        let (write, addr, len) = {
+        let (write, addr, len, reach) = {
             let r = &self.reqs[id];
-            (r.s.write, r.next, self.next_len(r))
+            (r.s.write, r.next, self.next_len(r), r.s.reach)
         };
         let (ci, local) = self.place(addr);
         let end = if write {
             self.write_transfer(ci, local, len, t)
+        } else if self.buffer.is_some() {
+            let end = self.buffered_read(ci, local, addr, len, t);
+            self.read_ahead(addr + len, reach, t);
+            end
         } else {
             self.read_transfer(ci, local, len, t)
         };
@@ -1004,6 +1034,112 @@ impl Model {
         link_end
     }
 
+    /// A read transfer issued at `t` with a DRAM buffer: a hit (every line it covers in the
+    /// buffer) waits for its lines' data, then costs the buffer's latency and rate and the
+    /// link; a miss reads the lines it covers whole from the array into the buffer (the ring
+    /// carries them all, the link what was asked). Returns when it ends, its data in the host.
+    fn buffered_read(&mut self, ci: usize, local: u64, addr: u64, len: u64, t: u64) -> u64 {
+        let buf = self.buffer.as_mut().expect("a buffer");
+        let (first, last) = (buf.line_of(addr), buf.line_of(addr + len - 1));
+        if buf.holds(first, last) {
+            let ready = buf.read(first, last);
+            buf.stats.hits += 1;
+            buf.stats.waited += u64::from(ready > t);
+            let data = t.max(ready) + self.buffer_lat + self.buffer_ps.dur(len);
+            let link_d = self.link_overhead + self.link_ps.dur(len);
+            let ls = self.link_up.fit(data, link_d);
+            return self.link_up.book(ls, link_d);
+        }
+        buf.stats.misses += 1;
+        // The lines lie in the transfer's stripe (a line divides the stripe and the largest
+        // transfer), so in its controller.
+        let lo = buf.start_of(first);
+        let hi = buf.start_of(last + 1);
+        let (_, data, _) = self.controller_work(ci, local - (addr - lo), hi - lo, false, t);
+        let ring_d = self.ring_ps.dur(hi - lo);
+        let link_d = self.link_overhead + self.link_ps.dur(len);
+        let (_, b, span) = self.find_buffer(data, Model::read_stages(ring_d, link_d));
+        self.hold_buffer(b, span);
+        let ring_end = self.ring.book(span.0, ring_d);
+        let link_end = self.link_up.book(span.1 - link_d, link_d);
+        self.ctrls[ci].outq_free = ring_end;
+        let buf = self.buffer.as_mut().expect("a buffer");
+        for l in first..=last {
+            buf.fill(l, ring_end, Fill::Demand);
+        }
+        link_end
+    }
+
+    /// Read-ahead after a read ending at `from`: the lines of the next
+    /// [`ModelConfig::readahead`] bytes that lie before `reach` (the end of the read's extent)
+    /// and are not in the buffer are filled from the array, from `t`.
+    fn read_ahead(&mut self, from: u64, reach: u64, t: u64) {
+        let end = from
+            .saturating_add(self.cfg.readahead)
+            .min(reach)
+            .min(self.size);
+        if end > from {
+            self.fill_lines(from, end, t, Fill::Ahead);
+        }
+    }
+
+    /// A client's hint that `[addr, addr + len)` will be read soon, arriving at `now_ns`: the
+    /// lines of the range not in the buffer are filled from the array (at most as many as the
+    /// buffer holds, from the range's start); those in it become recent. Without a buffer
+    /// the hint has nothing to fill.
+    pub fn hint(&mut self, addr: u64, len: u64, now_ns: u64) {
+        let Some(buf) = self.buffer.as_ref() else {
+            return;
+        };
+        let t = (now_ns * PS).max(self.clock);
+        self.now = self.now.max(now_ns * PS);
+        self.origin.get_or_insert(t);
+        let most = buf.capacity() as u64 * self.cfg.buffer_line;
+        let end = addr.saturating_add(len.min(most)).min(self.size);
+        if end > addr {
+            // What it books can change when the next transfer issues.
+            self.next_cache = None;
+            self.fill_lines(addr, end, t, Fill::Hint);
+        }
+    }
+
+    /// Fills the lines of `[from, to)` that the buffer lacks, from `t`: each run of missing
+    /// lines within a stripe is one read of the array, carried by the ring into the buffer
+    /// (the link is not used). Lines already there become recent.
+    fn fill_lines(&mut self, from: u64, to: u64, t: u64, how: Fill) {
+        let Some(buf) = self.buffer.as_mut() else {
+            return;
+        };
+        let (first, last) = (buf.line_of(from), buf.line_of(to - 1));
+        let mut l = first;
+        while l <= last {
+            let buf = self.buffer.as_mut().expect("a buffer");
+            if buf.has(l) {
+                buf.touch(l);
+                l += 1;
+                continue;
+            }
+            // A run of missing lines, to the end of the stripe at most.
+            let lo = buf.start_of(l);
+            let stripe_end = (self.stripe.div_rem(lo).0 + 1) * self.cfg.stripe;
+            let mut run_end = l + 1;
+            while run_end <= last && !buf.has(run_end) && buf.start_of(run_end) < stripe_end {
+                run_end += 1;
+            }
+            let hi = buf.start_of(run_end);
+            let (ci, local) = self.place(lo);
+            let (_, data, _) = self.controller_work(ci, local, hi - lo, false, t);
+            let ring_d = self.ring_ps.dur(hi - lo);
+            let rs = self.ring.fit(data, ring_d);
+            let ready = self.ring.book(rs, ring_d);
+            let buf = self.buffer.as_mut().expect("a buffer");
+            for x in l..run_end {
+                buf.fill(x, ready, how);
+            }
+            l = run_end;
+        }
+    }
+
     /// A write transfer issued at `t`: returns when it ends, its row written back (durable).
     fn write_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
         let (ring_d, link_d) = self.wire(len);
@@ -1088,6 +1224,7 @@ impl Model {
             energy,
             wear: self.wear(),
             wear_file: self.wear_file.as_ref().map(|f| f.path().to_path_buf()),
+            buffer: self.buffer.as_ref().map(LineBuffer::stats),
         }
     }
 
@@ -1274,6 +1411,8 @@ pub struct ModelStats {
     pub wear: Wear,
     /// The file the wear is kept in, if any.
     pub wear_file: Option<std::path::PathBuf>,
+    /// The DRAM buffer's figures, if there is one.
+    pub buffer: Option<BufferStats>,
 }
 
 impl ModelStats {

@@ -108,6 +108,30 @@ pub fn pairs(cfg: &ModelConfig, stats: &ModelStats) -> Vec<(String, String)> {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    if let Some(b) = &stats.buffer {
+        let reads = b.hits + b.misses;
+        for (n, v) in [
+            ("hits", b.hits),
+            ("misses", b.misses),
+            ("waited", b.waited),
+            ("ahead_lines", b.ahead_lines),
+            ("hinted_lines", b.hinted_lines),
+            ("used_ahead", b.used_ahead),
+            ("wasted_ahead", b.wasted_ahead),
+            ("evictions", b.evictions),
+            ("lines", b.lines),
+        ] {
+            out.push((format!("buffer.{n}"), v.to_string()));
+        }
+        out.push((
+            "buffer.hit_ratio".into(),
+            fmt(if reads == 0 {
+                0.0
+            } else {
+                b.hits as f64 / reads as f64
+            }),
+        ));
+    }
     if let Some(f) = &stats.wear_file {
         out.push(("wear.file".into(), f.display().to_string()));
     }
@@ -142,6 +166,7 @@ mod tests {
                     len: 4096,
                     channel: 0,
                     barrier: false,
+                    reach: 0,
                 },
                 0,
             );

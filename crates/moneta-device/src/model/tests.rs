@@ -24,6 +24,7 @@ fn req(id: u64, write: bool, addr: u64, len: u64, channel: u32) -> Submit {
         len,
         channel,
         barrier: false,
+        reach: 0,
     }
 }
 
@@ -380,4 +381,131 @@ fn a_first_barrier_also_waits_for_requests_that_came_before_barriers_were_counte
     let b2 = req(2, false, 1 << 20, 512, 7);
     let done = run(slow, &[w, b2, after]);
     assert!(done[2].1 < 100_000, "{done:?}");
+}
+
+/// [`plain`] FIFO with a DRAM buffer of 1 MiB in 4 KiB lines: a hit of 4 KiB costs 50 ns,
+/// 409.6 ns at 10 B/ns and the link's 2048 ns.
+fn buffered(readahead: u64) -> ModelConfig {
+    let mut c = plain(Policy::Fifo);
+    c.buffer = 1 << 20;
+    c.readahead = readahead;
+    c
+}
+
+/// Reads one after the other, each submitted at `at` or when the one before completed:
+/// (addr, len, reach) → completion times.
+fn serial(m: &mut Model, at: u64, reads: &[(u64, u64, u64)]) -> Vec<u64> {
+    let mut t = at;
+    let mut out = Vec::new();
+    for (i, &(addr, len, reach)) in reads.iter().enumerate() {
+        m.submit(
+            Submit {
+                reach,
+                ..req(i as u64, false, addr, len, 0)
+            },
+            t,
+        );
+        let mut done = None;
+        while done.is_none() {
+            m.advance(t, |_, d| done = Some(d));
+            t = m.next_event_ns().unwrap_or(t).max(t + 1);
+        }
+        t = done.unwrap();
+        out.push(t);
+    }
+    out
+}
+
+#[test]
+fn a_read_the_buffer_holds_costs_the_buffer_not_the_array() {
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    // A miss is the plain read (4144), and leaves its line in the buffer.
+    assert_eq!(serial(&mut m, 0, &[(0, 4096, 0)]), [4144]);
+    // At 10 µs the same line: 10000 + 50 + 409.6 + 2048.
+    assert_eq!(serial(&mut m, 10_000, &[(0, 4096, 0)]), [12508]);
+    // Bytes of two lines, one of them absent: a miss that reads both lines whole
+    // (48 + 2048, ring 2048) and sends the 200 bytes asked (100 ns) from 24096.
+    assert_eq!(serial(&mut m, 20_000, &[(4000, 200, 0)]), [24196]);
+    let b = m.stats(30_000).buffer.unwrap();
+    assert_eq!((b.hits, b.misses, b.lines), (1, 2, 2));
+    assert_eq!((b.ahead_lines, b.hinted_lines), (0, 0));
+    assert!(Model::new(plain(Policy::Fifo), 1 << 30, 1)
+        .unwrap()
+        .stats(0)
+        .buffer
+        .is_none());
+}
+
+#[test]
+fn a_hint_fills_the_buffer_ahead_of_the_read() {
+    // Hinted at 0: controller 0 reads 8 KB (48 + 2048), the ring carries it by 4144.
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    m.hint(0, 8192, 0);
+    assert_eq!(serial(&mut m, 5_000, &[(0, 4096, 0)]), [7508]);
+    // A read before the line is in waits for it: 4144 + 50 + 409.6 + 2048.
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    m.hint(0, 8192, 0);
+    assert_eq!(serial(&mut m, 1_000, &[(4096, 4096, 0)]), [6652]);
+    let b = m.stats(10_000).buffer.unwrap();
+    assert_eq!(
+        (b.hits, b.waited, b.hinted_lines, b.used_ahead),
+        (1, 1, 2, 1)
+    );
+    // Without the hint the read goes to the array: 5000 + 4144.
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    assert_eq!(serial(&mut m, 5_000, &[(0, 4096, 0)]), [9144]);
+    // Without a buffer a hint fills nothing.
+    let mut m = Model::new(plain(Policy::Fifo), 1 << 30, 1).unwrap();
+    m.hint(0, 8192, 0);
+    assert_eq!(serial(&mut m, 5_000, &[(0, 4096, 0)]), [9144]);
+    // A hint fills at most the buffer (256 lines of 1 MiB), from its start.
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    m.hint(0, 64 << 20, 0);
+    let b = m.stats(0).buffer.unwrap();
+    assert_eq!((b.hinted_lines, b.lines, b.evictions), (256, 256, 0));
+}
+
+#[test]
+fn read_ahead_stays_within_the_extent() {
+    for (reach, ahead) in [(0, 0), (4096, 0), (16 << 10, 3), (1 << 20, 8)] {
+        let mut m = Model::new(buffered(32 << 10), 1 << 30, 1).unwrap();
+        serial(&mut m, 0, &[(0, 4096, reach)]);
+        let b = m.stats(0).buffer.unwrap();
+        assert_eq!(b.ahead_lines, ahead, "reach {reach}");
+    }
+}
+
+#[test]
+fn sequential_reads_hit_what_read_ahead_filled_and_strided_ones_waste_it() {
+    let seq: Vec<_> = (0..64).map(|i| (i * 4096, 4096, 1 << 30)).collect();
+    let strided: Vec<_> = (0..64).map(|i| (i * 65536, 4096, 1 << 30)).collect();
+    let mut plain_m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    let t_plain = *serial(&mut plain_m, 0, &seq).last().unwrap();
+    let mut m = Model::new(buffered(32 << 10), 1 << 30, 1).unwrap();
+    let t_ahead = *serial(&mut m, 0, &seq).last().unwrap();
+    let b = m.stats(t_ahead).buffer.unwrap();
+    assert_eq!((b.misses, b.hits), (1, 63));
+    assert!(t_ahead < t_plain, "{t_ahead} against {t_plain}");
+    // Strided reads use none of the lines read ahead of them.
+    let mut m = Model::new(buffered(32 << 10), 1 << 30, 1).unwrap();
+    let end = *serial(&mut m, 0, &strided).last().unwrap();
+    let b = m.stats(end).buffer.unwrap();
+    assert_eq!((b.hits, b.misses, b.used_ahead), (0, 64, 0));
+    assert_eq!(b.ahead_lines, 64 * 8);
+}
+
+#[test]
+fn the_buffer_writes_through_and_allocates_nothing_on_a_write() {
+    let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
+    m.submit(req(1, true, 0, 4096, 0), 0);
+    m.advance(SECOND, |_, _| {});
+    // The written line is not in the buffer: the read goes to the array.
+    serial(&mut m, SECOND, &[(0, 4096, 0)]);
+    // It is now; a write leaves it there (up to date), and the next read hits.
+    m.submit(req(2, true, 0, 4096, 0), 2 * SECOND);
+    m.advance(3 * SECOND, |_, _| {});
+    serial(&mut m, 3 * SECOND, &[(0, 4096, 0)]);
+    let b = m.stats(4 * SECOND).buffer.unwrap();
+    assert_eq!((b.misses, b.hits), (1, 1));
+    assert_eq!(m.stats(4 * SECOND).writes, 2);
 }

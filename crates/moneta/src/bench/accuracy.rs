@@ -102,6 +102,7 @@ pub fn predicted(array_ns: u64, write: bool, size: u64) -> u64 {
             len: size,
             channel: 0,
             barrier: false,
+            reach: 0,
         },
         0,
     );
@@ -140,6 +141,7 @@ pub fn cost(size: u64, n: u64) -> CostPoint {
                 len: size,
                 channel: (i % 4) as u32,
                 barrier: false,
+                reach: 0,
             },
             now,
         );
