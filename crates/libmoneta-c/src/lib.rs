@@ -514,6 +514,90 @@ pub unsafe extern "C" fn moneta_barrier(f: *const MonetaFile) -> c_int {
     status(obj!(f, -1).f.barrier())
 }
 
+/// Advice on the file's bytes `[off, off + len)` (`len` 0: to the end), as `posix_fadvise`
+/// takes it (`POSIX_FADV_*`): `POSIX_FADV_WILLNEED` sends the device a hint to fill its DRAM
+/// buffer with them (see [`File::will_need`]); the others have nothing to act on (there is no
+/// page cache) and succeed. Returns 0, or -1 with `errno` (`EINVAL` for an unknown advice or a
+/// negative range, `EBADF` for `WILLNEED` on a file not open for reading).
+#[no_mangle]
+pub unsafe extern "C" fn moneta_advise(
+    f: *const MonetaFile,
+    off: i64,
+    len: i64,
+    advice: c_int,
+) -> c_int {
+    let f = obj!(f, -1);
+    if !(0..=5).contains(&advice) || off < 0 || len < 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if advice == libc::POSIX_FADV_WILLNEED {
+        return status(f.f.will_need(off as u64, len as u64));
+    }
+    0
+}
+
+/// Maps `len` bytes of the file from `off` (a multiple of the page size) into memory, as
+/// `mmap(2)` with `prot` and `flags` (`MAP_SHARED` or `MAP_PRIVATE`, and any of the others but
+/// `MAP_ANONYMOUS`): the mapping is of the file's own pages (a memory drive), so a store
+/// through a shared mapping is at once in the file. A shared writable mapping needs the file
+/// open for reading and writing (`EACCES`), as the kernel asks of a descriptor. Returns the
+/// address, or `MAP_FAILED` with `errno` (`ENODEV` where the array hands out no pages: one
+/// with data checksums). Unmap with `moneta_unmap`; the mapping outlives `moneta_close`.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_map(
+    f: *const MonetaFile,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    off: i64,
+) -> *mut c_void {
+    use std::os::fd::AsRawFd;
+    let f = obj!(f, libc::MAP_FAILED);
+    // SAFETY: a plain system call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as i64;
+    if len == 0 || off < 0 || off % page != 0 || flags & libc::MAP_ANONYMOUS != 0 {
+        set_errno(libc::EINVAL);
+        return libc::MAP_FAILED;
+    }
+    let shared = flags & 3 != libc::MAP_PRIVATE;
+    let write = shared && prot & libc::PROT_WRITE != 0;
+    let fd = match f.f.pages(write) {
+        Ok((fd, _)) => fd,
+        Err(e) if write && e.errno() == libc::EBADF => {
+            set_errno(libc::EACCES);
+            return libc::MAP_FAILED;
+        }
+        Err(e) => return fail(e, libc::MAP_FAILED),
+    };
+    // SAFETY: a new mapping of the file's pages where the kernel chooses (or where the caller
+    // asked, with its own flags).
+    unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), off) }
+}
+
+/// Unmaps what `moneta_map` mapped (`munmap(2)`).
+///
+/// # Safety
+///
+/// As `munmap(2)`: nothing may use the range afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_unmap(addr: *mut c_void, len: usize) -> c_int {
+    // SAFETY: per the caller.
+    unsafe { libc::munmap(addr, len) }
+}
+
+/// `msync(2)` of a range `moneta_map` mapped: with `MS_SYNC`, on a persistent array, the
+/// stores through it are durable on the host's disk when it returns (docs/nvfs.md).
+///
+/// # Safety
+///
+/// As `msync(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
+    // SAFETY: per the caller.
+    unsafe { libc::msync(addr, len, flags) }
+}
+
 /// `ftruncate(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_ftruncate(f: *const MonetaFile, len: i64) -> c_int {

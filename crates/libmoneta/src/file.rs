@@ -40,6 +40,7 @@
 //! ```
 
 mod data;
+mod hint;
 mod inplace;
 mod map;
 

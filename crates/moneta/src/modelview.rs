@@ -145,6 +145,26 @@ pub fn text(r: &ModelReport) -> String {
             g("emulation.max_late_ns"),
         );
     }
+    if r.get("buffer.hits").is_some() {
+        out += &format!(
+            "  {:<20} {} bytes in {}-byte lines ({}), read-ahead {} bytes: {} hits, {} misses \
+             ({:.1}% hits, {} waited for their line); lines filled ahead {} by read-ahead, {} for \
+             hints, {} used, {} given up unused\n",
+            "DRAM buffer",
+            g("parameters.buffer"),
+            g("parameters.buffer_line"),
+            g("parameters.buffer_policy"),
+            g("parameters.readahead"),
+            g("buffer.hits"),
+            g("buffer.misses"),
+            f("buffer.hit_ratio") * 100.0,
+            g("buffer.waited"),
+            g("buffer.ahead_lines"),
+            g("buffer.hinted_lines"),
+            g("buffer.used_ahead"),
+            g("buffer.wasted_ahead"),
+        );
+    }
     if let Some(file) = r.get("wear.file") {
         out += &format!("  {:<20} {file}\n", "wear kept in");
     }

@@ -628,6 +628,61 @@ print('python mmap: ok')
     );
 }
 
+/// Hints through the C library reach the device: `posix_fadvise`, `readahead` and `madvise`
+/// with `WILLNEED` fill the modelled DRAM buffer with the file's lines, and only from a
+/// descriptor open for reading.
+#[test]
+fn hints_from_fadvise_readahead_and_madvise_fill_the_dram_buffer() {
+    need("python3");
+    let d = Daemon::start_with(
+        "64M",
+        &[
+            "--model",
+            "slow-nvm",
+            "--model-set",
+            "buffer=4M",
+            "--model-set",
+            "readahead=0",
+        ],
+    );
+    let script = r#"
+import ctypes, errno, mmap, os
+fd = os.open('/moneta/h.bin', os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b'x' * (256 << 10))
+os.posix_fadvise(fd, 0, 65536, os.POSIX_FADV_WILLNEED)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+try:
+    os.posix_fadvise(fd, 0, 10, 99)
+    raise SystemExit('unknown advice taken')
+except OSError as e:
+    assert e.errno == errno.EINVAL, e
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.readahead(fd, ctypes.c_int64(196608), ctypes.c_size_t(16384)) == 0
+m = mmap.mmap(fd, 256 << 10)
+m.madvise(mmap.MADV_WILLNEED, 131072, 65536)
+assert m[131072:131075] == b'xxx'
+w = os.open('/moneta/h.bin', os.O_WRONLY)
+try:
+    os.posix_fadvise(w, 0, 4096, os.POSIX_FADV_WILLNEED)
+    raise SystemExit('hint through a write-only descriptor taken')
+except OSError as e:
+    assert e.errno == errno.EBADF, e
+print('hints: ok')
+"#;
+    let o = d.run(&["python3", "-c", script], None);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("hints: ok"),
+        "{}",
+        text(&o)
+    );
+    let m = libmoneta::Control::connect(&d.socket)
+        .unwrap()
+        .model()
+        .unwrap();
+    // 16 lines of 4 KiB by posix_fadvise, 4 by readahead, 16 by madvise.
+    assert_eq!(m.get("buffer.hinted_lines"), Some("36"), "{m:?}");
+}
+
 /// fio with psync, random reads and writes, crc32c verification: no verify errors.
 #[test]
 fn fio_verifies() {

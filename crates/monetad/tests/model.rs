@@ -363,3 +363,83 @@ fn wear_lasts_as_long_as_the_array_through_kills_and_restarts() {
     d.spawn();
     assert_eq!(wear(&d), (second, Some(file)));
 }
+
+#[test]
+fn hints_fill_the_dram_buffer_only_with_what_the_channel_may_read() {
+    use moneta_abi::control::{Grant, RIGHT_WRITE};
+    // Slow memory (1 µs to open a row) behind a DRAM buffer of 1 MiB, without read-ahead, so
+    // that only hints fill it ahead of use.
+    let d = Daemon::start(&[
+        "--model",
+        "slow-nvm",
+        "--model-set",
+        "buffer=1M",
+        "--model-set",
+        "readahead=0",
+    ]);
+    let ctl = d.control();
+    let ch = d.channel();
+    grant(&ctl, ch.id(), 0, 1 << 20, false, 0);
+    ctl.grant(Grant {
+        channel: ch.id(),
+        rights: RIGHT_WRITE,
+        start: 1 << 20,
+        len: 1 << 20,
+        file: 0,
+    })
+    .unwrap();
+    let run = |op, addr, len| ch.run(Tag(0), &cmd(op, addr, len)).unwrap().status;
+    // A hint over space the channel may read: taken, 16 lines of 4 KiB to fill.
+    assert_eq!(run(Opcode::WillNeed, 0, 64 << 10), Status::Ok);
+    // Space it may only write, space it has no record for, a range running out of its
+    // records, beyond the array, and no range at all: refused as reads would be.
+    assert_eq!(
+        run(Opcode::WillNeed, 1 << 20, 4096),
+        Status::PermissionDenied
+    );
+    assert_eq!(run(Opcode::WillNeed, 4 << 20, 4096), Status::PermissionMiss);
+    assert_eq!(
+        run(Opcode::WillNeed, (1 << 20) - 4096, 8192),
+        Status::PermissionDenied
+    );
+    assert_eq!(run(Opcode::WillNeed, u64::MAX - 10, 20), Status::OutOfRange);
+    assert_eq!(run(Opcode::WillNeed, 0, 0), Status::Malformed);
+    let m = ctl.model().unwrap();
+    assert_eq!(m.get("buffer.hinted_lines"), Some("16"));
+    assert_eq!(m.get("parameters.buffer"), Some("1048576"));
+    // A read of hinted bytes is served by the buffer; one of others goes to the array.
+    assert_eq!(run(Opcode::Read, 8192, 4096), Status::Ok);
+    assert_eq!(run(Opcode::Read, 512 << 10, 4096), Status::Ok);
+    let m = ctl.model().unwrap();
+    assert_eq!(m.get("buffer.hits"), Some("1"));
+    assert_eq!(m.get("buffer.misses"), Some("1"));
+    assert_eq!(m.get("buffer.used_ahead"), Some("1"));
+    assert_eq!(ctl.status().unwrap().hints, 1);
+}
+
+#[test]
+fn read_ahead_fills_the_buffer_within_the_channels_records_only() {
+    // Read-ahead of 64 KiB; the channel may read 16 KiB of the array.
+    let d = Daemon::start(&[
+        "--model",
+        "slow-nvm",
+        "--model-set",
+        "buffer=1M",
+        "--model-set",
+        "readahead=64K",
+    ]);
+    let ctl = d.control();
+    let ch = d.channel();
+    grant(&ctl, ch.id(), 0, 16 << 10, false, 0);
+    for i in 0..4u64 {
+        let r = ch.run(Tag(0), &cmd(Opcode::Read, i * 4096, 4096)).unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    let m = ctl.model().unwrap();
+    // The first read misses and reads the three other lines of the record ahead; nothing past
+    // the record is read.
+    assert_eq!(m.get("buffer.misses"), Some("1"));
+    assert_eq!(m.get("buffer.hits"), Some("3"));
+    assert_eq!(m.get("buffer.ahead_lines"), Some("3"));
+    assert_eq!(m.get("buffer.lines"), Some("4"));
+}

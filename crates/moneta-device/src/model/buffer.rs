@@ -161,7 +161,7 @@ impl LineBuffer {
                 self.stats.used_ahead += 1;
             }
             if self.policy == BufferPolicy::Lru {
-                self.to_front(i);
+                self.make_recent(i);
             }
         }
         ready
@@ -171,7 +171,7 @@ impl LineBuffer {
     pub(super) fn touch(&mut self, line: u64) {
         if self.policy == BufferPolicy::Lru {
             if let Some(&i) = self.map.get(&line) {
-                self.to_front(i);
+                self.make_recent(i);
             }
         }
     }
@@ -190,7 +190,7 @@ impl LineBuffer {
             s.ready = s.ready.max(ready);
             s.ahead |= ahead;
             if self.policy == BufferPolicy::Lru {
-                self.to_front(i);
+                self.make_recent(i);
             }
             return;
         }
@@ -253,7 +253,7 @@ impl LineBuffer {
         }
     }
 
-    fn to_front(&mut self, i: u32) {
+    fn make_recent(&mut self, i: u32) {
         if self.head != i {
             self.unlink(i);
             self.push_front(i);

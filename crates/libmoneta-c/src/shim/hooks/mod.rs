@@ -195,6 +195,7 @@ mod copies;
 mod cwd;
 mod data;
 mod descriptors;
+mod mapping;
 mod names;
 mod open;
 mod perms;
@@ -204,6 +205,6 @@ mod tmp;
 mod xattr;
 
 pub use self::{
-    attrs::*, copies::*, cwd::*, data::*, descriptors::*, names::*, open::*, perms::*, size::*,
-    statfs::*, tmp::*, xattr::*,
+    attrs::*, copies::*, cwd::*, data::*, descriptors::*, mapping::*, names::*, open::*, perms::*,
+    size::*, statfs::*, tmp::*, xattr::*,
 };

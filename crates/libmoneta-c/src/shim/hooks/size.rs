@@ -159,15 +159,27 @@ pub extern "C" fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_
     posix_fallocate(fd, off, len)
 }
 
-/// `posix_fadvise(2)`: advice has nothing to act on (no page cache); returns the error.
+/// `posix_fadvise(2)`: `POSIX_FADV_WILLNEED` tells the device the range will be read soon
+/// (`File::will_need`: its DRAM buffer fills it); other advice has nothing to act on (there
+/// is no page cache). Returns the error number, as `posix_fadvise` does.
 #[no_mangle]
 pub extern "C" fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int {
-    if hooked() && fds::is_moneta(fd) {
-        return if !(0..=5).contains(&advice) || len < 0 || off < 0 {
-            libc::EINVAL
-        } else {
-            0
-        };
+    if hooked() {
+        if let Some(d) = fds::get(fd) {
+            if !(0..=5).contains(&advice) || len < 0 || off < 0 {
+                return libc::EINVAL;
+            }
+            if advice != libc::POSIX_FADV_WILLNEED || d.is_dir {
+                return 0;
+            }
+            let saved = crate::shim::errno();
+            let r = crate::shim::inside(|| d.file.will_need(off as u64, len as u64));
+            crate::shim::set_errno(saved);
+            return match r {
+                Ok(()) => 0,
+                Err(e) => eno(e),
+            };
+        }
     }
     // SAFETY: forwarding.
     unsafe {
@@ -181,13 +193,23 @@ pub extern "C" fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice:
     posix_fadvise(fd, off, len, advice)
 }
 
-/// `readahead(2)`.
+/// `readahead(2)`: a hint to the device, as `POSIX_FADV_WILLNEED` (`EINVAL` on a directory,
+/// `EBADF` on a file not open for reading).
 #[no_mangle]
 pub extern "C" fn readahead(fd: c_int, off: off64_t, n: size_t) -> ssize_t {
     with_fd!(
         fd,
         -1,
-        |_d| Ok(0),
+        |d| {
+            if d.is_dir || off < 0 {
+                return Err(libc::EINVAL);
+            }
+            if n == 0 {
+                return Ok(0);
+            }
+            d.file.will_need(off as u64, n as u64).map_err(eno)?;
+            Ok(0)
+        },
         real!(readahead: fn(c_int, off64_t, size_t) -> ssize_t)(fd, off, n)
     )
 }
