@@ -169,26 +169,27 @@ int moneta_fdatasync(const struct moneta_file *f);
 // request submitted after the call before then. It orders; `moneta_fsync` persists.
 int moneta_barrier(const struct moneta_file *f);
 
-// Advice on the file's bytes [off, off + len) (len 0: to the end), as `posix_fadvise` takes
-// it (POSIX_FADV_*): POSIX_FADV_WILLNEED sends the device a hint to fill its DRAM buffer with
-// them; the others have nothing to act on (there is no page cache) and succeed. Returns 0, or
-// -1 with errno (EINVAL for an unknown advice or a negative range, EBADF for WILLNEED on a
-// file not open for reading).
+// Advice on the file's bytes `[off, off + len)` (`len` 0: to the end), as `posix_fadvise`
+// takes it (`POSIX_FADV_*`): `POSIX_FADV_WILLNEED` sends the device a hint to fill its DRAM
+// buffer with them (as `File::will_need` in Rust); the others have nothing to act on (there is no
+// page cache) and succeed. Returns 0, or -1 with `errno` (`EINVAL` for an unknown advice or a
+// negative range, `EBADF` for `WILLNEED` on a file not open for reading).
 int moneta_advise(const struct moneta_file *f, int64_t off, int64_t len, int advice);
 
-// Maps len bytes of the file from off (a multiple of the page size), as `mmap(2)` with prot
-// and flags (MAP_SHARED or MAP_PRIVATE; not MAP_ANONYMOUS): the mapping is of the file's own
-// pages, so a store through a shared mapping is at once in the file. A shared writable
-// mapping needs the file open for reading and writing (EACCES). Returns the address, or
-// MAP_FAILED with errno (ENODEV where the array hands out no pages: one with data checksums).
-// The mapping outlives moneta_close.
+// Maps `len` bytes of the file from `off` (a multiple of the page size) into memory, as
+// `mmap(2)` with `prot` and `flags` (`MAP_SHARED` or `MAP_PRIVATE`, and any of the others but
+// `MAP_ANONYMOUS`): the mapping is of the file's own pages (a memory drive), so a store
+// through a shared mapping is at once in the file. A shared writable mapping needs the file
+// open for reading and writing (`EACCES`), as the kernel asks of a descriptor. Returns the
+// address, or `MAP_FAILED` with `errno` (`ENODEV` where the array hands out no pages: one
+// with data checksums). Unmap with `moneta_unmap`; the mapping outlives `moneta_close`.
 void *moneta_map(const struct moneta_file *f, size_t len, int prot, int flags, int64_t off);
 
-// Unmaps what moneta_map mapped (`munmap(2)`).
+// Unmaps what `moneta_map` mapped (`munmap(2)`): nothing may use the range afterwards.
 int moneta_unmap(void *addr, size_t len);
 
-// `msync(2)` of a range moneta_map mapped: with MS_SYNC, on a persistent array, the stores
-// through it are durable on the host's disk when it returns.
+// `msync(2)` of a range `moneta_map` mapped: with `MS_SYNC`, on a persistent array, the
+// stores through it are durable on the host's disk when it returns (docs/nvfs.md).
 int moneta_msync(void *addr, size_t len, int flags);
 
 // `ftruncate(2)`.

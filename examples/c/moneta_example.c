@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "moneta.h"
@@ -111,6 +112,27 @@ int main(void) {
         CHECK(moneta_pread(f, back, 65536, 1000) == 65536 && memcmp(back, data + 1000, 65536) == 0);
     }
     CHECK(moneta_set_completion(f, 42, 0) == -1 && errno == EINVAL);
+
+    /* The file's own pages in memory: a store through the mapping is at once what a read
+     * sees, and a write at once what the mapping shows. */
+    char *map = moneta_map(f, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, 0);
+    CHECK(map != MAP_FAILED);
+    CHECK(memcmp(map + 1000, data + 1000, 4096) == 0);
+    memcpy(map + 5000, "stored", 6);
+    CHECK(moneta_pread(f, back, 6, 5000) == 6 && memcmp(back, "stored", 6) == 0);
+    CHECK(moneta_pwrite(f, "pwrite", 6, 6000) == 6 && memcmp(map + 6000, "pwrite", 6) == 0);
+    memcpy(data + 5000, "stored", 6);
+    memcpy(data + 6000, "pwrite", 6);
+    CHECK(moneta_msync(map, 8192, MS_SYNC) == 0);
+    CHECK(moneta_unmap(map, 8192) == 0);
+    errno = 0;
+    CHECK(moneta_map(f, 4096, PROT_READ, MAP_SHARED, 100) == MAP_FAILED && errno == EINVAL);
+
+    /* Advice: WILLNEED is a hint to the device; the others have nothing to act on. */
+    CHECK(moneta_advise(f, 0, 65536, POSIX_FADV_WILLNEED) == 0);
+    CHECK(moneta_advise(f, 0, 0, POSIX_FADV_SEQUENTIAL) == 0);
+    CHECK(moneta_advise(f, 0, 10, 99) == -1 && errno == EINVAL);
+    CHECK(moneta_pread(f, back, 4096, 4096) == 4096 && memcmp(back, data + 4096, 4096) == 0);
 
     /* Metadata. */
     CHECK(moneta_ftruncate(f, 100) == 0 && moneta_fstat(f, &st) == 0 && st.size == 100);

@@ -516,7 +516,7 @@ pub unsafe extern "C" fn moneta_barrier(f: *const MonetaFile) -> c_int {
 
 /// Advice on the file's bytes `[off, off + len)` (`len` 0: to the end), as `posix_fadvise`
 /// takes it (`POSIX_FADV_*`): `POSIX_FADV_WILLNEED` sends the device a hint to fill its DRAM
-/// buffer with them (see [`File::will_need`]); the others have nothing to act on (there is no
+/// buffer with them (as `File::will_need` in Rust); the others have nothing to act on (there is no
 /// page cache) and succeed. Returns 0, or -1 with `errno` (`EINVAL` for an unknown advice or a
 /// negative range, `EBADF` for `WILLNEED` on a file not open for reading).
 #[no_mangle]
@@ -575,11 +575,7 @@ pub unsafe extern "C" fn moneta_map(
     unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), off) }
 }
 
-/// Unmaps what `moneta_map` mapped (`munmap(2)`).
-///
-/// # Safety
-///
-/// As `munmap(2)`: nothing may use the range afterwards.
+/// Unmaps what `moneta_map` mapped (`munmap(2)`): nothing may use the range afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_unmap(addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: per the caller.
@@ -588,10 +584,6 @@ pub unsafe extern "C" fn moneta_unmap(addr: *mut c_void, len: usize) -> c_int {
 
 /// `msync(2)` of a range `moneta_map` mapped: with `MS_SYNC`, on a persistent array, the
 /// stores through it are durable on the host's disk when it returns (docs/nvfs.md).
-///
-/// # Safety
-///
-/// As `msync(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int {
     // SAFETY: per the caller.

@@ -564,3 +564,43 @@ fn mapped_files_against_the_kernels_mapping() {
     assert!(!o.status.success());
     assert!(text(&o).contains("synchronous"), "{}", text(&o));
 }
+
+/// The DRAM buffer's bench: every setup on both patterns, with the buffer doing what each
+/// setup says (read-ahead serves sequential reads and none of the strided ones; hints serve
+/// both; without a buffer nothing is served from one).
+#[test]
+fn the_dram_buffer_with_read_ahead_and_hints() {
+    let recs = bench(&["--path", "dram-buffer", "--region", "32M", "--ops", "256"]);
+    assert_eq!(recs.len(), 10, "{recs:?}");
+    let get = |pattern: &str, setup: &str| {
+        recs.iter()
+            .find(|r| r["pattern"] == pattern && r["setup"] == setup)
+            .unwrap_or_else(|| panic!("no {pattern} {setup} in {recs:?}"))
+    };
+    let hits = |r: &Value| r["hit_ratio"].as_f64().unwrap();
+    for pattern in ["sequential", "strided"] {
+        let none = get(pattern, "no-buffer");
+        assert_eq!(none["model"], "slow-nvm", "{none}");
+        assert_eq!(none["reads"], 256, "{none}");
+        assert_eq!(hits(none), 0.0, "{none}");
+        assert_eq!(hits(get(pattern, "demand")), 0.0);
+        assert!(
+            hits(get(pattern, "hints")) > 0.95,
+            "{}",
+            get(pattern, "hints")
+        );
+    }
+    let seq = get("sequential", "read-ahead");
+    assert!(hits(seq) > 0.95, "{seq}");
+    let strided = get("strided", "read-ahead");
+    assert_eq!(hits(strided), 0.0, "{strided}");
+    assert_eq!(strided["used_ahead"], 0, "{strided}");
+    assert!(
+        strided["unused_ahead"].as_u64().unwrap() >= 255 * 16,
+        "{strided}"
+    );
+    // Without a model there is no buffer to measure.
+    let o = moneta(&["bench", "--path", "dram-buffer", "--model", "none"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("give a model"), "{}", text(&o));
+}

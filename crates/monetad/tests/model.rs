@@ -443,3 +443,90 @@ fn read_ahead_fills_the_buffer_within_the_channels_records_only() {
     assert_eq!(m.get("buffer.ahead_lines"), Some("3"));
     assert_eq!(m.get("buffer.lines"), Some("4"));
 }
+
+#[test]
+fn a_file_hints_what_it_will_read_and_only_if_open_for_reading() {
+    use libmoneta::{Moneta, OpenOptions};
+    let d = Daemon::start_fs(
+        "64M",
+        &[
+            "--model",
+            "slow-nvm",
+            "--model-set",
+            "buffer=4M",
+            "--model-set",
+            "readahead=0",
+        ],
+    );
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m
+        .open(
+            "/hinted",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .unwrap();
+    f.write_at(&vec![7u8; 1 << 20], 0).unwrap();
+    let hinted = || -> u64 {
+        d.control()
+            .model()
+            .unwrap()
+            .get("buffer.hinted_lines")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // To the end of the file (length 0): its 256 lines of 4 KiB; past the end, nothing.
+    f.will_need(0, 0).unwrap();
+    assert_eq!(hinted(), 256);
+    f.will_need(4 << 20, 4096).unwrap();
+    assert_eq!(hinted(), 256);
+    // Several ranges at once, through a read-only open of the file: two new lines (the
+    // rest is in the buffer already and fills nothing).
+    let r = m.open("/hinted", OpenOptions::new().read(true)).unwrap();
+    let g = m
+        .open(
+            "/other",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .unwrap();
+    g.write_at(&vec![1u8; 64 << 10], 0).unwrap();
+    let g2 = m.open("/other", OpenOptions::new().read(true)).unwrap();
+    g2.will_need_ranges(&[(0, 4096), (32 << 10, 4096)]).unwrap();
+    r.will_need_ranges(&[(0, 8192), (1 << 19, 1)]).unwrap();
+    assert_eq!(hinted(), 258);
+    // A write-only open cannot hint; nor can a directory.
+    let w = m.open("/hinted", OpenOptions::new().write(true)).unwrap();
+    assert_eq!(w.will_need(0, 4096).unwrap_err().errno(), libc::EBADF);
+    let dir = m.open("/", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(dir.will_need(0, 4096).unwrap_err().errno(), libc::EISDIR);
+    // The hinted bytes read back as written, from the buffer.
+    let mut back = vec![0u8; 4096];
+    r.read_at(&mut back, 8192).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    assert!(d.control().status().unwrap().hints >= 3);
+}
+
+#[test]
+fn a_persistent_array_without_a_model_takes_hints_too() {
+    use libmoneta::{Moneta, OpenOptions};
+    let dir = TempDir::new("hint");
+    let img = dir.0.join("device.img").display().to_string();
+    let d = Daemon::start_raw(&["--device", img.as_str(), "--size", "64M"], dir);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m
+        .open(
+            "/big",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .unwrap();
+    f.write_at(&vec![3u8; 3 << 20], 5).unwrap();
+    // The host is asked to read the pages in (unaligned, to the end, and a range larger
+    // than the file); the file reads back unchanged.
+    f.will_need(1, 0).unwrap();
+    f.will_need(4097, 1 << 30).unwrap();
+    let mut back = vec![0u8; 3 << 20];
+    assert_eq!(f.read_at(&mut back, 5).unwrap(), 3 << 20);
+    assert!(back.iter().all(|&b| b == 3));
+    assert!(d.control().status().unwrap().hints >= 2);
+    assert_eq!(d.control().model().unwrap().get("model"), Some("none"));
+}

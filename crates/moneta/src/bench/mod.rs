@@ -11,6 +11,7 @@
 
 pub mod accuracy;
 pub mod breakdown;
+pub mod buffer;
 mod files;
 pub mod instructions;
 pub mod machine;
@@ -78,6 +79,10 @@ pub enum Path {
     /// queue depth 1 across array latencies of 4 ns to 128 µs against its own prediction,
     /// the bandwidth of large transfers against its analytical peak, and its work per request.
     ModelAccuracy,
+    /// The model's DRAM buffer (private daemons, `--model`, slow-nvm by default): sequential
+    /// and strided reads at queue depth 1 with no buffer, a buffer filled on misses, read-ahead
+    /// within the file's extent, the reader's hints (`File::will_need`), and both.
+    DramBuffer,
 }
 
 impl Path {
@@ -111,6 +116,7 @@ impl Path {
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
             Path::ModelAccuracy => "model-accuracy",
+            Path::DramBuffer => "dram-buffer",
         }
     }
 }
@@ -601,6 +607,13 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     } else {
         vec![a.op]
     };
+    if a.paths.contains(&Path::DramBuffer) {
+        if a.paths.len() > 1 {
+            return Err("--path dram-buffer runs on its own".into());
+        }
+        buffer::run_buffer(&a)?;
+        return Ok(Vec::new());
+    }
     if a.paths.contains(&Path::ModelAccuracy) {
         if a.paths.len() > 1 {
             return Err("--path model-accuracy runs on its own".into());
@@ -750,7 +763,7 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
                 sqpoll: p == Path::KernelUringSqpoll,
             },
-            Path::PermCheck | Path::Nvfs | Path::ModelAccuracy => {
+            Path::PermCheck | Path::Nvfs | Path::ModelAccuracy | Path::DramBuffer => {
                 unreachable!("not an I/O path")
             }
         };
