@@ -170,9 +170,9 @@ fn read_only_opens_get_read_only_pages() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::EACCES)
     );
-    // The pages are the daemon's, mode 0400, sealed against shrinking.
+    // The pages are the daemon's user's alone, sealed against shrinking.
     let meta = std::fs::metadata(format!("/proc/self/fd/{}", pages.as_raw_fd())).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     // SAFETY: a query of our own descriptor.
     let seals = unsafe { libc::fcntl(pages.as_raw_fd(), libc::F_GET_SEALS) };
     assert!(seals >= 0 && seals & libc::F_SEAL_SHRINK != 0);
@@ -219,16 +219,38 @@ fn store_and_die(args: &[String]) -> i32 {
     1
 }
 
-/// As another user: maps files until refused; reports how many it mapped.
+/// As another user: takes the pages of `want` files, holding half of them as descriptors and
+/// half as mappings (their descriptors closed; the second one written through), and is
+/// refused the next file's; once it lets them all go, the next file's pages come (the daemon
+/// retires pages nobody holds).
 fn map_many(args: &[String]) -> i32 {
     let m = Moneta::connect(std::path::Path::new(&args[0])).unwrap();
     let want: usize = args[1].parse().unwrap();
+    let mut fds = Vec::new();
+    let mut maps = Vec::new();
     for i in 0..=want {
         let f = m.open(format!("/u/f{i}"), &rw()).unwrap();
-        f.write_at(b"x", 0).unwrap();
-        match f.pages(false) {
-            Ok(_) => {}
-            Err(e) if e.errno() == libc::ENOMEM && i == want => return 0,
+        f.write_at(&[b'x'; 32], 0).unwrap();
+        match f.pages(i == 1) {
+            Ok((fd, _)) if i % 2 == 0 => fds.push(fd),
+            Ok((fd, _)) => {
+                let prot = libc::PROT_READ | if i == 1 { libc::PROT_WRITE } else { 0 };
+                let map = Mapped::new(&fd, 4096, prot).unwrap();
+                if i == 1 {
+                    map.store(0, b"through the mapping");
+                }
+                maps.push(map);
+            }
+            Err(e) if e.errno() == libc::ENOMEM && i == want => {
+                // Refused: what is held as a descriptor, and what is held as a mapping only,
+                // counts. Let go, they make room, the bytes stored through a mapping kept.
+                fds.clear();
+                maps.clear();
+                f.pages(false).unwrap();
+                let g = m.open("/u/f1", &ro()).unwrap();
+                assert_eq!(read_all(&g, 32), b"through the mappingxxxxxxxxxxxxx");
+                return 0;
+            }
             Err(e) => panic!("file {i}: {e}"),
         }
     }
@@ -240,22 +262,26 @@ fn one_user_cannot_map_every_file_the_daemon_allows() {
     if !can_setuid("one_user_cannot_map_every_file_the_daemon_allows") {
         return;
     }
-    let d = Daemon::start_fs("256M", &["--socket-mode", "666"]);
-    std::fs::set_permissions(&d.dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let m = Moneta::connect(&d.socket).unwrap();
-    m.mkdir("/u", 0o777).unwrap();
-    m.chmod("/u", 0o777).unwrap();
-    // A user's share is a quarter of the 8,192 files the daemon maps at once.
-    let mut child = spawn_role_as(
-        1001,
-        "map-many",
-        &[d.socket.display().to_string(), "2048".into()],
-    );
-    assert!(child.wait().unwrap().success());
-    // Others still map.
-    let f = m.open("/mine", &rw()).unwrap();
-    f.write_at(b"mine", 0).unwrap();
-    f.pages(false).unwrap();
+    // A volatile array (memfds) and a persistent one (files of the host).
+    let volatile = Daemon::start_fs("256M", &["--socket-mode", "666"]);
+    let on_disk = persistent(&["--socket-mode", "666", "--durability", "device"]);
+    for d in [volatile, on_disk] {
+        std::fs::set_permissions(&d.dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let m = Moneta::connect(&d.socket).unwrap();
+        m.mkdir("/u", 0o777).unwrap();
+        m.chmod("/u", 0o777).unwrap();
+        // A user's share is a quarter of the 8,192 files the daemon maps at once.
+        let mut child = spawn_role_as(
+            1001,
+            "map-many",
+            &[d.socket.display().to_string(), "2048".into()],
+        );
+        assert!(child.wait().unwrap().success());
+        // Others still map.
+        let f = m.open("/mine", &rw()).unwrap();
+        f.write_at(b"mine", 0).unwrap();
+        f.pages(false).unwrap();
+    }
 }
 
 #[test]

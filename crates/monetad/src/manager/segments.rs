@@ -10,7 +10,15 @@
 //! receives the segment open for reading only or for reading and writing, as its handle
 //! allows, and the kernel's page tables enforce that: a read-only descriptor yields no
 //! writable shared mapping (`mmap` and `mprotect` fail with `EACCES`), and the segment's mode
-//! (0400) refuses to reopen it for writing through `/proc/self/fd`.
+//! (0600, the daemon's user's) refuses another user who reopens it for writing through
+//! `/proc/self/fd` (the daemon's own user could change the mode of what it owns anyway).
+//!
+//! Each process gets an open file description of its own (the segment opened again through
+//! `/proc/self/fd`), never the daemon's: a descriptor or a mapping (which holds the description
+//! it was made from) then keeps the segment's inode open, which the kernel shows the daemon (a
+//! write lease is granted only on a file nobody else has open). When the limits below are
+//! reached, segments nobody holds any more are retired ([`Segments::reclaim`]): nothing maps
+//! them, so nobody sees the difference, and the file's next mapping gets a new segment.
 //!
 //! A segment grows with its file (new extents are shown from it as they are allocated) but
 //! never shrinks: it is sealed against shrinking, since a writer that shrank it would leave
@@ -77,6 +85,23 @@ struct Segment {
     pieces: Option<File>,
     /// Pieces the array shows from it: (file offset, array address, bytes), in file order.
     shown: Vec<(u64, u64, u64)>,
+}
+
+/// How a segment is retired.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retire {
+    /// Processes may map it: clients reading and writing in place are told, and the channels'
+    /// records over it revoked.
+    Mapped,
+    /// Nobody holds it: only the records are revoked.
+    Unheld,
+    /// The device has stopped: no command can come.
+    Stopped,
+}
+
+/// The path that opens `f` again, as a new open file description.
+fn reopen_path(f: &File) -> String {
+    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f))
 }
 
 /// Where segments live.
@@ -173,6 +198,9 @@ impl Segments {
         generation: u32,
     ) -> Result<OwnedFd, Failure> {
         self.drop_stale(ino, generation)?;
+        if !self.files.contains_key(&ino) && self.at_limit(owner) {
+            self.reclaim(Some(ino))?;
+        }
         let made = match self.files.get(&ino) {
             Some(_) => None,
             None if self.files.len() >= MAX_SEGMENTS => {
@@ -207,15 +235,68 @@ impl Segments {
             }
             return Err(f);
         }
-        let seg = &self.files[&ino];
-        let fd = if write {
-            seg.rw.as_fd().try_clone_to_owned()
-        } else {
-            // The same pages opened again for reading only (the owner may, mode 0400).
-            let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&seg.rw));
-            File::open(path).map(OwnedFd::from)
-        };
+        // The same pages opened again, a description of the process's own (see the module's
+        // text), for reading only or for reading and writing.
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(reopen_path(&self.files[&ino].rw))
+            .map(OwnedFd::from);
         fd.map_err(|e| io_fail("cannot share the file's pages", e))
+    }
+
+    /// Whether making a segment for `owner` would pass a limit: the files the daemon maps at
+    /// once, or the owner's share of them.
+    fn at_limit(&self, owner: Option<u32>) -> bool {
+        self.files.len() >= MAX_SEGMENTS
+            || owner.is_some_and(|u| self.per_user.get(&u).copied().unwrap_or(0) >= USER_SEGMENTS)
+    }
+
+    /// Whether a process other than the daemon holds `seg`'s pages: a descriptor of them, or
+    /// a mapping (which holds the descriptor's open file). The kernel grants a write lease
+    /// only on a file that nobody but the caller has open, and every process has
+    /// descriptions of its own ([`Segments::give`]). A memfd's first description (the
+    /// daemon's `rw`) does not count as an open for writing, so a memfd is asked through a
+    /// description opened for reading, which is the only one then allowed; a file of the
+    /// host is asked through `rw`. Anything the kernel refuses counts as held.
+    fn in_use(&self, seg: &Segment) -> bool {
+        let free = |f: &File| {
+            use std::os::fd::AsRawFd;
+            let fd = f.as_raw_fd();
+            // SAFETY: lease calls on a descriptor we own.
+            unsafe {
+                if libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) != 0 {
+                    return false;
+                }
+                libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
+            }
+            true
+        };
+        match &self.store {
+            Store::Memory => match File::open(reopen_path(&seg.rw)) {
+                Ok(probe) => !free(&probe),
+                Err(_) => true,
+            },
+            Store::Dir { .. } => !free(&seg.rw),
+            Store::Refused(_) => true,
+        }
+    }
+
+    /// Retires every segment nobody holds any more (but `keep`'s): returns how many. Nothing
+    /// maps them, so nothing is retired under a process; their bytes go back to the array.
+    pub fn reclaim(&mut self, keep: Option<u64>) -> Result<usize, Failure> {
+        let free: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|&(&ino, seg)| Some(ino) != keep && !self.in_use(seg))
+            .map(|(&ino, _)| ino)
+            .collect();
+        for &ino in &free {
+            // No process maps it, so none reads or writes it in place: the clients need not
+            // be told (but the channels' records over it go, as for any retirement).
+            self.retire_with(ino, Retire::Unheld)?;
+        }
+        Ok(free.len())
     }
 
     fn make(&self, ino: u64, owner: Option<u32>, generation: u32) -> Result<Segment, Failure> {
@@ -228,14 +309,13 @@ impl Segments {
             .create(path)
             .map_err(|e| io_fail(&format!("cannot make {}", path.display()), e))?;
         let file = path.join(ino.to_string());
-        // Mode 0400 from the start: the daemon's descriptors are opened here, and nobody
-        // (but root) opens it for writing again.
+        // The daemon's user's alone from the start (see the module's text).
         let rw = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o400)
+            .mode(0o600)
             .open(&file)
             .map_err(|e| io_fail(&format!("cannot make {}", file.display()), e))?;
         let pieces = std::fs::OpenOptions::new()
@@ -266,9 +346,9 @@ impl Segments {
         // one that sealed it further would stop it growing with its file.
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::SEAL)
             .map_err(|e| io_fail("cannot seal the file's pages", e))?;
-        // Nobody (but root) can open it again for writing through /proc; the daemon opens it
-        // for reading that way.
-        rustix::fs::fchmod(&fd, rustix::fs::Mode::RUSR)
+        // Nobody but the daemon's user (and root) can open it again through /proc, as the
+        // daemon does for every process it gives the pages to.
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR)
             .map_err(|e| io_fail("cannot protect the file's pages", e))?;
         Ok(Segment {
             rw: File::from(fd),
@@ -296,6 +376,10 @@ impl Segments {
             return Ok(());
         };
         let new = missing(&seg.shown, allocated);
+        if self.shown + new.len() > MAX_SHOWN {
+            // Pieces of segments nobody holds any more make room (this one stays).
+            self.reclaim(Some(ino))?;
+        }
         if self.shown + new.len() > MAX_SHOWN {
             return Err(fail(
                 errno::ENOMEM,
@@ -406,21 +490,24 @@ impl Segments {
 
     /// Retires `ino`'s segment, if it has one.
     pub fn retire(&mut self, ino: u64) -> Result<(), Failure> {
-        self.retire_with(ino, true)
+        self.retire_with(ino, Retire::Mapped)
     }
 
-    /// Retires `ino`'s segment; `revoke`: first revokes every record over it (unless the
-    /// device has stopped, and no command can come). The segment stays known, with the pieces
-    /// still shown, until every piece is the array's own again: a failure leaves nothing
-    /// shown that the daemon does not know of (and so no space freed while it is shown).
-    fn retire_with(&mut self, ino: u64, revoke: bool) -> Result<(), Failure> {
+    /// Retires `ino`'s segment, first (unless the device has stopped) revoking every record
+    /// over it, and telling clients that read and write in place when processes may map it.
+    /// The segment stays known, with the pieces still shown, until every piece is the
+    /// array's own again: a failure leaves nothing shown that the daemon does not know of
+    /// (and so no space freed while it is shown).
+    fn retire_with(&mut self, ino: u64, how: Retire) -> Result<(), Failure> {
         let Some(seg) = self.files.get(&ino) else {
             return Ok(());
         };
-        if revoke {
+        if how == Retire::Mapped {
             // Clients reading and writing in place stop using these pages first (the wait
             // is bounded: a client can only delay this).
             self.device.retire_pages(IN_PLACE_WAIT);
+        }
+        if how != Retire::Stopped {
             revoke_records(&self.device, &seg.shown)?;
         }
         let mut buf = vec![0u8; 1 << 20];
@@ -492,7 +579,7 @@ impl Segments {
         let inos: Vec<u64> = self.files.keys().copied().collect();
         let mut first = None;
         for ino in inos {
-            if let Err(f) = self.retire_with(ino, false) {
+            if let Err(f) = self.retire_with(ino, Retire::Stopped) {
                 first.get_or_insert(f);
             }
         }
