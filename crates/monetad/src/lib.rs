@@ -199,6 +199,11 @@ fn raise_fd_limit() {
 
 /// Runs the daemon until it is asked to stop.
 pub fn run(config: Config) -> Result<(), DaemonError> {
+    // SIGIO would end the process, and the one thing that could send it is a file lease the
+    // daemon holds for an instant to learn whether a mapped file's pages are still held
+    // (manager/segments.rs) should something open the pages in that instant.
+    // SAFETY: setting a signal's disposition to ignore; no handler of ours is replaced.
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
     // Handlers first: once the socket exists, a SIGTERM must mean a clean shutdown.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
