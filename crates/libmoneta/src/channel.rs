@@ -29,6 +29,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 use crate::control::Control;
 use crate::ClientError;
 
+pub(crate) mod attrs;
 mod tags;
 use tags::{Tags, Turn, Waiter};
 
@@ -79,6 +80,8 @@ pub struct Channel {
     /// Tags whose last command completes with a wake-up of its sleepers (DMA and issue-sleep
     /// completion, not forwarding): what a thread waiting for a tag may sleep on.
     wakeable: AtomicU64,
+    /// Answers about attributes kept while the change board says they hold ([`attrs`]).
+    pub(crate) attrs: attrs::Attrs,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -138,6 +141,7 @@ impl Channel {
             seqs: std::array::from_fn(|_| AtomicU32::new(0)),
             epoch: std::sync::atomic::AtomicU8::new(0),
             err_lock: std::sync::Mutex::new(()),
+            attrs: Default::default(),
         };
         let h = ch.header();
         if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC
@@ -183,6 +187,11 @@ impl Channel {
     /// The channel memfd (sealed by the daemon).
     pub fn memfd(&self) -> &OwnedFd {
         &self.memfd
+    }
+
+    /// The start of the channel's memory.
+    pub(crate) fn header_ptr(&self) -> *const u8 {
+        self.base.as_ptr()
     }
 
     /// The header and registers.

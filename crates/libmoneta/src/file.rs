@@ -429,10 +429,18 @@ impl File {
 
     /// `fsync(2)`: at the daemon's `host` durability level, the file's data and every metadata
     /// change before the call durable against a crash of the machine (one flush, shared with
-    /// the other callers of the moment); at the `device` level a round trip that flushes
-    /// nothing (docs/nvfs.md, "Durability levels").
+    /// the other callers of the moment); at the `device` level, where every change is in the
+    /// array once its call returns, answered here with no call at all (the channel header's
+    /// `FS_FSYNC_IS_ORDER`; docs/nvfs.md, "Durability levels").
     pub fn sync_all(&self) -> Result<(), ClientError> {
-        self.m.fs_empty(FsRequest::Fsync { handle: self.h()? })
+        let handle = self.h()?;
+        let flags = self.ch().header().fs_flags.load(Ordering::Acquire);
+        if flags & moneta_abi::FS_FSYNC_IS_ORDER != 0 {
+            // The daemon keeps every change in the array as it makes it, and every write of
+            // this file that returned is in the array: there is nothing to make durable.
+            return Ok(());
+        }
+        self.m.fs_empty(FsRequest::Fsync { handle })
     }
 
     /// `fdatasync(2)` (nvfs keeps data and metadata together: the same as [`File::sync_all`]).

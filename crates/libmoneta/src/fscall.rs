@@ -5,18 +5,51 @@
 //! space) comes back `Refer`, and is then sent on the control socket, which answers it the
 //! same way.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use moneta_abi::control::{decode_reply, encode_request, ReplyBody, Request};
-use moneta_abi::fsproto::{FsReply, FsRequest};
+use moneta_abi::fsproto::{FsReply, FsRequest, Target};
 use moneta_abi::{Command, Completion, Opcode, Status};
 
+use crate::channel::attrs::Key;
 use crate::channel::Channel;
 use crate::ClientError;
 
 /// Set once a daemon did not know `OP_FS` (it answers `Malformed`): this process then sends
 /// its calls on the socket only.
 static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// File-system calls this process made, by operation (`op - OP_FS_OPEN`), whichever way
+/// they went.
+static CALLS: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
+
+/// Where stats of open handles are counted in [`CALLS`].
+const FSTAT: usize = 23;
+
+/// `STAT` calls answered from what was kept ([`crate::channel::attrs`]), counted in
+/// [`CALLS`] too.
+static KEPT: AtomicU64 = AtomicU64::new(0);
+
+/// How many `STAT` calls were answered without asking the daemon.
+pub fn stats_kept() -> u64 {
+    KEPT.load(Ordering::Relaxed)
+}
+
+/// The file-system calls this process has made so far, by name (those made at least once),
+/// in the order of their operation numbers: what `MONETA_REPORT` prints.
+pub fn calls_made() -> Vec<(&'static str, u64)> {
+    const NAMES: [&str; 24] = [
+        "open", "close", "lookup", "extend", "fsync", "stat", "truncate", "chmod", "chown",
+        "utimes", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "readlink", "readdir",
+        "statfs", "fork", "inherit", "lock", "map", "fstat",
+    ];
+    NAMES
+        .iter()
+        .zip(CALLS.iter())
+        .map(|(n, c)| (*n, c.load(Ordering::Relaxed)))
+        .filter(|&(_, c)| c > 0)
+        .collect()
+}
 
 /// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
 /// the two paths); `on`, the default, tries the channel first.
@@ -37,12 +70,87 @@ fn enabled() -> bool {
     }) && !UNSUPPORTED.load(Ordering::Relaxed)
 }
 
+/// `MONETA_KEEP_STATS=off` asks the daemon every `stat` (to compare); `on`, the default, gives
+/// again the answers the change board says still hold.
+fn keeping() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        !crate::env_setting(
+            "MONETA_KEEP_STATS",
+            |v| match v {
+                "on" => Some(false),
+                "off" => Some(true),
+                _ => None,
+            },
+            "on or off",
+            &WARNED,
+        )
+    })
+}
+
 impl Channel {
     /// A file-system call of this channel's connection: through the channel when the device
     /// may answer it there ([`FsRequest::on_channel`]), on the control socket otherwise and
     /// whenever the device refers it. The reply's payload, or the daemon's errno as
     /// [`ClientError::Refused`].
     pub fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
+        let op = match &req {
+            // A stat of an open handle counts apart from one of a path.
+            FsRequest::Stat {
+                target: moneta_abi::fsproto::Target::Handle(_),
+            } => FSTAT,
+            _ => usize::from(req.op().wrapping_sub(moneta_abi::fsproto::OP_FS_OPEN)),
+        };
+        if let Some(c) = CALLS.get(op) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.keeps_changes() || !keeping() {
+            return self.ask(req);
+        }
+        match &req {
+            FsRequest::Stat { target } => {
+                let key = Key::of(target);
+                if let Some(kept) = self.kept(&key) {
+                    KEPT.fetch_add(1, Ordering::Relaxed);
+                    return kept
+                        .map(FsReply::Stat)
+                        .map_err(|(errno, message)| ClientError::Refused { errno, message });
+                }
+                // The counter before the question: a change after it moves it.
+                let count = self.change_count(target);
+                let r = self.ask(req);
+                match &r {
+                    Ok(FsReply::Stat(st)) => self.keep(key, count, Ok(*st)),
+                    Err(ClientError::Refused { errno, message }) => {
+                        self.keep(key, count, Err((*errno, message.clone())))
+                    }
+                    _ => {}
+                }
+                r
+            }
+            FsRequest::Open { .. } => {
+                // The new handle's counter is known only from the answer.
+                let counts = self.change_counts();
+                let r = self.ask(req);
+                if let Ok(FsReply::Opened { handle, stat, .. }) = &r {
+                    let t = Target::Handle(*handle);
+                    let count = counts[moneta_abi::change_slot(&t)];
+                    self.keep(Key::of(&t), count, Ok(*stat));
+                }
+                r
+            }
+            FsRequest::Close { handle } => {
+                self.forget(&Key::Handle(*handle));
+                self.ask(req)
+            }
+            _ => self.ask(req),
+        }
+    }
+
+    /// Asks the daemon: through the channel when the device may answer there, on the
+    /// socket otherwise.
+    fn ask(&self, req: FsRequest) -> Result<FsReply, ClientError> {
         if req.on_channel() && enabled() {
             if let Some(r) = self.fs_on_channel(&req) {
                 return r;

@@ -25,6 +25,11 @@ pub const ERROR_QUEUE_LEN: usize = 64;
 
 /// Byte offset of the [`ChannelHeader`].
 pub const HEADER_OFFSET: usize = 0;
+/// Byte offset of the change board: [`CHANGE_SLOTS`] device-written `u64` counters (see
+/// [`change_slot`]).
+pub const CHANGES_OFFSET: usize = 0x800;
+/// Counters on the change board.
+pub const CHANGE_SLOTS: usize = 256;
 /// Byte offset of the error queue.
 pub const ERROR_QUEUE_OFFSET: usize = 0x1000;
 /// Byte offset of the tag slot array.
@@ -95,8 +100,14 @@ pub struct ChannelHeader {
     /// (in place, with no command) checks it around each access, announcing itself in
     /// [`ChannelHeader::in_place`] (docs/abi.md §3.3).
     pub retired: AtomicU64,
+    /// Device-written once, before the channel is handed out: what the file system behind
+    /// the device promises ([`FS_FSYNC_IS_ORDER`]); zero for a raw device or a daemon that
+    /// promises nothing more.
+    pub fs_flags: AtomicU32,
+    /// Reserved, zero.
+    pub reserved2: AtomicU32,
     /// Padding to the next cache line.
-    pub pad2: [AtomicU64; 5],
+    pub pad2: [AtomicU64; 4],
 
     /// Device-written: requests completed with forwarding (the COMPLETIONCOUNT word).
     pub completion_count: AtomicU64,
@@ -123,7 +134,41 @@ pub struct ChannelHeader {
     pub pad5: [AtomicU32; 14],
 }
 
+/// [`ChannelHeader::fs_flags`]: the daemon's file system keeps every change in the array as
+/// it is made (the `device` durability level), so `fsync` has nothing to make durable: a
+/// client may answer it itself once the writes it covers have completed.
+pub const FS_FSYNC_IS_ORDER: u32 = 1;
+
+/// [`ChannelHeader::fs_flags`]: the daemon keeps this channel's change board (offset
+/// [`CHANGES_OFFSET`]): a client may keep `STAT` answers as docs/abi.md §3.7 says.
+pub const FS_CHANGE_BOARD: u32 = 2;
+
+/// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
+/// device adds to it whenever something the answer it gave depended on changes (the
+/// inode's attributes; for a path, every directory and link the path went through), so a
+/// client that kept the answer, with the counter's value read *before* it asked, may give it
+/// again for as long as the counter keeps that value. FNV-1a of the handle's bytes, or of
+/// the path's bytes and the follow flag, modulo [`CHANGE_SLOTS`].
+pub fn change_slot(target: &crate::fsproto::Target) -> usize {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let eat = |h: u64, bytes: &[u8]| {
+        bytes
+            .iter()
+            .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+    };
+    let h = match target {
+        crate::fsproto::Target::Handle(handle) => eat(eat(OFFSET, b"h"), &handle.to_le_bytes()),
+        crate::fsproto::Target::Path { path, follow } => {
+            eat(eat(eat(OFFSET, b"p"), &[u8::from(*follow)]), path)
+        }
+    };
+    (h % CHANGE_SLOTS as u64) as usize
+}
+
 const _: () = {
+    assert!(CHANGES_OFFSET >= size_of::<ChannelHeader>());
+    assert!(CHANGES_OFFSET + CHANGE_SLOTS * 8 <= ERROR_QUEUE_OFFSET);
     assert!(size_of::<ChannelHeader>() == 384);
     assert!(offset_of!(ChannelHeader, magic) == 0);
     assert!(offset_of!(ChannelHeader, abi_version) == 8);
@@ -140,6 +185,7 @@ const _: () = {
     assert!(offset_of!(ChannelHeader, parked) == 128);
     assert!(offset_of!(ChannelHeader, evictions) == 136);
     assert!(offset_of!(ChannelHeader, retired) == 144);
+    assert!(offset_of!(ChannelHeader, fs_flags) == 152);
     assert!(offset_of!(ChannelHeader, completion_count) == 192);
     assert!(offset_of!(ChannelHeader, tag_status_register) == 200);
     assert!(offset_of!(ChannelHeader, err_head) == 256);

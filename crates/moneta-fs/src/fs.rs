@@ -27,6 +27,7 @@ use crate::alloc::{ChunkMap, Space};
 use crate::journal::{self, Durability, Journal, Txn};
 use crate::layout::*;
 use crate::tables::{self, Fix, Severity, Tables};
+use crate::watch::{self, ChangeSink, Watches};
 
 /// Longest path accepted, in bytes.
 pub const PATH_MAX: usize = 4095;
@@ -386,6 +387,12 @@ pub struct Fs {
     layouts: HashMap<u64, u64>,
     /// The next layout tag; tags are never reused while the file system is mounted.
     next_layout: u64,
+    /// Who kept answers about which inodes ([`Fs::watch`]), and where to say they changed.
+    watches: Watches,
+    sink: Option<Arc<dyn ChangeSink>>,
+    /// Inodes whose answers changed in this transaction besides the dirty ones (their
+    /// extents, their directory entries): their watches fire at the commit too.
+    touched: BTreeSet<u64>,
 }
 
 /// Why an image cannot be mounted.
@@ -558,6 +565,9 @@ impl Fs {
             failed: None,
             layouts: HashMap::new(),
             next_layout: 1,
+            watches: Watches::default(),
+            sink: None,
+            touched: BTreeSet::new(),
             inodes: t.inodes,
         };
         for (i, n) in fs.inodes.iter().enumerate() {
@@ -606,6 +616,29 @@ impl Fs {
     /// Sets the hook that revokes channel access to ranges about to be freed.
     pub fn set_revoker(&mut self, r: Revoker) {
         self.revoker = Some(r);
+    }
+
+    /// Where fired watches go ([`Fs::watch`]).
+    pub fn set_change_sink(&mut self, sink: Arc<dyn ChangeSink>) {
+        self.sink = Some(sink);
+    }
+
+    /// `observer` keeps an answer in `slot` that depends on `inos`: the next transaction that
+    /// changes one of them tells the change sink (observer, slot) before it returns (see
+    /// [`crate::watch`]).
+    pub fn watch(&mut self, observer: u32, slot: u16, inos: &[u64]) {
+        let sink = self.sink.clone();
+        self.watches.watch(observer, slot, inos, sink.as_deref());
+    }
+
+    /// Forgets every watch of `observer`.
+    pub fn unwatch(&mut self, observer: u32) {
+        self.watches.forget(observer);
+    }
+
+    /// Watches held now, of every observer.
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
     }
 
     /// The geometry.
@@ -682,6 +715,20 @@ impl Fs {
 
     /// Commits what was changed so far as one transaction.
     fn commit_one(&mut self) -> FsResult<()> {
+        // Before the caller's answer: whoever kept an answer about a changed inode hears first.
+        let touched = std::mem::take(&mut self.touched);
+        let mut fired = Vec::new();
+        for &ino in self.dirty.iter().chain(touched.iter()) {
+            self.watches.changed(ino, &mut fired);
+        }
+        if let Some(sink) = &self.sink {
+            // Once for each (observer, slot), however many of its inodes changed.
+            fired.sort_unstable();
+            fired.dedup();
+            for (observer, slot) in fired {
+                sink.changed(observer, slot);
+            }
+        }
         for ino in std::mem::take(&mut self.dirty) {
             let rec = self.inodes[(ino - 1) as usize].encode(ino);
             self.txn.put(self.g.inode_addr(ino), &rec);
@@ -940,11 +987,33 @@ impl Fs {
         follow_last: bool,
         slash: bool,
     ) -> FsResult<(u64, u64)> {
+        self.walk_seen(cred, parts, follow_last, slash, None)
+    }
+
+    /// [`Fs::walk_in`], listing in `seen` every inode it looks at.
+    fn walk_seen(
+        &self,
+        cred: &Cred,
+        parts: &[&[u8]],
+        follow_last: bool,
+        slash: bool,
+        mut seen: Option<&mut Vec<u64>>,
+    ) -> FsResult<(u64, u64)> {
         let mut pending: Vec<Vec<u8>> = parts.iter().rev().map(|c| c.to_vec()).collect();
         let mut cur = ROOT_INO;
         let mut held_by = ROOT_INO;
         let mut links = 0;
         while let Some(c) = pending.pop() {
+            if let Some(s) = seen.as_deref_mut() {
+                // The search permission of the directory, and the name looked up in it.
+                let search = watch::search_key(cur);
+                if !s.contains(&search) {
+                    s.push(search);
+                }
+                if c != b"." {
+                    s.push(watch::name_key(cur, &c));
+                }
+            }
             let n = self.inode(cur);
             if !n.is_dir() {
                 return e(libc::ENOTDIR, "a path component is not a directory");
@@ -967,6 +1036,12 @@ impl Fs {
                 Some(i) => i,
                 None => return e(libc::ENOENT, "no such file or directory"),
             };
+            if let Some(s) = seen.as_deref_mut() {
+                if self.inode(child).is_symlink() {
+                    // Where a link leads, and whether it may be followed.
+                    s.push(child);
+                }
+            }
             if self.inode(child).is_symlink() && (!pending.is_empty() || follow_last || slash) {
                 links += 1;
                 if links > MAX_SYMLINKS {
@@ -993,6 +1068,10 @@ impl Fs {
             }
             held_by = cur;
             cur = child;
+        }
+        if let Some(s) = seen {
+            // What the walk reached: its attributes are the answer.
+            s.push(cur);
         }
         if slash && !self.inode(cur).is_dir() {
             return e(libc::ENOTDIR, "not a directory");
@@ -1116,6 +1195,13 @@ impl Fs {
     fn add_entry(&mut self, dir: u64, name: &[u8], ino: u64) {
         let slot = self.free_dirents.pop_first().expect("room checked");
         let kind = kind_of(self.inode(ino).mode);
+        // The directory's names change, and a directory moved here has another `..`.
+        self.touched.insert(dir);
+        self.touched.insert(watch::name_key(dir, name));
+        if kind == DT_DIR {
+            self.touched.insert(ino);
+            self.touched.insert(watch::name_key(ino, b".."));
+        }
         let rec = Dirent {
             parent: dir,
             ino,
@@ -1132,6 +1218,8 @@ impl Fs {
     }
 
     fn remove_entry(&mut self, dir: u64, name: &[u8]) -> u64 {
+        self.touched.insert(dir);
+        self.touched.insert(watch::name_key(dir, name));
         let d = self.dirs.get_mut(&dir).expect("a directory");
         let (ino, slot) = d.by_name.remove(name).expect("entry exists");
         d.by_slot.remove(&slot);
@@ -1195,6 +1283,7 @@ impl Fs {
         let Some(m) = self.extents.get(&ino) else {
             return true;
         };
+        self.touched.insert(ino);
         let start = m.range(..=from).next_back().map_or(from, |(k, _)| *k);
         let keys: Vec<u64> = m.range(start..).rev().map(|(k, _)| *k).collect();
         let mut freed = false;
@@ -1294,6 +1383,20 @@ impl Fs {
     /// `stat`/`lstat`.
     pub fn stat(&self, cred: &Cred, path: &[u8], follow: bool) -> FsResult<Stat> {
         let ino = self.resolve(cred, path, follow)?;
+        Ok(self.stat_of(ino))
+    }
+
+    /// [`Fs::stat`], also listing in `seen` every inode the answer depended on, whatever it
+    /// is (an error too): each directory searched, each link followed, and the file.
+    pub fn stat_seen(
+        &self,
+        cred: &Cred,
+        path: &[u8],
+        follow: bool,
+        seen: &mut Vec<u64>,
+    ) -> FsResult<Stat> {
+        let (parts, slash) = Self::split(path)?;
+        let (ino, _) = self.walk_seen(cred, &parts, follow, slash, Some(seen))?;
         Ok(self.stat_of(ino))
     }
 
@@ -1738,6 +1841,7 @@ impl Fs {
     }
 
     fn add_extent(&mut self, ino: u64, fc: u64, dev: u64, n: u64) {
+        self.touched.insert(ino);
         let m = self.extents.entry(ino).or_default();
         // Grow the extent just before when it continues both in the file and on the array.
         if let Some((&pfc, px)) = m.range_mut(..fc).next_back() {
@@ -2122,6 +2226,11 @@ impl Fs {
             }
         }
         // Move the record: rewrite its slot with the new parent and name.
+        self.touched.insert(watch::name_key(sp.dir, &sname));
+        self.touched.insert(watch::name_key(dp.dir, &dname));
+        if src_dir {
+            self.touched.insert(watch::name_key(src, b".."));
+        }
         let (ino, slot) = self
             .dirs
             .get_mut(&sp.dir)
@@ -2169,6 +2278,7 @@ impl Fs {
         let m = self.inode_mut(ino);
         m.mode = (n.mode & S_IFMT) | bits;
         m.ctime = Time::now();
+        self.touched.insert(watch::search_key(ino));
         self.commit()
     }
 
@@ -2216,6 +2326,7 @@ impl Fs {
             }
         }
         m.ctime = Time::now();
+        self.touched.insert(watch::search_key(ino));
         self.commit()
     }
 

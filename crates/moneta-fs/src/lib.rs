@@ -12,6 +12,7 @@ pub mod journal;
 pub mod layout;
 pub mod repair;
 pub mod tables;
+pub mod watch;
 
 pub use fs::{
     file_id, mkfs, Cred, DirEntry, Fs, FsError, FsResult, Mapping, MountError, MountOptions,
@@ -20,6 +21,7 @@ pub use fs::{
 pub use journal::Durability;
 pub use layout::{FormatError, Geometry, MkfsOptions, Time};
 pub use tables::{Fix, Problem, Report, Severity};
+pub use watch::ChangeSink;
 
 use moneta_device::Media;
 

@@ -658,3 +658,79 @@ fn fsck_finds_a_directory_cycle_and_walks_a_deep_chain() {
     assert_eq!(unreachable, 2, "{:?}", out.before.problems);
     assert!(Fs::mount(a.clone() as Arc<dyn Media>).is_err());
 }
+
+/// Watches on what a stat depended on fire at the commit of any change to it, once.
+#[test]
+fn watches_fire_when_what_an_answer_depended_on_changes() {
+    #[derive(Default)]
+    struct Log(Mutex<Vec<(u32, u16)>>);
+    impl moneta_fs::ChangeSink for Log {
+        fn changed(&self, observer: u32, slot: u16) {
+            self.0.lock().unwrap().push((observer, slot));
+        }
+    }
+    let a = formatted(64 << 20);
+    let mut fs = mount(&a);
+    let log = Arc::new(Log::default());
+    fs.set_change_sink(log.clone());
+    let root = Cred::root();
+    fs.mkdir(&root, b"/d", 0o755).unwrap();
+    let f = fs.open(&root, b"/d/f", CREAT, 0o644).unwrap();
+    fs.close(f.ino).unwrap();
+    let fired = |log: &Log| std::mem::take(&mut *log.0.lock().unwrap());
+    let watch = |fs: &mut Fs, path: &[u8], slot: u16| {
+        let mut seen = Vec::new();
+        let r = fs.stat_seen(&root, path, true, &mut seen);
+        fs.watch(1, slot, &seen);
+        (r.map(|s| s.ino), seen)
+    };
+    // A path's answer depends on the search of the root and of the directory, the two names
+    // looked up, and the file reached.
+    let (ino, seen) = watch(&mut fs, b"/d/f", 7);
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    assert_eq!(ino.unwrap(), f.ino);
+    fired(&log);
+    // Another name added beside it changes neither: nothing fires.
+    let g = fs.open(&root, b"/d/g", CREAT, 0o644).unwrap();
+    fs.close(g.ino).unwrap();
+    assert!(fired(&log).is_empty());
+    // A change of the file fires it, once.
+    fs.chmod(&root, f.ino, 0o600).unwrap();
+    assert_eq!(fired(&log), [(1, 7)]);
+    fs.chmod(&root, f.ino, 0o600).unwrap();
+    assert!(fired(&log).is_empty(), "fired already");
+    // So does a change of who may search the directory.
+    watch(&mut fs, b"/d/f", 7).0.unwrap();
+    let d = fs.lookup(&root, b"/d", true).unwrap();
+    fs.chmod(&root, d, 0o700).unwrap();
+    assert_eq!(fired(&log), [(1, 7)]);
+    // And the name going.
+    watch(&mut fs, b"/d/f", 8).0.unwrap();
+    fs.unlink(&root, b"/d/f").unwrap();
+    assert!(fired(&log).contains(&(1, 8)));
+    // A missing name: its directory is watched, and creating the name fires it.
+    fs.unwatch(1);
+    let (missing, seen) = watch(&mut fs, b"/d/new", 9);
+    assert_eq!(missing.unwrap_err().errno, libc::ENOENT);
+    assert_eq!(seen.len(), 4, "two searches and two names: {seen:?}");
+    let n = fs.open(&root, b"/d/new", CREAT, 0o644).unwrap();
+    fs.close(n.ino).unwrap();
+    assert_eq!(fired(&log), [(1, 9)]);
+    // Growing a file changes its attributes.
+    fs.unwatch(1);
+    watch(&mut fs, b"/d/new", 3).0.unwrap();
+    let h = fs.open(&root, b"/d/new", RW, 0).unwrap();
+    fs.extend(h.ino, 0, 8192, 16).unwrap();
+    assert!(fired(&log).contains(&(1, 3)));
+    fs.close(h.ino).unwrap();
+    // A renamed directory fires what went through it; forgotten watches never fire.
+    watch(&mut fs, b"/d/g", 4).0.unwrap();
+    fs.unwatch(1);
+    fs.rename(&root, b"/d", b"/e", false).unwrap();
+    assert!(fired(&log).is_empty());
+    watch(&mut fs, b"/e/g", 5).0.unwrap();
+    fs.rename(&root, b"/e", b"/d", false).unwrap();
+    assert_eq!(fired(&log), [(1, 5)]);
+    fs.unwatch(1);
+    assert_eq!(fs.watch_count(), 0);
+}

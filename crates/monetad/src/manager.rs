@@ -383,13 +383,47 @@ fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -
 }
 
 /// The attributes of a target: an open handle of `s`, or a path looked up with `s`'s
-/// credentials.
-fn stat_target(fs: &Fs, s: &Session, target: &Target) -> Result<FsReply, Failure> {
+/// credentials. A connection with a channel may keep the answer (an error too): its
+/// change-board counter for the target is watched on every inode the answer depended on
+/// (docs/abi.md §3.7).
+fn stat_target(
+    fs: &mut Fs,
+    s: &Session,
+    channel: Option<u32>,
+    target: &Target,
+) -> Result<FsReply, Failure> {
+    let mut seen = Vec::new();
     let st = match target {
-        Target::Handle(h) => fs.stat_ino(Manager::handle(s, *h)?.ino),
-        Target::Path { path, follow } => fs.stat(&s.cred, path, *follow).map_err(failure)?,
+        Target::Handle(h) => Manager::handle(s, *h).map(|h| {
+            seen.push(h.ino);
+            fs.stat_ino(h.ino)
+        }),
+        Target::Path { path, follow } => fs
+            .stat_seen(&s.cred, path, *follow, &mut seen)
+            .map_err(failure),
     };
-    Ok(FsReply::Stat(wire_stat(&st)))
+    if let Some(channel) = channel {
+        fs.watch(channel, moneta_abi::change_slot(target) as u16, &seen);
+    }
+    Ok(FsReply::Stat(wire_stat(&st?)))
+}
+
+/// The change-board counters of the connection's channel: a client may keep the attributes
+/// an `OPEN` answered with as the answer to a `STAT` of the new handle.
+fn watch_opened(fs: &mut Fs, channel: Option<u32>, reply: &FsReply) {
+    if let (Some(channel), FsReply::Opened { handle, stat, .. }) = (channel, reply) {
+        let slot = moneta_abi::change_slot(&Target::Handle(*handle)) as u16;
+        fs.watch(channel, slot, &[stat.ino]);
+    }
+}
+
+/// Announces changes on the channels' change boards (docs/abi.md §3.7).
+pub(crate) struct Board(pub Arc<Device>);
+
+impl moneta_fs::ChangeSink for Board {
+    fn changed(&self, channel: u32, slot: u16) {
+        self.0.bump_change(channel, slot);
+    }
 }
 
 /// The removals of `channel`'s records of `ino`: they lie inside its extents, since they were
@@ -591,6 +625,17 @@ impl Manager {
                 message: format!("revocation failed: {e}"),
             })
         }));
+        // Clients keep answers about attributes while their change-board counters stay put.
+        fs.set_change_sink(Arc::new(Board(device.clone())));
+        // At the `device` level an fsync has nothing to make durable: clients answer it.
+        device.set_fs_flags(
+            moneta_abi::FS_CHANGE_BOARD
+                | if fs.durability() == moneta_fs::Durability::Device {
+                    moneta_abi::FS_FSYNC_IS_ORDER
+                } else {
+                    0
+                },
+        );
         let media = fs.media();
         let fs = Arc::new(Mutex::new(fs));
         let registry = Registry::default();
@@ -905,6 +950,8 @@ impl Manager {
     pub fn unpublish(&self, s: &mut Session) {
         if let Some((channel, r)) = s.published.take() {
             lock_registry(&r).remove(&channel);
+            // Another connection may get the id: it must not inherit these watches.
+            self.fs().unwatch(channel);
         }
     }
 
@@ -1167,11 +1214,11 @@ impl Manager {
                         "too many open files on this connection",
                     ));
                 }
-                let o = self
-                    .fs()
-                    .open(&cred, &path, flags as i32, mode)
-                    .map_err(failure)?;
-                Ok(Self::opened(s, &mut self.locks(), o))
+                let mut fs = self.fs();
+                let o = fs.open(&cred, &path, flags as i32, mode).map_err(failure)?;
+                let reply = Self::opened(s, &mut self.locks(), o);
+                watch_opened(&mut fs, channel, &reply);
+                Ok(reply)
             }
             FsRequest::Close { handle } => {
                 let h = Self::handle(s, handle)?;
@@ -1235,7 +1282,7 @@ impl Manager {
                 self.fsync(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
             }
-            FsRequest::Stat { target } => stat_target(&self.fs(), s, &target),
+            FsRequest::Stat { target } => stat_target(&mut self.fs(), s, channel, &target),
             FsRequest::Truncate { target, size } => {
                 let mut fs = self.fs();
                 let ino = match &target {

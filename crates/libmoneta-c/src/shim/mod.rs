@@ -238,9 +238,22 @@ extern "C" fn report_at_exit() {
         }
         _ => (0, 0, 0, String::new()),
     };
+    let calls: Vec<String> = libmoneta::calls_made()
+        .iter()
+        .map(|(n, c)| format!("{n} {c}"))
+        .collect();
+    let calls = if calls.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; file-system calls: {} ({} of the stats answered by what was kept)",
+            calls.join(", "),
+            libmoneta::stats_kept()
+        )
+    };
     let text = format!(
         "libmoneta report (pid {}): {} calls intercepted, {} opens, {} direct I/Os, {} bytes read, \
-         {} bytes written, {} soft misses, {} hard misses, {} extends{device}\n",
+         {} bytes written, {} soft misses, {} hard misses, {} extends{device}{calls}\n",
         std::process::id(),
         c.intercepted.load(Ordering::Relaxed),
         c.opens.load(Ordering::Relaxed),

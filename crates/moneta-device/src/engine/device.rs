@@ -131,8 +131,10 @@ impl Device {
             persistent,
             started: Instant::now(),
             thread: Mutex::new(Some(thread)),
-            headers: Mutex::new(std::collections::HashMap::new()),
+            headers: arc_swap::ArcSwap::from_pointee(std::collections::HashMap::new()),
+            headers_lock: Mutex::new(()),
             retired: AtomicU64::new(0),
+            fs_flags: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -198,12 +200,16 @@ impl Device {
             // The header again, for announcing retired pages beside the poller; it starts at
             // the count so far (under the lock, so no announcement is missed).
             let header = memmap2::MmapOptions::new().len(4096).map_raw(&memfd)?;
-            let mut headers = self.headers.lock().expect("headers lock");
-            header_of(&header)
-                .retired
+            let writers = self.headers_lock.lock().expect("headers lock");
+            let h = header_of(&header);
+            h.retired
                 .store(self.retired.load(Ordering::SeqCst), Ordering::SeqCst);
-            headers.insert(id, header);
-            drop(headers);
+            h.fs_flags
+                .store(self.fs_flags.load(Ordering::SeqCst), Ordering::SeqCst);
+            let mut headers = (**self.headers.load()).clone();
+            headers.insert(id, Arc::new(header));
+            self.headers.store(Arc::new(headers));
+            drop(writers);
             self.call(|ack| Control::AddChannel {
                 id,
                 mem: Box::new(mem),
@@ -236,7 +242,11 @@ impl Device {
     /// permission records, unmaps it. The id may be reused afterwards.
     pub fn close_channel(&self, id: u32) -> Result<(), DeviceError> {
         self.call(|ack| Control::RemoveChannel { id, ack })?;
-        self.headers.lock().expect("headers lock").remove(&id);
+        let writers = self.headers_lock.lock().expect("headers lock");
+        let mut headers = (**self.headers.load()).clone();
+        headers.remove(&id);
+        self.headers.store(Arc::new(headers));
+        drop(writers);
         self.free_ids.lock().expect("id pool lock").push_back(id);
         Ok(())
     }
@@ -248,17 +258,43 @@ impl Device {
     /// its process kept it away longer than that. A client's `in_place` word only delays this
     /// call, never past `wait`.
     pub fn retire_pages(&self, wait: Duration) {
-        let headers = self.headers.lock().expect("headers lock");
+        // The count and the channels together, so that a channel opening now starts from it.
+        let writers = self.headers_lock.lock().expect("headers lock");
+        let headers = self.headers.load_full();
         let n = self.retired.fetch_add(1, Ordering::SeqCst) + 1;
         for h in headers.values() {
             header_of(h).retired.store(n, Ordering::SeqCst);
         }
+        drop(writers);
         let deadline = Instant::now() + wait;
         for h in headers.values() {
             while header_of(h).in_place.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+
+    /// Something that an answer a client of channel `channel` may have kept depended on has
+    /// changed: its change-board counter `slot` goes up (docs/abi.md §3.7). Takes no lock; a
+    /// channel that has closed is passed over.
+    pub fn bump_change(&self, channel: u32, slot: u16) {
+        if let Some(h) = self.headers.load().get(&channel) {
+            let slot = usize::from(slot) % moneta_abi::CHANGE_SLOTS;
+            // SAFETY: the board lies inside the mapped header page (checked at compile time in
+            // moneta_abi), and holds only u64 atomics; the mapping lives as long as `h`.
+            let board = unsafe {
+                &*h.as_ptr()
+                    .add(moneta_abi::CHANGES_OFFSET)
+                    .cast::<[std::sync::atomic::AtomicU64; moneta_abi::CHANGE_SLOTS]>()
+            };
+            board[slot].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// What the headers of channels opened from now on say of the file system behind the
+    /// device (`fs_flags`, e.g. [`moneta_abi::FS_FSYNC_IS_ORDER`]).
+    pub fn set_fs_flags(&self, flags: u32) {
+        self.fs_flags.store(flags, Ordering::SeqCst);
     }
 
     /// Applies permission-table updates in order. Returns once they are in force and, for

@@ -305,10 +305,15 @@ pub struct Device {
     started: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Each open channel's header page, mapped again for the threads that announce retired
-    /// pages ([`Device::retire_pages`]) beside the poller.
-    headers: Mutex<std::collections::HashMap<u32, memmap2::MmapRaw>>,
+    /// pages ([`Device::retire_pages`]) and changes ([`Device::bump_change`]) beside the
+    /// poller: read without a lock (a change may be announced from the poller's own file
+    /// calls), replaced whole under `headers_lock` when a channel opens or closes.
+    headers: arc_swap::ArcSwap<std::collections::HashMap<u32, Arc<memmap2::MmapRaw>>>,
+    headers_lock: Mutex<()>,
     /// Pages retired so far ([`moneta_abi::ChannelHeader`]'s `retired`).
     retired: AtomicU64,
+    /// What new channels' headers say of the file system behind the device (`fs_flags`).
+    fs_flags: std::sync::atomic::AtomicU32,
 }
 
 const WAKER: u64 = u64::MAX;

@@ -200,7 +200,11 @@ impl Manager {
                     }
                 }
                 fs.open(&cred, &path, flags, mode)
-                    .map(|o| Self::opened(s, locks, o))
+                    .map(|o| {
+                        let reply = Self::opened(s, locks, o);
+                        watch_opened(fs, Some(channel), &reply);
+                        reply
+                    })
                     .map_err(failure)
             }
             FsRequest::Close { handle } => (|| {
@@ -265,7 +269,7 @@ impl Manager {
                     .and_then(|h| fs.fsync(h.ino).map_err(failure))
                     .map(|()| FsReply::Empty)
             }
-            FsRequest::Stat { target } => stat_target(fs, s, &target),
+            FsRequest::Stat { target } => stat_target(fs, s, Some(channel), &target),
             FsRequest::Statfs => Ok(statfs_reply(fs)),
             FsRequest::Unlink { path } => {
                 let held = self.hold_last_name(fs, &cred, &path);

@@ -1,0 +1,142 @@
+//! Answers about attributes kept by the client (docs/abi.md §3.7): a `stat` (of a path or a
+//! handle, an error too) and the attributes an `open` answered with are given again without a
+//! call while the channel's change-board counter keeps its value, and never after another
+//! process changed what they depended on. `fsync` at the `device` level is answered by the
+//! client.
+
+mod common;
+
+use common::*;
+use libmoneta::{ClientError, Moneta, OpenOptions};
+
+fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
+    r.expect_err("the call should fail").errno()
+}
+
+/// The daemon's `fs_calls` and `fs_calls_referred` together: the file-system calls it saw
+/// through channels.
+fn calls(d: &Daemon) -> u64 {
+    let s = d.control().status().unwrap();
+    s.fs_calls + s.fs_calls_referred
+}
+
+#[test]
+fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    a.mkdir("/dir", 0o755).unwrap();
+    let f = a.open("/dir/f", &rw()).unwrap();
+    f.write_at(b"12345", 0).unwrap();
+    // Asked once, then kept: the second stat makes no call.
+    assert_eq!(a.stat("/dir/f").unwrap().size, 5);
+    assert_eq!(f.stat().unwrap().size, 5);
+    let before = calls(&d);
+    let kept = libmoneta::stats_kept();
+    assert_eq!(a.stat("/dir/f").unwrap().size, 5);
+    assert_eq!(f.stat().unwrap().size, 5);
+    assert_eq!(calls(&d), before, "kept answers make no call");
+    assert!(libmoneta::stats_kept() >= kept + 2);
+    // A file made beside it changes nothing the answer depended on: still kept.
+    b.open("/dir/g", &rw()).unwrap();
+    let before = calls(&d);
+    assert_eq!(a.stat("/dir/f").unwrap().size, 5);
+    assert_eq!(calls(&d), before);
+    // Another process grows it: both answers are asked again, and are new.
+    let g = b.open("/dir/f", &rw()).unwrap();
+    g.write_at(b"more bytes", 5).unwrap();
+    assert_eq!(a.stat("/dir/f").unwrap().size, 15);
+    assert_eq!(f.stat().unwrap().size, 15);
+    // Its mode, from another process.
+    b.chmod("/dir/f", 0o600).unwrap();
+    assert_eq!(a.stat("/dir/f").unwrap().mode & 0o777, 0o600);
+    assert_eq!(f.stat().unwrap().mode & 0o777, 0o600);
+    // A name that is missing is kept missing until another process makes it.
+    assert_eq!(errno_of(a.stat("/dir/new")), libc::ENOENT);
+    assert_eq!(errno_of(a.stat("/dir/new")), libc::ENOENT);
+    b.open("/dir/new", &rw()).unwrap();
+    assert_eq!(a.stat("/dir/new").unwrap().size, 0);
+    // Renames: the old name goes, the new one comes, through a renamed directory too.
+    b.rename("/dir/new", "/dir/newer", false).unwrap();
+    assert_eq!(errno_of(a.stat("/dir/new")), libc::ENOENT);
+    assert_eq!(a.stat("/dir/newer").unwrap().size, 0);
+    b.rename("/dir", "/moved", false).unwrap();
+    assert_eq!(errno_of(a.stat("/dir/f")), libc::ENOENT);
+    assert_eq!(a.stat("/moved/f").unwrap().size, 15);
+    // Who may search a directory on the way.
+    b.mkdir("/moved/private", 0o755).unwrap();
+    b.open("/moved/private/x", &rw()).unwrap();
+    a.stat("/moved/private/x").unwrap();
+    b.chmod("/moved/private", 0o700).unwrap();
+    // Root passes the mode; the answer is asked again all the same (the counter moved).
+    let before = calls(&d);
+    a.stat("/moved/private/x").unwrap();
+    assert_eq!(calls(&d), before + 1);
+    // Unlinked by another: gone.
+    b.unlink("/moved/newer").unwrap();
+    assert_eq!(errno_of(a.stat("/moved/newer")), libc::ENOENT);
+}
+
+#[test]
+fn a_handle_answers_from_its_open_and_not_once_closed() {
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let f = a.open("/f", &rw()).unwrap();
+    // The attributes the open answered with are the first stat's answer.
+    let before = calls(&d);
+    assert_eq!(f.stat().unwrap().size, 0);
+    assert_eq!(calls(&d), before);
+    // Its own growth is seen at once (the extend moved the counter).
+    f.write_at(&[7u8; 10_000], 0).unwrap();
+    assert_eq!(f.stat().unwrap().size, 10_000);
+    f.set_len(3).unwrap();
+    assert_eq!(f.stat().unwrap().size, 3);
+    // fsync at the device level (a volatile array) is answered here.
+    let before = calls(&d);
+    f.sync_all().unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(calls(&d), before);
+    let handle = f.handle();
+    drop(f);
+    // A closed handle's answer is not kept: the daemon says it is gone.
+    let ch = a.channel();
+    let r = ch.fs(moneta_abi::fsproto::FsRequest::Stat {
+        target: moneta_abi::fsproto::Target::Handle(handle),
+    });
+    assert_eq!(errno_of(r), libc::EBADF);
+}
+
+#[test]
+fn fsync_at_the_host_level_is_still_a_call() {
+    let dir = TempDir::new("hostlevel");
+    let img = dir.0.join("device.img").display().to_string();
+    let d = Daemon::start_raw(
+        &[
+            "--device",
+            img.as_str(),
+            "--size",
+            "64M",
+            "--durability",
+            "host",
+        ],
+        dir,
+    );
+    let a = Moneta::connect(&d.socket).unwrap();
+    let f = a.open("/f", &rw()).unwrap();
+    f.write_at(b"x", 0).unwrap();
+    let before = d.control().status().unwrap();
+    f.sync_all().unwrap();
+    let after = d.control().status().unwrap();
+    // At the host level fsync flushes: a call, through the channel or the socket.
+    assert!(
+        after.fs_calls + after.fs_calls_referred > before.fs_calls + before.fs_calls_referred
+            || after.flushes > before.flushes,
+        "{before:?} {after:?}"
+    );
+}
