@@ -148,9 +148,9 @@ impl Channel {
         }
     }
 
-    /// Asks the daemon: through the channel when the device may answer there, on the
-    /// socket otherwise.
-    fn ask(&self, req: FsRequest) -> Result<FsReply, ClientError> {
+    /// Asks the daemon, whatever was kept: through the channel when the device may answer
+    /// there, on the socket otherwise.
+    pub fn ask(&self, req: FsRequest) -> Result<FsReply, ClientError> {
         if req.on_channel() && enabled() {
             if let Some(r) = self.fs_on_channel(&req) {
                 return r;

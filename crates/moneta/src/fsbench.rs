@@ -7,11 +7,13 @@
 //!   `soft-miss+read` adds the first 512-byte read through the channel.
 //! - `soft-miss-socket`: the same first lookup as `FS_LOOKUP` on the control socket alone.
 //! - `lookup-again`: the channel lookup when the record is already there.
-//! - The calls, each made through the channel (`nvfs`: `OP_FS`, as libmoneta makes them) and
-//!   on the control socket alone (`nvfs-socket`), against the kernel's on tmpfs: `fstat` (of
+//! - The calls, each asked of the device through the channel (`nvfs`: `OP_FS`) and on the
+//!   control socket alone (`nvfs-socket`), against the kernel's on tmpfs: `fstat` (of
 //!   a handle), `stat` (by path, two directories deep), `create` (open with `O_CREAT |
 //!   O_EXCL`, then close), `rename`, `unlink`, `lock-unlock` (a POSIX write lock on the whole
 //!   file, set and removed), `write-fsync` (fsync after a 4 KiB write through the channel).
+//! - `nvfs-kept`: `fstat` and `stat` as libmoneta makes them when nothing changed since it
+//!   last asked: answered from what it kept (docs/abi.md §3.7).
 //! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
 //!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
@@ -199,7 +201,8 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     .map_err(err)?;
     // The calls, through the channel (as libmoneta makes them) and on the socket alone.
     let n = (files / 2).clamp(100, 5_000);
-    let fast = |r: FsRequest| ch.fs(r);
+    // Every call asked of the device (`Channel::ask`): what the device costs.
+    let fast = |r: FsRequest| ch.ask(r);
     let slow = |r: FsRequest| c.fs(r);
     out.extend(calls("nvfs", "c", &fast, &ch, n)?);
     out.extend(calls("nvfs-socket", "s", &slow, &ch, n)?);
@@ -211,6 +214,7 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
         ..record("nvfs", "channel-calls", Vec::new(), 0.0)
     });
     out.last_mut().expect("pushed").ops = st.fs_calls;
+    out.extend(kept_stats(&ch, n)?);
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
     out.extend(kernel_calls(&kdir, n).map_err(err)?);
@@ -282,6 +286,44 @@ fn call_records(path: &'static str, times: [Vec<u64>; 7]) -> Vec<FsRecord> {
         .zip(times)
         .map(|(op, ns)| record(path, op, ns, 0.0))
         .collect()
+}
+
+/// `fstat` and `stat` as libmoneta makes them (`Channel::fs`): answered from what was kept
+/// while nothing they depended on changes (docs/abi.md §3.7), as here. Records `nvfs-kept`.
+fn kept_stats(ch: &Channel, n: usize) -> Result<Vec<FsRecord>, String> {
+    let path = b"/d1/d2/kept".to_vec();
+    let h = opened(
+        ch.fs(open_req(
+            String::from_utf8_lossy(&path).into_owned(),
+            libc::O_CREAT | libc::O_RDWR,
+        ))
+        .map_err(err)?,
+    )?;
+    let (mut fst, mut st) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let (r, ns) = timed(|| {
+            ch.fs(FsRequest::Stat {
+                target: Target::Handle(h),
+            })
+        });
+        r.map_err(err)?;
+        fst.push(ns);
+        let (r, ns) = timed(|| {
+            ch.fs(FsRequest::Stat {
+                target: Target::Path {
+                    path: path.clone(),
+                    follow: true,
+                },
+            })
+        });
+        r.map_err(err)?;
+        st.push(ns);
+    }
+    ch.fs(FsRequest::Close { handle: h }).map_err(err)?;
+    Ok(vec![
+        record("nvfs-kept", "fstat", fst, 0.0),
+        record("nvfs-kept", "stat", st, 0.0),
+    ])
 }
 
 /// A file-system call made one way or another.
