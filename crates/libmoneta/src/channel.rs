@@ -601,14 +601,16 @@ impl Channel {
                         .is_multiple_of(SPIN_PROBE_EVERY);
                 if try_spin && self.spinners.fetch_add(1, Ordering::Relaxed) < self.max_spinners {
                     let mut spins = 0u32;
+                    let began = std::time::Instant::now();
                     let done = loop {
                         if st.state.load(Ordering::Acquire) == want {
                             break true;
                         }
-                        if spins == SPINS_BEFORE_SLEEP {
+                        spins = spins.wrapping_add(1);
+                        if spins.is_multiple_of(SPINS_PER_CLOCK) && began.elapsed() >= SPIN_BEFORE_SLEEP
+                        {
                             break false;
                         }
-                        spins += 1;
                         std::hint::spin_loop();
                     };
                     self.spinners.fetch_sub(1, Ordering::Relaxed);
@@ -916,15 +918,21 @@ impl Drop for Channel {
     }
 }
 
-/// Spins before a DMA completion wait sleeps until the device wakes it (about 6 µs of
-/// `pause`): longer than the device takes for a command of a DMA slice when it is not queued
-/// behind others, and short enough that a device poller the scheduler woke onto this CPU (by
-/// this thread's kick: a wakee is placed near its waker) gets the CPU soon. The wait does not
-/// offer the CPU with `sched_yield` instead: each yield puts the thread behind every other
-/// runnable thread of the process (the fair scheduler moves its deadline a time slice
-/// later), so with more threads than CPUs a spinner that yielded saw its completion 6-21 ms
-/// after the device had published it.
-const SPINS_BEFORE_SLEEP: u32 = 256;
+/// How long a DMA completion wait spins before it sleeps until the device wakes it: longer
+/// than the device takes for a command of a DMA slice when it is not queued behind others,
+/// the array model's time included (a 4 KiB read of the `pcm` model and the channel's round
+/// trip take about 6 µs), and short enough that a device poller the scheduler woke onto this
+/// CPU (by this thread's kick: a wakee is placed near its waker) gets the CPU soon. A time,
+/// not a count of `pause` instructions: one `pause` takes 15 ns on some processors and 40 on
+/// others, and a count tuned on one made waits of 4.2 µs sleep on another, paying a wake-up
+/// of 20-25 µs. The wait does not offer the CPU with `sched_yield` instead: each yield puts
+/// the thread behind every other runnable thread of the process (the fair scheduler moves its
+/// deadline a time slice later), so with more threads than CPUs a spinner that yielded saw
+/// its completion 6-21 ms after the device had published it.
+const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(10);
+
+/// Spins between two looks at the clock while waiting ([`SPIN_BEFORE_SLEEP`]).
+const SPINS_PER_CLOCK: u32 = 32;
 
 /// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
 /// in a sleep halves it, and at 0 threads sleep at once (four fruitless spins in a row).
