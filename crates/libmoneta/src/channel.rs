@@ -607,7 +607,9 @@ impl Channel {
                             break true;
                         }
                         spins = spins.wrapping_add(1);
-                        if spins.is_multiple_of(SPINS_PER_CLOCK) && began.elapsed() >= SPIN_BEFORE_SLEEP
+                        if spins.is_multiple_of(SPINS_PER_CLOCK)
+                            && began.elapsed() >= SPIN_BEFORE_SLEEP
+                            && !ends_soon(st, want)
                         {
                             break false;
                         }
@@ -933,6 +935,27 @@ const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(
 
 /// Spins between two looks at the clock while waiting ([`SPIN_BEFORE_SLEEP`]).
 const SPINS_PER_CLOCK: u32 = 32;
+
+/// A wait past [`SPIN_BEFORE_SLEEP`] goes on spinning while the device has said the command
+/// completes within this long (an array model's completion time, the tag's `eta_ns`): a
+/// sleep would be seen only after a wake-up, which on a virtual machine costs tens of
+/// microseconds, and the emulated device's latency is what the client came to see.
+const ETA_SPIN_MAX_NS: u64 = 2_000_000;
+
+/// How long past the time the device gave a wait still spins before it sleeps.
+const ETA_SLACK_NS: u64 = 50_000;
+
+/// Whether the device said that the command `want` of this tag completes soon
+/// ([`ETA_SPIN_MAX_NS`]), and it is not yet long past that time.
+fn ends_soon(st: &moneta_abi::TagStatus, want: u32) -> bool {
+    if st.eta_seq.load(Ordering::Acquire) != want {
+        return false;
+    }
+    let eta = st.eta_ns.load(Ordering::Relaxed);
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let now = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
+    now < eta.saturating_add(ETA_SLACK_NS) && eta.saturating_sub(now) <= ETA_SPIN_MAX_NS
+}
 
 /// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
 /// in a sleep halves it, and at 0 threads sleep at once (four fruitless spins in a row).

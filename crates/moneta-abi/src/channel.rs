@@ -217,16 +217,21 @@ pub struct TagStatus {
     /// Client-written: non-zero while a thread sleeps on `state` (issue-sleep), so the device
     /// makes a wake-up system call only when someone sleeps.
     pub waiter: AtomicU32,
-    /// Reserved, zero.
-    pub reserved: AtomicU32,
+    /// Device-written: the sequence number of the command whose completion time
+    /// [`TagStatus::eta_ns`] holds.
+    pub eta_seq: AtomicU32,
     /// The command's cookie, echoed.
     pub cookie: AtomicU64,
     /// Bytes moved.
     pub bytes: AtomicU64,
     /// Nanoseconds the device spent on the request, from intake to completion.
     pub device_ns: AtomicU64,
+    /// Device-written, under an array model: when the command `eta_seq` names will complete,
+    /// as the model decided it (`CLOCK_MONOTONIC`, ns), so that a client may spin until then
+    /// rather than sleep and pay a wake-up after it. Written before `eta_seq`.
+    pub eta_ns: AtomicU64,
     /// Padding to the end of the cache line.
-    pub pad: [AtomicU64; 3],
+    pub pad: [AtomicU64; 2],
 }
 
 /// A tag's command and status, each on its own cache line.
@@ -247,7 +252,8 @@ const _: () = {
     assert!(offset_of!(TagStatus, state) == 0);
     assert!(offset_of!(TagStatus, result) == 4);
     assert!(offset_of!(TagStatus, waiter) == 8);
-    assert!(offset_of!(TagStatus, reserved) == 12);
+    assert!(offset_of!(TagStatus, eta_seq) == 12);
+    assert!(offset_of!(TagStatus, eta_ns) == 40);
     assert!(offset_of!(TagStatus, cookie) == 16);
     assert!(offset_of!(TagStatus, bytes) == 24);
     assert!(offset_of!(TagStatus, device_ns) == 32);

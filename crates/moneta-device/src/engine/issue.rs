@@ -149,6 +149,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 // client sees beyond an unmodelled device is the model's time.
                 let t = self.clock.now_ns();
                 model.submit(&mut self.sched, issued, reach, t);
+                self.publish_etas();
                 return;
             }
         }
@@ -165,6 +166,41 @@ impl<M: Media, C: Clock> Poller<M, C> {
             self.finish(issued);
         } else {
             self.sched.issue(ready, issued);
+        }
+    }
+
+    /// Tells the clients waiting for DMA completions of requests whose completion time the
+    /// model has just decided when that will be (the tag's `eta_ns`, in `CLOCK_MONOTONIC`
+    /// ns), so that they may spin until then rather than sleep and pay a wake-up after it.
+    pub(super) fn publish_etas(&mut self) {
+        let Some(model) = self.model.as_mut() else {
+            return;
+        };
+        if model.decided.is_empty() {
+            return;
+        }
+        let mut decided = std::mem::take(&mut model.decided);
+        let mono = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let mono_ns = mono.tv_sec as u64 * 1_000_000_000 + mono.tv_nsec as u64;
+        let offset = mono_ns as i128 - i128::from(self.clock.now_ns());
+        for &(seq, done) in &decided {
+            let Some(r) = self.sched.find(seq) else {
+                continue;
+            };
+            if r.cmd.completion != moneta_abi::Completion::Dma {
+                continue;
+            }
+            let Some(ch) = self.channels[r.channel as usize].as_ref() else {
+                continue;
+            };
+            let st = &ch.mem.slot(r.tag as usize).status;
+            st.eta_ns
+                .store((i128::from(done) + offset).max(0) as u64, Ordering::Relaxed);
+            st.eta_seq.store(r.cmd.seq, Ordering::Release);
+        }
+        decided.clear();
+        if let Some(model) = self.model.as_mut() {
+            model.decided = decided;
         }
     }
 
@@ -189,6 +225,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if let Some(model) = self.model.as_mut() {
             let t = self.clock.now_ns();
             model.hint(&mut self.sched, cmd.addr, cmd.len, t);
+            self.publish_etas();
         }
         self.media.will_need(cmd.addr, cmd.len);
         self.local.hints += 1;
@@ -315,6 +352,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.sched.issue_reserved(UNDECIDED, m.seq, issued);
                 let t = self.clock.now_ns();
                 model.submit_issued(&mut self.sched, m.seq, reach, t);
+                self.publish_etas();
                 continue;
             }
             let ready = now
@@ -362,6 +400,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 model.advance(&mut self.sched, now);
             }
         }
+        self.publish_etas();
         let mut done = std::mem::take(&mut self.done);
         let model = &mut self.model;
         self.sched.complete_ready(now, |ready, r| {

@@ -19,6 +19,8 @@ pub(crate) struct Timed {
     next_ns: Option<u64>,
     /// How far behind the model's times the device published completions.
     late: Lateness,
+    /// Completion times decided since the device last looked: (scheduler seq, ns).
+    pub(super) decided: Vec<(u64, u64)>,
 }
 
 /// Completions published after the time the model gave them: the emulator falling behind the
@@ -44,6 +46,7 @@ impl Timed {
             model,
             next_ns: None,
             late: Lateness::default(),
+            decided: Vec::new(),
         }
     }
 
@@ -103,8 +106,10 @@ impl Timed {
     /// Lets the model decide what it can at `now_ns`, and gives the scheduler the completion
     /// times it decided.
     pub(super) fn advance(&mut self, sched: &mut Scheduler<Issued>, now_ns: u64) {
+        let decided = &mut self.decided;
         self.model.advance(now_ns, |seq, done| {
             sched.set_ready(seq, done);
+            decided.push((seq, done));
         });
         self.next_ns = self.model.next_event_ns();
     }
