@@ -23,6 +23,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
         self.retag.release(r.phys);
         if let Some(ch) = self.channels[r.channel as usize].as_mut() {
             ch.in_flight &= !(1u64 << r.tag);
+            // A channel is quiet from its last completion on, not from its last doorbell: a
+            // request that the array model kept longer than `park_after` must not get its
+            // channel parked the moment it completes, so that the client's next request
+            // (rung at once) waits for a kick and a wake-up.
+            ch.last_active = ch.last_active.max(self.now);
         }
         self.epoch_done(r.channel);
         self.publish_completion(
