@@ -52,9 +52,9 @@ pub const OP_FS: u16 = 5;
 /// to the DRAM buffer in front of the array). Words 1-2: array range (at least 1 byte), which
 /// needs records with the read right, as a read (and the file tag in word 4, as a read). No
 /// data moves and the DMA buffer is not used. Under an array model with a DRAM buffer the
-/// device starts filling the buffer with the range's lines (at most as many as it holds); on
-/// a persistent array it asks the host to read the range's pages in. It completes as soon as
-/// it is checked, without waiting for either.
+/// device starts filling the buffer with the range's first 64 lines; on a persistent array it
+/// asks the host to read the range's first 256 KiB in. It completes as soon as it is checked,
+/// without waiting for either.
 pub const OP_WILLNEED: u16 = 6;
 
 /// Bytes of a [`OP_LOOKUP`] answer's header in the DMA slice.

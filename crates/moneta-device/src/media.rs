@@ -644,7 +644,7 @@ impl Media for MappedArray {
 }
 
 /// Most bytes one hint asks the host to read in (a larger hint asks for its start).
-const WILL_NEED_MAX: u64 = 64 << 20;
+const WILL_NEED_MAX: u64 = 256 << 10;
 
 impl MappedArray {
     /// Maps `len` bytes of `fd` from `off` over the array's pages at `addr`, in place.

@@ -20,6 +20,10 @@ const STEP: usize = 16 << 20;
 /// Hint commands in flight at once (each on a tag of its own).
 const IN_FLIGHT: usize = 16;
 
+/// Most bytes one hint command names: what the device acts on of one (256 KiB: 64 lines of
+/// the model's buffer in 4 KiB lines, and the pages a persistent array reads in at once).
+const RUN_MAX: u64 = 256 << 10;
+
 /// One hint command: the file offset it starts at, and its array range and layout tag.
 #[derive(Clone, Copy)]
 struct Run {
@@ -63,7 +67,8 @@ impl File {
     }
 
     /// The commands that hint `ranges`: their planned segments (at most a DMA slice each),
-    /// joined where they follow one another in the array, since a hint needs no DMA buffer.
+    /// joined where they follow one another in the array (a hint needs no DMA buffer), up to
+    /// [`RUN_MAX`] bytes a command.
     fn hint_plan(
         &self,
         ranges: &[(u64, u64)],
@@ -86,7 +91,11 @@ impl File {
                 }
                 for s in &p.segs {
                     match runs.last_mut() {
-                        Some(r) if r.dev + r.len == s.dev && r.file == s.file => {
+                        Some(r)
+                            if r.dev + r.len == s.dev
+                                && r.file == s.file
+                                && r.len + s.len as u64 <= RUN_MAX =>
+                        {
                             r.len += s.len as u64;
                         }
                         _ => runs.push(Run {

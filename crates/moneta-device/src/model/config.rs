@@ -355,9 +355,9 @@ impl ModelConfig {
                 self.buffer_line, self.buffer
             ));
         }
-        if self.readahead > 1 << 30 {
+        if self.readahead > 4 << 20 {
             return Err(format!(
-                "model: readahead must be at most 1 GiB, not {}",
+                "model: readahead must be at most 4 MiB, not {}",
                 self.readahead
             ));
         }

@@ -43,6 +43,11 @@ use wear::{Rows, WearFile};
 /// Picoseconds per nanosecond.
 const PS: u64 = 1000;
 
+/// Most lines one hint fills ([`Model::hint`]): the device's poller works through a hint in
+/// one go, as it moves at most a piece of a large request per pass, so a channel ringing
+/// hints on every tag cannot hold the others up for long.
+pub const HINT_LINES: u64 = 64;
+
 /// A request for the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Submit {
@@ -1084,9 +1089,9 @@ impl Model {
     }
 
     /// A client's hint that `[addr, addr + len)` will be read soon, arriving at `now_ns`: the
-    /// lines of the range not in the buffer are filled from the array (at most as many as the
-    /// buffer holds, from the range's start); those in it become recent. Without a buffer
-    /// the hint has nothing to fill.
+    /// lines of the range not in the buffer are filled from the array (at most
+    /// [`HINT_LINES`] of them, and at most as many as the buffer holds, from the range's
+    /// start); those in it become recent. Without a buffer the hint has nothing to fill.
     pub fn hint(&mut self, addr: u64, len: u64, now_ns: u64) {
         let Some(buf) = self.buffer.as_ref() else {
             return;
@@ -1094,7 +1099,7 @@ impl Model {
         let t = (now_ns * PS).max(self.clock);
         self.now = self.now.max(now_ns * PS);
         self.origin.get_or_insert(t);
-        let most = buf.capacity() as u64 * self.cfg.buffer_line;
+        let most = (buf.capacity() as u64).min(HINT_LINES) * self.cfg.buffer_line;
         let end = addr.saturating_add(len.min(most)).min(self.size);
         if end > addr {
             // What it books can change when the next transfer issues.

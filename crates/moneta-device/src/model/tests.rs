@@ -458,11 +458,21 @@ fn a_hint_fills_the_buffer_ahead_of_the_read() {
     let mut m = Model::new(plain(Policy::Fifo), 1 << 30, 1).unwrap();
     m.hint(0, 8192, 0);
     assert_eq!(serial(&mut m, 5_000, &[(0, 4096, 0)]), [9144]);
-    // A hint fills at most the buffer (256 lines of 1 MiB), from its start.
+    // A hint fills at most HINT_LINES lines from its start, and no more than the buffer
+    // holds (4 lines of 16 KiB here).
     let mut m = Model::new(buffered(0), 1 << 30, 1).unwrap();
     m.hint(0, 64 << 20, 0);
     let b = m.stats(0).buffer.unwrap();
-    assert_eq!((b.hinted_lines, b.lines, b.evictions), (256, 256, 0));
+    assert_eq!(
+        (b.hinted_lines, b.lines, b.evictions),
+        (HINT_LINES, HINT_LINES, 0)
+    );
+    let mut small = buffered(0);
+    small.buffer = 16 << 10;
+    let mut m = Model::new(small, 1 << 30, 1).unwrap();
+    m.hint(0, 64 << 20, 0);
+    let b = m.stats(0).buffer.unwrap();
+    assert_eq!((b.hinted_lines, b.lines, b.evictions), (4, 4, 0));
 }
 
 #[test]
