@@ -14,7 +14,7 @@
 //! Watches are bounded per observer: the oldest one goes when an observer has too many, and
 //! it fires as it goes, so what depended on it is asked again rather than trusted forever.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Where fired watches go: `(observer, slot)` once for each.
 pub trait ChangeSink: Send + Sync {
@@ -50,8 +50,9 @@ pub(crate) fn name_key(dir: u64, name: &[u8]) -> u64 {
 /// The watches of every observer.
 #[derive(Default)]
 pub(crate) struct Watches {
-    /// Per inode: the (observer, slot) pairs watching it.
-    by_ino: HashMap<u64, Vec<(u32, u16)>>,
+    /// Per inode: the (observer, slot) pairs watching it (a set: the root's search is watched
+    /// by every path any client asked about).
+    by_ino: HashMap<u64, HashSet<(u32, u16)>>,
     /// Per observer: its watches, oldest first (some may have fired already).
     by_observer: HashMap<u32, VecDeque<(u64, u16)>>,
 }
@@ -66,11 +67,9 @@ impl Watches {
         sink: Option<&dyn ChangeSink>,
     ) {
         for &ino in inos {
-            let on = self.by_ino.entry(ino).or_default();
-            if on.contains(&(observer, slot)) {
+            if !self.by_ino.entry(ino).or_default().insert((observer, slot)) {
                 continue;
             }
-            on.push((observer, slot));
             let mine = self.by_observer.entry(observer).or_default();
             mine.push_back((ino, slot));
             if mine.len() > MAX_WATCHES {
@@ -89,9 +88,7 @@ impl Watches {
         let Some(on) = self.by_ino.get_mut(&ino) else {
             return false;
         };
-        let before = on.len();
-        on.retain(|&w| w != (observer, slot));
-        let removed = on.len() != before;
+        let removed = on.remove(&(observer, slot));
         if on.is_empty() {
             self.by_ino.remove(&ino);
         }
@@ -119,7 +116,7 @@ impl Watches {
 
     /// Watches held, all observers together.
     pub(crate) fn len(&self) -> usize {
-        self.by_ino.values().map(Vec::len).sum()
+        self.by_ino.values().map(HashSet::len).sum()
     }
 }
 
