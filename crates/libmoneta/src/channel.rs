@@ -15,7 +15,6 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use moneta_abi::control::ChannelInfo;
 use moneta_abi::fsproto::FsExtent;
@@ -31,7 +30,10 @@ use crate::ClientError;
 
 pub(crate) mod attrs;
 mod tags;
+mod wait;
+
 use tags::{Tags, Turn, Waiter};
+use wait::SPIN_SCORE_MAX;
 
 /// How a completed command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,9 +49,6 @@ pub struct Completed {
 /// A virtual tag held by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tag(pub u8);
-
-/// How long a waiter spins before it checks that the daemon is still there.
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(200);
 
 /// A process's channel to the device.
 pub struct Channel {
@@ -541,194 +540,6 @@ impl Channel {
         }
     }
 
-    /// Non-blocking check of `tag`; for forwarding it also harvests the tag status register.
-    pub fn poll(&self, tag: Tag, mode: Completion) -> Option<Completed> {
-        if mode == Completion::Forward {
-            self.harvest();
-        }
-        let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
-        if self.slot(tag).status.state.load(Ordering::Acquire) == want {
-            Some(self.take_completion(tag))
-        } else {
-            None
-        }
-    }
-
-    /// Waits for `tag`'s command to complete, in the way `mode` says.
-    pub fn wait(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
-        let st = &self.slot(tag).status;
-        let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
-        match mode {
-            Completion::Dma => {
-                // The only command in flight on the channel (one tag taken, no thread queued
-                // for one): no other thread of the process waits on it for the CPU this one
-                // would give up, and a sleep and a wake-up cost ten times what the device
-                // takes for most commands (a file call that commits, a 64 KiB copy), so it
-                // spins, offering the core now and then, until the completion comes.
-                if self.spinners.fetch_add(1, Ordering::Relaxed) == 0
-                    && self.tags.free_mask().count_ones() == TAGS_PER_CHANNEL as u32 - 1
-                    && !self.tags.waiting()
-                {
-                    let mut spins = 0u32;
-                    let mut since = None;
-                    let r = loop {
-                        if st.state.load(Ordering::Acquire) == want {
-                            break Ok(());
-                        }
-                        spins = spin_once(spins);
-                        if spins.is_multiple_of(4096) {
-                            if let Err(e) = self.check_alive(&mut since) {
-                                break Err(e);
-                            }
-                        }
-                    };
-                    self.spinners.fetch_sub(1, Ordering::Relaxed);
-                    r?;
-                    return Ok(self.take_completion(tag));
-                }
-                self.spinners.fetch_sub(1, Ordering::Relaxed);
-                // Spinning threads beyond the CPUs there are only take turns with each other
-                // and with the device's poller, which on a machine with few CPUs is what
-                // they wait for: past the limit, a thread sleeps at once (the device wakes a
-                // sleeper of a DMA completion too). A spin that ends in a sleep anyway only
-                // takes a CPU from the threads with work to do, so once spins have stopped
-                // paying the threads sleep at once, trying a spin again now and then.
-                let score = self.spin_score.load(Ordering::Relaxed);
-                let try_spin = score > 0
-                    || self
-                        .spin_probe
-                        .fetch_add(1, Ordering::Relaxed)
-                        .is_multiple_of(SPIN_PROBE_EVERY);
-                if try_spin && self.spinners.fetch_add(1, Ordering::Relaxed) < self.max_spinners {
-                    let mut spins = 0u32;
-                    let began = std::time::Instant::now();
-                    let done = loop {
-                        if st.state.load(Ordering::Acquire) == want {
-                            break true;
-                        }
-                        spins = spins.wrapping_add(1);
-                        if spins.is_multiple_of(SPINS_PER_CLOCK)
-                            && began.elapsed() >= SPIN_BEFORE_SLEEP
-                            && !ends_soon(st, want)
-                        {
-                            break false;
-                        }
-                        std::hint::spin_loop();
-                    };
-                    self.spinners.fetch_sub(1, Ordering::Relaxed);
-                    if done {
-                        if score != SPIN_SCORE_MAX {
-                            self.spin_score.store(SPIN_SCORE_MAX, Ordering::Relaxed);
-                        }
-                        return Ok(self.take_completion(tag));
-                    }
-                    self.spin_score.store(score / 2, Ordering::Relaxed);
-                } else if try_spin {
-                    self.spinners.fetch_sub(1, Ordering::Relaxed);
-                }
-                self.sleep_until(tag, want)?;
-            }
-            Completion::Forward => {
-                let count = &self.header().completion_count;
-                let mut seen = u64::MAX;
-                let mut spins = 0u32;
-                let mut since = None;
-                loop {
-                    let c = count.load(Ordering::Acquire);
-                    if c != seen {
-                        seen = c;
-                        self.harvest();
-                    }
-                    if st.state.load(Ordering::Acquire) == want {
-                        break;
-                    }
-                    spins = spin_once(spins);
-                    if spins.is_multiple_of(4096) {
-                        self.check_alive(&mut since)?;
-                    }
-                }
-            }
-            Completion::Sleep => self.sleep_until(tag, want)?,
-        }
-        Ok(self.take_completion(tag))
-    }
-
-    /// Sleeps on `tag`'s status word until it shows `want` (issue-sleep, §7.3 of the ABI).
-    fn sleep_until(&self, tag: Tag, want: u32) -> Result<(), ClientError> {
-        let st = &self.slot(tag).status;
-        // A count rather than a flag: a thread waiting for a tag may sleep on this command too
-        // (see `Channel::tag`), and neither may clear the other's mark.
-        st.waiter.fetch_add(1, Ordering::SeqCst);
-        let timeout = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        };
-        let mut since = None;
-        // Pairs with the device's store of `state` before it reads the waiter flag.
-        loop {
-            let now = st.state.load(Ordering::SeqCst);
-            if now == want {
-                break;
-            }
-            match rustix::thread::futex::wait(
-                &st.state,
-                rustix::thread::futex::Flags::empty(),
-                now,
-                Some(&timeout),
-            ) {
-                Ok(()) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Err(rustix::io::Errno::TIMEDOUT) => {
-                    if let Err(e) = self.check_alive(&mut since) {
-                        st.waiter.fetch_sub(1, Ordering::SeqCst);
-                        return Err(e);
-                    }
-                }
-                Err(e) => {
-                    st.waiter.fetch_sub(1, Ordering::SeqCst);
-                    return Err(e.into());
-                }
-            }
-        }
-        st.waiter.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    fn check_alive(&self, since: &mut Option<Instant>) -> Result<(), ClientError> {
-        let start = *since.get_or_insert_with(Instant::now);
-        if start.elapsed() >= LIVENESS_INTERVAL {
-            if !self.control.alive() {
-                return Err(ClientError::DeviceGone);
-            }
-            *since = Some(Instant::now());
-        }
-        Ok(())
-    }
-
-    /// Forwarding: takes the tag status register's bits and publishes each of those tags'
-    /// sequence numbers in its status entry, for whichever thread waits on it.
-    fn harvest(&self) {
-        let mut b = self.header().tag_status_register.swap(0, Ordering::Acquire);
-        while b != 0 {
-            let t = b.trailing_zeros() as usize;
-            b &= b - 1;
-            let seq = self.seqs[t].load(Ordering::Relaxed);
-            self.slot(Tag(t as u8))
-                .status
-                .state
-                .store(seq, Ordering::Release);
-        }
-    }
-
-    fn take_completion(&self, tag: Tag) -> Completed {
-        let st = &self.slot(tag).status;
-        let raw = st.result.load(Ordering::Relaxed);
-        Completed {
-            status: Status::from_u32(raw).unwrap_or(Status::Malformed),
-            bytes: st.bytes.load(Ordering::Relaxed),
-            device_ns: st.device_ns.load(Ordering::Relaxed),
-        }
-    }
-
     /// Submits one command on a tag of the caller's and waits for it.
     pub fn run(&self, tag: Tag, cmd: &Command) -> Result<Completed, ClientError> {
         self.submit(tag, cmd);
@@ -920,54 +731,6 @@ impl Drop for Channel {
     }
 }
 
-/// How long a DMA completion wait spins before it sleeps until the device wakes it: longer
-/// than the device takes for a command of a DMA slice when it is not queued behind others,
-/// the array model's time included (a 4 KiB read of the `pcm` model and the channel's round
-/// trip take about 6 µs), and short enough that a device poller the scheduler woke onto this
-/// CPU (by this thread's kick: a wakee is placed near its waker) gets the CPU soon. A time,
-/// not a count of `pause` instructions: one `pause` takes 15 ns on some processors and 40 on
-/// others, and a count tuned on one made waits of 4.2 µs sleep on another, paying a wake-up
-/// of 20-25 µs. The wait does not offer the CPU with `sched_yield` instead: each yield puts
-/// the thread behind every other runnable thread of the process (the fair scheduler moves its
-/// deadline a time slice later), so with more threads than CPUs a spinner that yielded saw
-/// its completion 6-21 ms after the device had published it.
-const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(10);
-
-/// Spins between two looks at the clock while waiting ([`SPIN_BEFORE_SLEEP`]).
-const SPINS_PER_CLOCK: u32 = 32;
-
-/// A wait past [`SPIN_BEFORE_SLEEP`] goes on spinning while the device has said the command
-/// completes within this long (an array model's completion time, the tag's `eta_ns`): a
-/// sleep would be seen only after a wake-up, which on a virtual machine costs tens of
-/// microseconds, and the emulated device's latency is what the client came to see.
-const ETA_SPIN_MAX_NS: u64 = 2_000_000;
-
-/// How long past the time the device gave a wait still spins before it sleeps.
-const ETA_SLACK_NS: u64 = 50_000;
-
-/// Whether the device said that the command `want` of this tag completes soon
-/// ([`ETA_SPIN_MAX_NS`]), and it is not yet long past that time.
-fn ends_soon(st: &moneta_abi::TagStatus, want: u32) -> bool {
-    if st.eta_seq.load(Ordering::Acquire) != want {
-        return false;
-    }
-    let eta = st.eta_ns.load(Ordering::Relaxed);
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    let now = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-    now < eta.saturating_add(ETA_SLACK_NS) && eta.saturating_sub(now) <= ETA_SPIN_MAX_NS
-}
-
-/// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
-/// in a sleep halves it, and at 0 threads sleep at once (four fruitless spins in a row).
-const SPIN_SCORE_MAX: u32 = 8;
-
-/// With a score of 0, one wait in this many spins all the same, to notice when spinning pays
-/// again.
-const SPIN_PROBE_EVERY: u32 = 64;
-
-/// Spins before a forwarding wait starts offering the core (about 6 µs of `pause`).
-const SPINS_BEFORE_YIELD: u32 = 256;
-
 /// Spins of a thread that found no tag free and nobody waiting for one, before it queues.
 const TAG_SPINS: u32 = 64;
 
@@ -988,9 +751,6 @@ const WATCH_POLL: rustix::time::Timespec = rustix::time::Timespec {
     tv_nsec: 1_000_000,
 };
 
-/// Spins between offers of the core once a wait has gone on that long.
-const SPINS_PER_YIELD: u32 = 64;
-
 /// How many of a process's threads may spin for DMA completions at once: one fewer than the
 /// CPUs it may run on (the device's poller needs one), and at least one.
 fn spinner_limit() -> u32 {
@@ -1000,26 +760,11 @@ fn spinner_limit() -> u32 {
     n.saturating_sub(1).max(1)
 }
 
-/// One step of a spinning completion wait; returns the new count. A wait longer than a few
-/// microseconds yields now and then: the device's poller may have been woken onto this core
-/// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
-/// for this thread's time slice to end, milliseconds later. With nothing else runnable the
-/// yield returns at once.
-fn spin_once(spins: u32) -> u32 {
-    let spins = spins.wrapping_add(1);
-    if spins >= SPINS_BEFORE_YIELD && spins.is_multiple_of(SPINS_PER_YIELD) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
-    }
-    spins
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
     use std::sync::Mutex;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::{Moneta, OpenOptions, Policy};

@@ -35,7 +35,7 @@ struct Run {
 
 impl File {
     /// Tells the device that `[off, off + len)` will be read soon (`len == 0`: to the end of
-    /// the file, as `posix_fadvise` takes it), at most [`MAX_HINT`] bytes of it. Holes and
+    /// the file, as `posix_fadvise` takes it), at most 256 MiB of it (`MAX_HINT`). Holes and
     /// bytes past the end of the file are skipped. The file must be open for reading
     /// (`EBADF`); it returns once the device has taken the hints, without waiting for it to
     /// act on them.
