@@ -468,6 +468,14 @@ fn the_daemon_never_deletes_or_overwrites_what_it_did_not_make() {
         args: vec!["--volatile".into(), "--size".into(), "16M".into()],
     };
     d.spawn();
+    // The daemon binds its socket first (a live daemon's pid file must never be overwritten)
+    // and writes its pid file just after: look until it has.
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&beside).unwrap_or_default().trim() != d.pid().to_string()
+        && t.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(
         std::fs::read_to_string(&beside).unwrap().trim(),
         d.pid().to_string()
