@@ -51,23 +51,28 @@ pub fn calls_made() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
-/// the two paths); `on`, the default, tries the channel first.
-fn enabled() -> bool {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
+/// A switch read once from the environment: `on` (the default) or `off`.
+fn switch(name: &str, warned: &'static std::sync::Once, cell: &std::sync::OnceLock<bool>) -> bool {
+    *cell.get_or_init(|| {
         !crate::env_setting(
-            "MONETA_FS_CHANNEL",
+            name,
             |v| match v {
                 "on" => Some(false),
                 "off" => Some(true),
                 _ => None,
             },
             "on or off",
-            &WARNED,
+            warned,
         )
-    }) && !UNSUPPORTED.load(Ordering::Relaxed)
+    })
+}
+
+/// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
+/// the two paths); `on`, the default, tries the channel first.
+fn enabled() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("MONETA_FS_CHANNEL", &WARNED, &SETTING) && !UNSUPPORTED.load(Ordering::Relaxed)
 }
 
 /// `MONETA_KEEP_STATS=off` asks the daemon every `stat` (to compare); `on`, the default, gives
@@ -75,18 +80,7 @@ fn enabled() -> bool {
 fn keeping() -> bool {
     static WARNED: std::sync::Once = std::sync::Once::new();
     static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        !crate::env_setting(
-            "MONETA_KEEP_STATS",
-            |v| match v {
-                "on" => Some(false),
-                "off" => Some(true),
-                _ => None,
-            },
-            "on or off",
-            &WARNED,
-        )
-    })
+    switch("MONETA_KEEP_STATS", &WARNED, &SETTING)
 }
 
 impl Channel {
