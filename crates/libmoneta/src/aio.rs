@@ -11,8 +11,9 @@
 //! channel, and a read's tag stays taken until its bytes are copied out of the DMA slice, which
 //! happens when the request is polled, waited for or dropped. So that requests the application
 //! has not reaped yet never starve the others, a caller that finds no free tag first moves
-//! along every request of the channel that nobody is using at that moment: their completed
-//! commands are copied out into their buffers and their tags come back. Each request's state
+//! along the requests of the channel that hold a completed command and that nobody is using
+//! at that moment (`channel/reapers.rs`): their completed commands are copied out into their
+//! buffers and their tags come back. Each request's state
 //! carries a busy flag taken by whoever works on it. Zero-copy requests keep their tag until
 //! they are dropped; at most [`MAX_PINNED_TAGS`] of the channel's tags may be held that way
 //! (`EAGAIN` beyond).
@@ -53,6 +54,7 @@ use std::time::Duration;
 
 use moneta_abi::{Completion, Opcode, Status};
 
+use crate::channel::reapers::{Reaper, Ticket};
 use crate::channel::{command, Channel, Tag};
 use crate::file::{File, Prepared};
 use crate::{fork, ClientError};
@@ -62,93 +64,45 @@ pub const TAGS_PER_REQUEST: usize = 16;
 /// Most tags held at once by zero-copy requests and write slots of one channel.
 pub const MAX_PINNED_TAGS: usize = 32;
 
-/// A channel's requests that have not been dropped (slots reused), so that a caller who needs
-/// a tag can move other requests along.
-#[derive(Default)]
-pub(crate) struct Registry {
-    entries: Vec<Option<Shared>>,
-    free: Vec<usize>,
-    /// Where the next [`pump`] starts looking, so that every request gets its turn.
-    cursor: usize,
-}
-
-/// A request's state as the registry sees it; its lifetime is erased: an entry is removed when
-/// its request is dropped, before the file it borrows can go.
-#[derive(Clone, Copy)]
-struct Shared(NonNull<State<'static>>);
-
-// SAFETY: a state is touched only by whoever holds its `busy` flag.
-unsafe impl Send for Shared {}
-
-fn registry(ch: &Channel) -> std::sync::MutexGuard<'_, Registry> {
-    ch.requests.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn register(ch: &Channel, st: NonNull<State<'_>>) -> usize {
-    let st = Shared(st.cast());
-    let mut r = registry(ch);
-    match r.free.pop() {
-        Some(i) => {
-            r.entries[i] = Some(st);
-            i
-        }
-        None => {
-            r.entries.push(Some(st));
-            r.entries.len() - 1
-        }
-    }
-}
-
-fn unregister(ch: &Channel, i: usize) {
-    let mut r = registry(ch);
-    r.entries[i] = None;
-    r.free.push(i);
-}
-
-/// Moves along every request of `ch` that nobody is using at the moment, one at a time and
-/// in turn from where the last pump stopped: their completed commands are reaped (a read's
-/// data copied out) and their tags freed. Returns whether any tag came back.
+/// [`Reaper::claim`] for a request's state: takes its busy flag if free.
 ///
-/// One request at a time: an owner who wants its request back then waits for one request's
-/// reaping at most, not for every request of the channel.
-pub(crate) fn pump(ch: &Channel) -> bool {
-    let mut looked = 0usize;
-    let mut freed = false;
-    loop {
-        let grabbed = {
-            let mut r = registry(ch);
-            let n = r.entries.len();
-            let mut found = None;
-            while looked < n {
-                looked += 1;
-                let i = r.cursor % n;
-                r.cursor = i + 1;
-                if let Some(p) = r.entries[i] {
-                    // SAFETY: registered, so alive: its owner unregisters it (under this
-                    // lock) before freeing it.
-                    if unsafe { p.0.as_ref() }.busy.try_take() {
-                        found = Some(p);
-                        break;
-                    }
-                }
-            }
-            found
-        };
-        let Some(p) = grabbed else {
-            return freed;
-        };
-        // SAFETY: we hold its busy flag, which its owner takes before freeing it.
-        let st = unsafe { &mut *p.0.as_ptr() };
-        if !st.ended && !st.orphaned() {
-            let before = st.holding();
-            st.progress(false);
-            freed |= st.holding() < before;
-        }
-        st.busy.give();
-    }
+/// # Safety
+///
+/// `p` is a registered state (alive: its owner unregisters it before freeing it).
+unsafe fn claim(p: NonNull<()>) -> bool {
+    // SAFETY: alive, as the caller promised; the flag is an atomic.
+    unsafe { p.cast::<State<'static>>().as_ref() }
+        .busy
+        .try_take()
 }
 
-/// A request's busy flag: whoever holds it (the request's own calls, or a [`pump`]) is the
+/// [`Reaper::advance`] for a request's state: reaps its completed commands (issuing more on
+/// free tags), then gives its busy flag back. Returns whether it holds fewer tags.
+///
+/// # Safety
+///
+/// The caller claimed `p` (holds its busy flag).
+unsafe fn advance(p: NonNull<()>, dequeued: bool) -> bool {
+    // SAFETY: we hold its busy flag, which its owner takes before freeing it.
+    let st = unsafe { &mut *p.cast::<State<'static>>().as_ptr() };
+    let mut freed = false;
+    if !st.ended && !st.orphaned() {
+        if dequeued {
+            st.wanting = false;
+            st.again = true;
+        }
+        let before = st.holding();
+        st.progress(false);
+        freed = st.holding() < before;
+        st.again = false;
+    } else if dequeued {
+        st.wanting = false;
+    }
+    st.busy.give();
+    freed
+}
+
+/// A request's busy flag: whoever holds it (the request's own calls, or a thread reaping it, [`Channel::reap_others`]) is the
 /// only one touching the state. A thread that finds it taken spins briefly, then sleeps until
 /// the holder gives it back, rather than yielding in a loop: each `sched_yield` puts the
 /// thread behind every other runnable thread of the process, and with more threads than CPUs
@@ -275,7 +229,7 @@ enum Buf {
 /// before the device is done with them).
 pub struct Pending<'f> {
     st: NonNull<State<'f>>,
-    slot: usize,
+    ticket: Ticket,
     _borrows: PhantomData<&'f File>,
 }
 
@@ -304,7 +258,17 @@ struct State<'f> {
     moved: usize,
     /// Ended (the result may have been taken since).
     ended: bool,
-    /// Taken by whoever uses the state: its request's calls, or [`pump`].
+    /// The number the channel knows the request by, once registered.
+    ticket: Option<Ticket>,
+    /// Queued with the channel for tags ([`crate::channel::reapers::Reapers::want`]).
+    wanting: bool,
+    /// Counted by the channel as having commands that wait for a tag.
+    backlogged: bool,
+    /// Being moved along after it was taken off the queue for tags: if it still wants tags
+    /// it goes back to the queue's front.
+    again: bool,
+    /// Taken by whoever uses the state: its request's calls, or a thread that reaps it while
+    /// waiting for a tag ([`Channel::reap_others`]).
     busy: Busy,
 }
 
@@ -481,6 +445,10 @@ impl File {
             pinned: false,
             moved: 0,
             ended: false,
+            ticket: None,
+            wanting: false,
+            backlogged: false,
+            again: false,
             busy: Busy::new(),
         };
         st.own_if_in_place_unfit();
@@ -512,9 +480,26 @@ impl<'f> Pending<'f> {
         // SAFETY: `raw` is a fresh, exclusive allocation of the right size and alignment.
         unsafe { raw.write(st) };
         let st = NonNull::new(raw).expect("boxes are non-null");
+        // Held while the ticket is written, so no reaping thread sees the state without it.
+        // SAFETY: fresh; nobody else can reach it yet.
+        let fresh = unsafe { st.as_ref() }.busy.try_take();
+        debug_assert!(fresh);
+        let ticket = ch.reapers.register(Reaper {
+            state: st.cast(),
+            claim,
+            advance,
+        });
+        // SAFETY: we hold its busy flag.
+        let s = unsafe { &mut *st.as_ptr() };
+        s.ticket = Some(ticket);
+        for &(tag, _) in &s.inflight {
+            ch.reapers.own(tag, ticket);
+        }
+        s.want_tags();
+        s.busy.give();
         Pending {
             st,
-            slot: register(ch, st),
+            ticket,
             _borrows: PhantomData,
         }
     }
@@ -524,7 +509,7 @@ impl<'f> Pending<'f> {
         unsafe { &self.st.as_ref().busy }
     }
 
-    /// Takes the state's busy flag (a pump in another thread holds it only while it reaps).
+    /// Takes the state's busy flag (a thread reaping it holds it only while it reaps).
     fn acquire(&self) {
         self.busy().take();
     }
@@ -589,7 +574,7 @@ impl<'f> Pending<'f> {
             return &[];
         }
         // SAFETY: the state lives as long as `self`, and an ended request is left alone by
-        // pumps (they skip ended requests) and changes only through `&mut self` calls.
+        // reaping threads (they skip ended requests) and changes only through `&mut self` calls.
         let ch = unsafe { self.st.as_ref().ch };
         match (held, owned) {
             (Some(tag), None) => ch.dma_slice(tag, n),
@@ -690,11 +675,33 @@ impl<'f> State<'f> {
                 &command(opcode, self.mode, seg.dev, seg.len as u64, seg.file),
             );
             *bits |= 1u64 << tag.0;
+            if let Some(t) = self.ticket {
+                ch.reapers.own(tag, t);
+            }
             self.inflight.push_back((tag, self.next));
             self.next += 1;
         }
         if let Some(t) = first {
             ch.release(t);
+        }
+        self.want_tags();
+    }
+
+    /// Queues the request with its channel for tags if it has commands that found none, and
+    /// keeps the channel's count of such requests.
+    fn want_tags(&mut self) {
+        let Some(t) = self.ticket else { return };
+        let wants = self.next < self.prep.segs.len()
+            && !self.stopped()
+            && self.inflight.len() < TAGS_PER_REQUEST
+            && !self.orphaned();
+        if wants != self.backlogged {
+            self.backlogged = wants;
+            self.ch.reapers.backlog(wants);
+        }
+        if wants && !self.wanting {
+            self.wanting = true;
+            self.ch.reapers.want(t, self.again);
         }
     }
 
@@ -743,6 +750,7 @@ impl<'f> State<'f> {
                 }
             }
             if keep {
+                ch.reapers.disown(tag);
                 self.held = Some(tag);
             } else {
                 ch.release(tag);
@@ -857,11 +865,16 @@ impl Drop for Pending<'_> {
         // SAFETY: the state lives until freed below.
         let (ch, orphaned) = unsafe { ((*p).ch, (*p).orphaned()) };
         if !orphaned {
-            unregister(ch, self.slot);
-            // A pump that grabbed it before it left the registry lets go when done.
+            // A thread that claimed it lets go when done; one that tries after this fails.
             self.acquire();
-            // SAFETY: out of the registry and with its busy flag held, nobody else reaches it.
+            // SAFETY: with its busy flag held, nobody else touches it, and once out of the
+            // registry nobody reaches it.
             let st = unsafe { &mut *p };
+            ch.reapers.unregister(self.ticket);
+            if st.backlogged {
+                st.backlogged = false;
+                ch.reapers.backlog(false);
+            }
             // Stop issuing and let the device finish what it has.
             st.next = st.prep.segs.len();
             while let Some((tag, _)) = st.inflight.pop_front() {
@@ -971,6 +984,10 @@ impl<'f> WriteSlot<'f> {
                     pinned: false,
                     moved: 0,
                     ended: false,
+                    ticket: None,
+                    wanting: false,
+                    backlogged: false,
+                    again: false,
                     busy: Busy::new(),
                 },
                 sp.slot.take(),

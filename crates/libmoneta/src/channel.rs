@@ -29,6 +29,7 @@ use crate::control::Control;
 use crate::ClientError;
 
 pub(crate) mod attrs;
+pub(crate) mod reapers;
 mod tags;
 mod wait;
 
@@ -58,10 +59,10 @@ pub struct Channel {
     memfd: OwnedFd,
     kick: OwnedFd,
     tags: Tags,
-    /// Tags held by zero-copy requests (see [`crate::aio::MAX_PINNED_TAGS`]).
+    /// Tags held by zero-copy requests (asynchronous requests keep a count there).
     pub(crate) pinned: AtomicUsize,
-    /// Asynchronous requests not dropped yet (see [`crate::aio`]).
-    pub(crate) requests: std::sync::Mutex<crate::aio::Registry>,
+    /// Asynchronous requests not dropped yet, and the tags their commands are on.
+    pub(crate) reapers: reapers::Reapers,
     /// Sequence number of the command last submitted on each tag.
     seqs: [AtomicU32; TAGS_PER_CHANNEL],
     /// The barrier epoch commands are submitted in (`moneta_abi::FLAG_BARRIER`): a barrier
@@ -131,7 +132,7 @@ impl Channel {
             kick,
             tags: Tags::new(),
             pinned: AtomicUsize::new(0),
-            requests: std::sync::Mutex::new(Default::default()),
+            reapers: reapers::Reapers::new(),
             spinners: AtomicU32::new(0),
             max_spinners: spinner_limit(),
             wakeable: AtomicU64::new(0),
@@ -231,8 +232,9 @@ impl Channel {
         if let Some(t) = self.try_tag() {
             return t;
         }
-        if crate::aio::pump(self) {
+        if self.reap_others() {
             if let Some(t) = self.try_tag() {
+                self.dispatch_free();
                 return t;
             }
         }
@@ -256,7 +258,8 @@ impl Channel {
                     if !matches!(w.turn(), Turn::Granted(_)) {
                         // Woken by a completion (or the poll's end): reap what nobody else
                         // does; the tags it frees go to the queue's front.
-                        crate::aio::pump(self);
+                        self.reap_others();
+                        self.dispatch_free();
                     }
                 }
                 Turn::Waiting => {
@@ -332,6 +335,7 @@ impl Channel {
 
     /// Returns a tag: to the thread that has waited longest for one, else to the free mask.
     pub fn release(&self, tag: Tag) {
+        self.reapers.disown(tag);
         self.tags.release(tag);
     }
 
@@ -870,9 +874,110 @@ mod tests {
         assert_eq!(m.channel().tags.free_mask(), u64::MAX);
     }
 
+    /// Threads keeping several asynchronous reads each, of several commands each, so that far
+    /// more requests wait for tags than there are: every read gets its own bytes, and once all
+    /// are dropped every tag is back and no request is counted as waiting.
+    #[test]
+    fn asynchronous_reads_beyond_the_tags_all_get_their_bytes() {
+        const THREADS: usize = 24;
+        const DEPTH: usize = 8;
+        const READS: usize = 48;
+        const LEN: usize = 4 << 20;
+        let d = monetad::testing::Daemon::start();
+        let m = Moneta::connect(&d.socket).unwrap();
+        let f = patterned(&m, "/async-many", LEN);
+        let size = 4 * m.channel().slice_size();
+        std::thread::scope(|s| {
+            for i in 0..THREADS {
+                let f = &f;
+                s.spawn(move || {
+                    let at = |r: usize| (((i * READS + r) * 7919) % (LEN / size) * size) as u64;
+                    let mut q = std::collections::VecDeque::new();
+                    for r in 0..READS {
+                        q.push_back((f.submit_read(vec![0u8; size], at(r)).unwrap(), at(r)));
+                        if q.len() == DEPTH || r == READS - 1 {
+                            while let Some((mut p, off)) = q.pop_front() {
+                                assert_eq!(p.wait().unwrap(), size);
+                                check(&p.into_buffer(), off);
+                                if q.len() < DEPTH / 2 {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    for (mut p, off) in q {
+                        assert_eq!(p.wait().unwrap(), size);
+                        check(&p.into_buffer(), off);
+                    }
+                });
+            }
+        });
+        let ch = m.channel();
+        assert!(!ch.tags.waiting());
+        assert_eq!(ch.tags.free_mask(), u64::MAX);
+        assert!(!ch.reapers.backlogged());
+        assert_eq!(ch.reapers.backlog.load(Ordering::Relaxed), 0);
+    }
+
+    /// A thread that needs a tag reaps a completed request nobody reaps, takes one of the tags
+    /// it freed and issues the command of a request waiting for tags on the other, without
+    /// that request's owner doing anything.
+    #[test]
+    fn a_thread_that_reaps_hands_the_tags_it_frees_to_waiting_requests() {
+        let d = monetad::testing::Daemon::start();
+        let m = Moneta::connect(&d.socket).unwrap();
+        let f = patterned(&m, "/dispatch", 1 << 20);
+        let ch = m.channel();
+        let slice = ch.slice_size();
+        f.set_policy(Some(Policy::Fixed(Completion::Dma)));
+        let mut held: Vec<Tag> = std::iter::from_fn(|| ch.try_tag()).collect();
+        assert_eq!(held.len(), TAGS_PER_CHANNEL);
+        // A: two commands on the two tags given back, completed and left unreaped.
+        let two = [held.pop().unwrap(), held.pop().unwrap()];
+        for t in two {
+            ch.release(t);
+        }
+        let mut a = f.submit_read(vec![0u8; 2 * slice], 0).unwrap();
+        let began = Instant::now();
+        for t in two {
+            let st = &ch.slot(t).status;
+            while st.state.load(Ordering::Acquire) != ch.seqs[t.0 as usize].load(Ordering::Relaxed)
+            {
+                assert!(began.elapsed() < HANG, "A's commands never completed");
+                std::thread::yield_now();
+            }
+        }
+        // B: no tag for it, so it waits for one.
+        let b_off = 4 * slice as u64;
+        let mut b = f.submit_read(vec![0u8; slice], b_off).unwrap();
+        assert_eq!(ch.tags.free_mask(), 0);
+        assert_eq!(ch.reapers.backlog.load(Ordering::Relaxed), 1);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at_with(&mut buf, 8192, Completion::Dma).unwrap();
+                check(&buf[..n], 8192);
+            })
+            .join()
+            .unwrap();
+        });
+        // The reader gave its tag back; B's command holds the other.
+        assert_eq!(ch.tags.free_mask().count_ones(), 1);
+        assert_eq!(ch.reapers.backlog.load(Ordering::Relaxed), 0);
+        assert_eq!(b.wait().unwrap(), slice);
+        check(&b.into_buffer(), b_off);
+        assert_eq!(a.wait().unwrap(), 2 * slice);
+        check(&a.into_buffer(), 0);
+        for t in held {
+            ch.release(t);
+        }
+        assert_eq!(ch.tags.free_mask(), u64::MAX);
+        f.set_policy(None);
+    }
+
     /// Every tag is held, one of them by an asynchronous read nobody reaps; a thread that then
-    /// needs a tag gets the read's once its command completes (the watcher, or the pump before
-    /// it queues, reaps it), whatever the read's completion mode.
+    /// needs a tag gets the read's once its command completes (the watcher, or the thread
+    /// itself before it queues, reaps it), whatever the read's completion mode.
     #[test]
     fn a_waiter_gets_the_tag_of_an_unreaped_request() {
         let d = monetad::testing::Daemon::start();
