@@ -457,6 +457,12 @@ fn the_model_is_measured_against_itself() {
         let predicted = r["predicted_ns"].as_u64().unwrap();
         assert!(predicted >= r["array_ns"].as_u64().unwrap(), "{r}");
         assert!(r["within_target"].is_boolean());
+        // The point is the median of at least three pairs of runs, inside their spread.
+        assert!(r["pairs"].as_u64().unwrap() >= 3, "{r}");
+        let lo = r["added_spread_ns"][0].as_i64().unwrap();
+        let hi = r["added_spread_ns"][1].as_i64().unwrap();
+        let added = r["added_ns"].as_i64().unwrap();
+        assert!(lo <= added && added <= hi, "{r}");
     }
     // The slowest array adds at least its own latency to every request.
     let slow = of("latency")

@@ -76,7 +76,8 @@ pub enum Path {
     /// (LOOKUP) and on the control socket, stat, 10,000 small files.
     Nvfs,
     /// The array's timing model against itself (private daemons): the latency it adds at
-    /// queue depth 1 across array latencies of 4 ns to 128 µs against its own prediction,
+    /// queue depth 1 across array latencies of 4 ns to 128 µs against its own prediction
+    /// (the median of `--runs` pairs of runs with and without the model, at least three),
     /// the bandwidth of large transfers against its analytical peak, and its work per request.
     ModelAccuracy,
     /// The model's DRAM buffer (private daemons, `--model`, slow-nvm by default): sequential
