@@ -33,7 +33,7 @@ pub struct DeviceConfig {
     /// daemon's connection threads answering a soft miss) wait for that core.
     pub poller_cpu: Option<usize>,
     /// Most permission records the channels of one user may hold together (channels opened
-    /// with an owner, see [`Device::open_channel_for`]); the rest of the table stays for
+    /// with an owner, see [`Device::open_channel_for`](crate::Device::open_channel_for)); the rest of the table stays for
     /// others. `None`: half the table.
     pub user_records: Option<usize>,
     /// The array's timing and power model (Moneta §II, §V); `None` completes requests as

@@ -54,7 +54,7 @@ pub const MAX_LOOKUP_EXTENTS: usize = 256;
 pub struct LookupAnswer {
     /// The file's size.
     pub size: u64,
-    /// [`READ`] | [`WRITE`]: the rights to install the records with.
+    /// [`READ`](crate::READ) | [`WRITE`](crate::WRITE): the rights to install the records with.
     pub rights: u8,
     /// The layout tag the records carry.
     pub file: u64,
@@ -107,7 +107,7 @@ pub enum TableOp {
         start: u64,
         /// Bytes.
         len: u64,
-        /// [`READ`] | [`WRITE`].
+        /// [`READ`](crate::READ) | [`WRITE`](crate::WRITE).
         rights: u8,
         /// File id.
         file: u64,

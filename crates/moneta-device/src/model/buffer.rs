@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use super::IdHasher;
+use super::parts::IdHasher;
 
 /// Which line the buffer gives up when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,267 @@
+//! The model's building blocks: requests in reusable slots, a channel's barrier epochs, the
+//! calendar a one-at-a-time resource is booked on, and fixed-point rates and divisions.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::{Submit, PS};
+
+/// A request in the scheduler.
+#[derive(Debug)]
+pub(super) struct Req {
+    pub(super) s: Submit,
+    /// The barrier epoch of its channel it belongs to.
+    pub(super) epoch: u64,
+    /// Next byte (array address) to issue.
+    pub(super) next: u64,
+    /// The latest end of its issued transfers.
+    pub(super) done: u64,
+    /// When it may issue at the earliest (arrival, or when it entered the scheduler's queue).
+    pub(super) ready: u64,
+}
+
+/// Requests in slots that are reused, so that the queues can hold slots.
+#[derive(Debug, Default)]
+pub(super) struct Slab {
+    pub(super) slots: Vec<Option<Req>>,
+    pub(super) free: Vec<usize>,
+    pub(super) live: usize,
+}
+
+impl Slab {
+    pub(super) fn insert(&mut self, r: Req) -> usize {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(r);
+                i
+            }
+            None => {
+                self.slots.push(Some(r));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, i: usize) -> Req {
+        let r = self.slots[i].take().expect("a queued slot holds a request");
+        self.free.push(i);
+        self.live -= 1;
+        r
+    }
+}
+
+impl std::ops::Index<usize> for Slab {
+    type Output = Req;
+    fn index(&self, i: usize) -> &Req {
+        self.slots[i]
+            .as_ref()
+            .expect("a queued slot holds a request")
+    }
+}
+
+impl std::ops::IndexMut<usize> for Slab {
+    fn index_mut(&mut self, i: usize) -> &mut Req {
+        self.slots[i]
+            .as_mut()
+            .expect("a queued slot holds a request")
+    }
+}
+
+/// One barrier epoch of a channel: requests whose completion is not yet known, and the latest
+/// completion among those known.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Epoch {
+    pub(super) unknown: u64,
+    pub(super) latest: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct ChanOrder {
+    /// The epoch new requests join.
+    pub(super) current: u64,
+    /// Open epochs, oldest first: (epoch, state).
+    pub(super) open: VecDeque<(u64, Epoch)>,
+    /// Latest completion of the epochs closed and dropped.
+    pub(super) closed_latest: u64,
+}
+
+impl ChanOrder {
+    /// When a request of `epoch` may issue: `None` while an earlier epoch has requests whose
+    /// completion is not known yet.
+    pub(super) fn eligible(&self, epoch: u64) -> Option<u64> {
+        let mut t = self.closed_latest;
+        for &(e, st) in &self.open {
+            if e >= epoch {
+                break;
+            }
+            if st.unknown > 0 {
+                return None;
+            }
+            t = t.max(st.latest);
+        }
+        Some(t)
+    }
+
+    pub(super) fn known(&mut self, epoch: u64, done: u64) {
+        if let Some((_, st)) = self.open.iter_mut().find(|(e, _)| *e == epoch) {
+            st.unknown -= 1;
+            st.latest = st.latest.max(done);
+        }
+        // Fold finished epochs at the front, keeping the current one open.
+        while let Some(&(e, st)) = self.open.front() {
+            if st.unknown > 0 || e == self.current {
+                break;
+            }
+            self.closed_latest = self.closed_latest.max(st.latest);
+            self.open.pop_front();
+        }
+    }
+}
+
+/// A resource that does one thing at a time, as a calendar of the spans it is booked for.
+///
+/// A transfer books each resource on its path when it issues, possibly for a span that lies
+/// ahead; a later transfer that is ready earlier takes a free gap before that span if it fits,
+/// so the resource serves work in the order it becomes ready rather than the order it was
+/// issued (a read waiting for a slow row must not hold the ring from a write that is ready).
+#[derive(Debug, Default, Clone)]
+pub(super) struct Calendar {
+    /// Booked spans, sorted and disjoint.
+    pub(super) spans: Vec<(u64, u64)>,
+    /// Time booked so far.
+    pub(super) busy: u64,
+    /// The end of the latest span ever booked.
+    pub(super) last_end: u64,
+}
+
+impl Calendar {
+    /// The earliest start at or after `ready` of a free span of `dur`.
+    #[inline]
+    pub(super) fn fit(&self, ready: u64, dur: u64) -> u64 {
+        if ready >= self.last_end {
+            // Past everything booked: the usual case of a resource that keeps up.
+            return ready;
+        }
+        let mut t = ready;
+        let i = self.spans.partition_point(|&(_, e)| e <= t);
+        for &(s, e) in &self.spans[i..] {
+            if t + dur <= s {
+                break;
+            }
+            t = t.max(e);
+        }
+        t
+    }
+
+    /// Whether `[s, e)` is free; if not, the end of the first span in the way.
+    #[inline]
+    pub(super) fn conflict(&self, s: u64, e: u64) -> Option<u64> {
+        if s >= self.last_end {
+            return None;
+        }
+        let i = self.spans.partition_point(|&(_, end)| end <= s);
+        match self.spans.get(i) {
+            Some(&(bs, be)) if bs < e => Some(be),
+            _ => None,
+        }
+    }
+
+    /// Books `[s, s + dur)`, which must be free; returns its end.
+    #[inline]
+    pub(super) fn book(&mut self, s: u64, dur: u64) -> u64 {
+        let e = s + dur;
+        if dur > 0 {
+            if self.spans.last().is_none_or(|&(bs, _)| bs < s) {
+                self.spans.push((s, e));
+            } else {
+                let i = self.spans.partition_point(|&(bs, _)| bs < s);
+                self.spans.insert(i, (s, e));
+            }
+            self.busy += dur;
+            self.last_end = self.last_end.max(e);
+        }
+        e
+    }
+
+    /// Forgets spans that ended by `t` (no later booking starts before it).
+    #[inline]
+    pub(super) fn prune(&mut self, t: u64) {
+        if self.spans.first().is_none_or(|&(_, e)| e > t) {
+            return;
+        }
+        let i = self.spans.partition_point(|&(_, e)| e <= t);
+        if i > 0 {
+            self.spans.drain(..i);
+        }
+    }
+}
+
+/// Hashes the model's own ids (request and channel numbers) by one multiplication: they come
+/// from the device, not from clients, and the tables are on the path of every request.
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        // Fibonacci hashing: the high bits, which the table uses, depend on every input bit.
+        self.0 = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub(super) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A transfer rate as picoseconds per byte in fixed point (32 fractional bits): the time of a
+/// transfer is one multiplication, with no floating-point rounding on the request's path.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Rate(u128);
+
+impl Rate {
+    pub(super) fn new(gb_per_s: f64) -> Rate {
+        let ps_per_byte = PS as f64 / gb_per_s;
+        Rate((ps_per_byte * (1u64 << 32) as f64).round() as u128)
+    }
+
+    /// Picoseconds to move `bytes` (rounded to the nearest).
+    #[inline]
+    pub(super) fn dur(self, bytes: u64) -> u64 {
+        let ps = (u128::from(bytes) * self.0 + (1 << 31)) >> 32;
+        u64::try_from(ps).unwrap_or(u64::MAX)
+    }
+}
+
+/// `x / d` and `x % d` by a shift and a mask where `d` is a power of two (the usual case of
+/// the model's geometry), else by division.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Divisor {
+    pub(super) d: u64,
+    pub(super) shift: Option<u32>,
+}
+
+impl Divisor {
+    pub(super) fn new(d: u64) -> Divisor {
+        Divisor {
+            d,
+            shift: d.is_power_of_two().then(|| d.trailing_zeros()),
+        }
+    }
+
+    #[inline]
+    pub(super) fn div_rem(self, x: u64) -> (u64, u64) {
+        match self.shift {
+            Some(s) => (x >> s, x & (self.d - 1)),
+            None => (x / self.d, x % self.d),
+        }
+    }
+}
