@@ -49,10 +49,14 @@ use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
+mod fork;
 mod quick;
 mod segments;
+mod wire;
 
+use fork::Bundles;
 use segments::{Segments, Store};
+use wire::*;
 
 /// Most open handles per connection.
 pub const MAX_HANDLES: usize = 65536;
@@ -137,35 +141,6 @@ impl LockState {
                 self.table.release_owner(Owner::Ofd(ofd));
             }
         }
-    }
-}
-
-/// Handles copied by a `fork` for the child to claim.
-struct Bundle {
-    secret: [u64; 2],
-    uid: u32,
-    handles: Vec<(u64, Handle)>,
-    /// The read end of the pipe whose write ends the forking process and its child hold.
-    pipe: OwnedFd,
-}
-
-#[derive(Default)]
-struct Bundles {
-    map: HashMap<u64, Bundle>,
-    per_uid: HashMap<u32, usize>,
-    next: u64,
-}
-
-impl Bundles {
-    fn take(&mut self, id: u64) -> Option<Bundle> {
-        let b = self.map.remove(&id)?;
-        if let Some(n) = self.per_uid.get_mut(&b.uid) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_uid.remove(&b.uid);
-            }
-        }
-        Some(b)
     }
 }
 
@@ -445,123 +420,6 @@ fn removals(fs: &Fs, ino: u64, channel: u32) -> Vec<TableOp> {
         .collect()
 }
 
-fn statfs_reply(fs: &Fs) -> FsReply {
-    let t = fs.statfs();
-    FsReply::StatFs(FsStatFs {
-        chunk_size: t.chunk_size,
-        chunks: t.chunks,
-        chunks_free: t.chunks_free,
-        inodes: t.inodes,
-        inodes_free: t.inodes_free,
-        name_max: t.name_max,
-    })
-}
-
-fn failure(e: FsError) -> Failure {
-    Failure {
-        errno: e.errno,
-        message: e.message,
-    }
-}
-
-fn fail(errno: i32, message: &str) -> Failure {
-    Failure {
-        errno,
-        message: message.into(),
-    }
-}
-
-fn lock_failure(e: LockError) -> Failure {
-    Failure {
-        errno: e.errno(),
-        message: e.to_string(),
-    }
-}
-
-/// The bytes a record lock of `start` and `len` (0: to the end) covers, within `off_t`.
-fn lock_range(start: u64, len: u64) -> Result<Range, Failure> {
-    let end = match len {
-        0 => Some(LOCK_OFFSET_MAX),
-        n => start.checked_add(n - 1),
-    };
-    match end {
-        Some(end) if start <= LOCK_OFFSET_MAX && end <= LOCK_OFFSET_MAX => Ok(Range { start, end }),
-        _ => Err(fail(
-            errno::EINVAL,
-            "the lock range runs past the largest file offset (2^63 - 1)",
-        )),
-    }
-}
-
-/// A lock as a test reports it: pid -1 for a lock of an open file description, length 0 for
-/// one that runs to the end.
-fn wire_lock(h: &Held) -> FsLock {
-    FsLock {
-        ty: match h.mode {
-            Mode::Read => LockType::Read,
-            Mode::Write => LockType::Write,
-        },
-        pid: match h.owner {
-            Owner::Session(_) => h.pid,
-            Owner::Ofd(_) => -1,
-        },
-        start: h.range.start,
-        len: if h.range.end >= LOCK_OFFSET_MAX {
-            0
-        } else {
-            h.range.end - h.range.start + 1
-        },
-    }
-}
-
-fn wire_time(t: Time) -> WireTime {
-    WireTime {
-        sec: t.sec,
-        nsec: t.nsec,
-    }
-}
-
-fn wire_stat(s: &Stat) -> FsStat {
-    FsStat {
-        ino: s.ino,
-        size: s.size,
-        blocks: s.blocks,
-        blksize: s.blksize,
-        atime: wire_time(s.atime),
-        mtime: wire_time(s.mtime),
-        ctime: wire_time(s.ctime),
-        btime: wire_time(s.btime),
-        mode: s.mode,
-        nlink: s.nlink,
-        uid: s.uid,
-        gid: s.gid,
-        generation: s.generation,
-    }
-}
-
-fn set_time(t: WireTime) -> SetTime {
-    match t.nsec {
-        UTIME_NOW => SetTime::Now,
-        UTIME_OMIT => SetTime::Omit,
-        nsec => SetTime::At(Time { sec: t.sec, nsec }),
-    }
-}
-
-fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
-    FsReply::Extents {
-        size,
-        file,
-        extents: maps
-            .iter()
-            .map(|m| FsExtent {
-                file_off: m.file_off,
-                len: m.len,
-                dev: m.dev.unwrap_or(HOLE),
-            })
-            .collect(),
-    }
-}
-
 impl Manager {
     /// A manager over `fs` for `device`; installs the revocation hook and answers the
     /// poller's file calls. Mapped files of a persistent array keep their pages in `pages`
@@ -742,181 +600,6 @@ impl Manager {
             .name("moneta-releaser".into())
             .spawn(move || me.release_loop())
             .map(|_| ())
-    }
-
-    fn reap(&self) {
-        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
-        loop {
-            let ids: Vec<u64> = match epoll::wait(&self.hangups, &mut space, None) {
-                Ok((events, _)) => events.iter().map(|ev| ev.data.u64()).collect(),
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    tracing::error!("the fork-bundle reaper stops: {e}");
-                    return;
-                }
-            };
-            for id in ids {
-                let taken = self.bundles_lock().take(id);
-                if let Some(b) = taken {
-                    tracing::debug!(bundle = id, "fork bundle released unclaimed");
-                    self.release_bundle(b);
-                }
-            }
-        }
-    }
-
-    fn bundles_lock(&self) -> MutexGuard<'_, Bundles> {
-        self.bundles.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Stops watching a bundle's pipe and closes the handles it still holds.
-    fn release_bundle(&self, b: Bundle) {
-        let _ = epoll::delete(&self.hangups, &b.pipe);
-        {
-            let mut locks = self.locks();
-            for (_, h) in &b.handles {
-                locks.close_ofd(h.ofd);
-            }
-        }
-        let mut fs = self.fs();
-        for (_, h) in b.handles {
-            if let Err(e) = fs.close(h.ino) {
-                tracing::warn!(ino = h.ino, "closing a handle of a fork bundle: {e}");
-            }
-        }
-    }
-
-    /// `OP_FS_FORK`: copies every handle of `s` into a new bundle; returns the reply and the
-    /// pipe's write end for the client.
-    pub fn fork(&self, s: &Session) -> Result<(FsReply, OwnedFd), Failure> {
-        let uid = s.cred.uid;
-        {
-            let b = self.bundles_lock();
-            if b.map.len() >= MAX_BUNDLES
-                || b.per_uid.get(&uid).copied().unwrap_or(0) >= MAX_BUNDLES_PER_UID
-            {
-                return Err(fail(
-                    errno::EAGAIN,
-                    "too many fork bundles wait to be claimed; try again later",
-                ));
-            }
-        }
-        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| fail(errno::EMFILE, &format!("cannot make a pipe: {e}")))?;
-        let mut secret = [0u64; 2];
-        let mut raw = [0u8; 16];
-        rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty())
-            .map_err(|e| fail(errno::EIO, &format!("getrandom: {e}")))?;
-        secret[0] = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
-        secret[1] = u64::from_le_bytes(raw[8..].try_into().expect("8 bytes"));
-        let handles: Vec<(u64, Handle)> = s.handles.iter().map(|(&k, &h)| (k, h)).collect();
-        {
-            let mut fs = self.fs();
-            for (i, (_, h)) in handles.iter().enumerate() {
-                if let Err(e) = fs.reopen(h.ino) {
-                    for (_, done) in &handles[..i] {
-                        let _ = fs.close(done.ino);
-                    }
-                    return Err(failure(e));
-                }
-            }
-        }
-        {
-            // The copies share their open file descriptions with the originals.
-            let mut locks = self.locks();
-            for (_, h) in &handles {
-                *locks.ofds.entry(h.ofd).or_default() += 1;
-            }
-        }
-        let count = handles.len() as u32;
-        let mut b = self.bundles_lock();
-        b.next += 1;
-        let id = b.next;
-        if let Err(e) = epoll::add(
-            &self.hangups,
-            &read,
-            epoll::EventData::new_u64(id),
-            epoll::EventFlags::empty(),
-        ) {
-            drop(b);
-            self.release_bundle(Bundle {
-                secret,
-                uid,
-                handles,
-                pipe: read,
-            });
-            return Err(fail(errno::ENOMEM, &format!("cannot watch the pipe: {e}")));
-        }
-        b.map.insert(
-            id,
-            Bundle {
-                secret,
-                uid,
-                handles,
-                pipe: read,
-            },
-        );
-        *b.per_uid.entry(uid).or_default() += 1;
-        Ok((
-            FsReply::Forked {
-                bundle: id,
-                secret,
-                handles: count,
-            },
-            write,
-        ))
-    }
-
-    /// `OP_FS_INHERIT`: moves a bundle's handles to `s` (first page) or reads on.
-    fn inherit(
-        &self,
-        s: &mut Session,
-        bundle: u64,
-        secret: [u64; 2],
-        from: u32,
-    ) -> Result<FsReply, Failure> {
-        let page = |pairs: &[(u64, u64)]| {
-            let from = (from as usize).min(pairs.len());
-            let end = (from + MAX_INHERITED).min(pairs.len());
-            FsReply::Inherited {
-                total: pairs.len() as u32,
-                pairs: pairs[from..end].to_vec(),
-            }
-        };
-        let bad = || fail(errno::EBADF, "no such fork bundle, or the wrong secret");
-        if from > 0 {
-            return match &s.claimed {
-                Some((id, sec, pairs)) if *id == bundle && *sec == secret => Ok(page(pairs)),
-                _ => Err(bad()),
-            };
-        }
-        let b = {
-            let mut all = self.bundles_lock();
-            match all.map.get(&bundle) {
-                Some(b) if b.secret == secret => {}
-                _ => return Err(bad()),
-            }
-            all.take(bundle).expect("present")
-        };
-        let _ = epoll::delete(&self.hangups, &b.pipe);
-        if s.handles.len() + b.handles.len() > MAX_HANDLES {
-            self.release_bundle(b);
-            return Err(fail(
-                errno::EMFILE,
-                "too many open files on this connection to inherit the bundle",
-            ));
-        }
-        let mut pairs = Vec::with_capacity(b.handles.len());
-        for (old, h) in b.handles {
-            let new = s.next;
-            s.next += 1;
-            s.add(new, h);
-            pairs.push((old, new));
-        }
-        pairs.sort_unstable();
-        let reply = page(&pairs);
-        s.claimed = Some((bundle, secret, pairs));
-        Ok(reply)
     }
 
     fn fs(&self) -> MutexGuard<'_, Fs> {
