@@ -70,10 +70,10 @@ pub const MAX_PINNED_TAGS: usize = 32;
 ///
 /// `p` is a registered state (alive: its owner unregisters it before freeing it).
 unsafe fn claim(p: NonNull<()>) -> bool {
-    // SAFETY: alive, as the caller promised; the flag is an atomic.
-    unsafe { p.cast::<State<'static>>().as_ref() }
-        .busy
-        .try_take()
+    // SAFETY: alive, as the caller promised. Only the flag is referred to (an atomic): its
+    // holder may hold the rest of the state mutably meanwhile.
+    let busy = unsafe { &*std::ptr::addr_of!((*p.cast::<State<'static>>().as_ptr()).busy) };
+    busy.try_take()
 }
 
 /// [`Reaper::advance`] for a request's state: reaps its completed commands (issuing more on
@@ -86,6 +86,8 @@ unsafe fn advance(p: NonNull<()>, dequeued: bool) -> bool {
     // SAFETY: we hold its busy flag, which its owner takes before freeing it.
     let st = unsafe { &mut *p.cast::<State<'static>>().as_ptr() };
     let mut freed = false;
+    // An ended request is left as it is: its owner reads it without the flag (`data`). (Its
+    // place in the queue, if this was it, is gone, and it never asks for tags again.)
     if !st.ended && !st.orphaned() {
         if dequeued {
             st.wanting = false;
@@ -95,15 +97,14 @@ unsafe fn advance(p: NonNull<()>, dequeued: bool) -> bool {
         st.progress(false);
         freed = st.holding() < before;
         st.again = false;
-    } else if dequeued {
-        st.wanting = false;
     }
     st.busy.give();
     freed
 }
 
-/// A request's busy flag: whoever holds it (the request's own calls, or a thread reaping it, [`Channel::reap_others`]) is the
-/// only one touching the state. A thread that finds it taken spins briefly, then sleeps until
+/// A request's busy flag: whoever holds it (the request's own calls, or a thread reaping it,
+/// [`Channel::reap_others`]) is the only one touching the state. A thread that finds it taken
+/// spins briefly, then sleeps until
 /// the holder gives it back, rather than yielding in a loop: each `sched_yield` puts the
 /// thread behind every other runnable thread of the process, and with more threads than CPUs
 /// an owner yielding for its request waited milliseconds.
@@ -563,22 +564,21 @@ impl<'f> Pending<'f> {
     /// The bytes of an ended read: the DMA slice itself for an in-place read, else the owned
     /// buffer (empty for a caller's raw buffer).
     pub fn data(&self) -> &[u8] {
-        let (ended, n, held, owned) = self.look(|s| {
+        let (ended, n, held, owned, ch) = self.look(|s| {
             let owned = match &s.buf {
                 Buf::Owned(v) => Some((v.as_ptr(), v.len())),
                 _ => None,
             };
-            (s.ended, s.moved, s.held, owned)
+            (s.ended, s.moved, s.held, owned, s.ch)
         });
         if !ended {
             return &[];
         }
-        // SAFETY: the state lives as long as `self`, and an ended request is left alone by
-        // reaping threads (they skip ended requests) and changes only through `&mut self` calls.
-        let ch = unsafe { self.st.as_ref().ch };
         match (held, owned) {
             (Some(tag), None) => ch.dma_slice(tag, n),
-            // SAFETY: as above: the owned buffer does not change while `self` is borrowed.
+            // SAFETY: the state lives as long as `self`, and an ended request changes only
+            // through `&mut self` calls (a reaping thread leaves it as it is): the owned buffer
+            // does not change while `self` is borrowed.
             (_, Some((p, len))) => unsafe { std::slice::from_raw_parts(p, n.min(len)) },
             _ => &[],
         }
@@ -685,6 +685,14 @@ impl<'f> State<'f> {
             ch.release(t);
         }
         self.want_tags();
+    }
+
+    /// No longer counted by the channel as waiting for tags (the request ended).
+    fn unbacklog(&mut self) {
+        if self.backlogged {
+            self.backlogged = false;
+            self.ch.reapers.backlog(false);
+        }
     }
 
     /// Queues the request with its channel for tags if it has commands that found none, and
@@ -799,6 +807,7 @@ impl<'f> State<'f> {
     }
 
     fn finish(&mut self) {
+        self.unbacklog();
         let r = if let Some(e) = self.err.take() {
             Err(e)
         } else if let Some(m) = self.miss {
@@ -871,10 +880,7 @@ impl Drop for Pending<'_> {
             // registry nobody reaches it.
             let st = unsafe { &mut *p };
             ch.reapers.unregister(self.ticket);
-            if st.backlogged {
-                st.backlogged = false;
-                ch.reapers.backlog(false);
-            }
+            st.unbacklog();
             // Stop issuing and let the device finish what it has.
             st.next = st.prep.segs.len();
             while let Some((tag, _)) = st.inflight.pop_front() {

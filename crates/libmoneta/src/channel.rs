@@ -259,7 +259,6 @@ impl Channel {
                         // Woken by a completion (or the poll's end): reap what nobody else
                         // does; the tags it frees go to the queue's front.
                         self.reap_others();
-                        self.dispatch_free();
                     }
                 }
                 Turn::Waiting => {

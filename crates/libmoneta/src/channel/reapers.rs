@@ -10,10 +10,12 @@
 //! took tens of microseconds with 64 threads keeping 8 requests each, and a quarter of the
 //! process's CPU.
 //!
-//! A request whose commands found no tag queues for tags; the same thread hands tags that no
-//! thread is queued for to those requests, oldest first, and issues their commands itself,
-//! so a request gets to the device without its owner's help (it may be waiting for an older
-//! request), and requests get there in the order they asked.
+//! A request whose commands found no free tag queues for tags. A thread that needs a tag and
+//! got one by reaping hands the other tags it freed (those no thread is queued for) to the
+//! queued requests, oldest first, and issues their commands itself: such a request gets to the
+//! device without its owner's help (the owner may be waiting for an older request). Tags freed
+//! otherwise (by an owner reaping its own request, by synchronous calls) go to whoever takes
+//! them next, a new submission included.
 //!
 //! The channel knows a request only as a pointer and two functions its owner registered: one
 //! claims the request (takes its busy flag, under the registry's lock, so the request cannot be
@@ -38,7 +40,8 @@ pub(crate) type Claim = unsafe fn(NonNull<()>) -> bool;
 
 /// Moves a claimed request along and lets go of it; returns whether it gave back a tag. The
 /// flag says whether the request was taken off the queue of requests wanting tags (it joins
-/// it again if it still wants some).
+/// it again if it still wants some). Moving a request along may end it, and a request that met
+/// a permission miss ends through the synchronous path (a lookup, commands of its own).
 ///
 /// # Safety
 ///
@@ -63,10 +66,24 @@ pub(crate) struct Ticket(pub(crate) u32);
 
 #[derive(Default)]
 struct Slots {
-    entries: Vec<Option<Reaper>>,
+    /// Registered requests, by ticket, with the serial number of their registration.
+    entries: Vec<Option<(Reaper, u32)>>,
     free: Vec<u32>,
-    /// Requests with commands that found no tag, in the order they asked.
-    wanting: VecDeque<u32>,
+    serial: u32,
+    live: usize,
+    /// Requests with commands that found no tag, in the order they asked: tickets with the
+    /// serial number of the registration that asked (a ticket is reused once its request is
+    /// gone, and a place the gone request left must not serve the new one).
+    wanting: VecDeque<(u32, u32)>,
+}
+
+impl Slots {
+    fn live_entry(&self, t: u32, serial: u32) -> Option<Reaper> {
+        match self.entries.get(t as usize - 1)? {
+            Some((r, s)) if *s == serial => Some(*r),
+            _ => None,
+        }
+    }
 }
 
 /// The channel's registered requests and which of them each tag's command belongs to.
@@ -94,13 +111,16 @@ impl Reapers {
     /// it.
     pub(crate) fn register(&self, r: Reaper) -> Ticket {
         let mut s = self.slots();
+        s.serial = s.serial.wrapping_add(1);
+        let e = Some((r, s.serial));
+        s.live += 1;
         let i = match s.free.pop() {
             Some(i) => {
-                s.entries[i as usize] = Some(r);
+                s.entries[i as usize] = e;
                 i
             }
             None => {
-                s.entries.push(Some(r));
+                s.entries.push(e);
                 (s.entries.len() - 1) as u32
             }
         };
@@ -110,13 +130,14 @@ impl Reapers {
     /// Takes a request out of the registry: once this returns, no thread claims it again
     /// (one that claimed it before still holds it until it lets go).
     ///
-    /// Its place in the queue of requests wanting tags, if it has one, stays: a place whose
-    /// request is gone, or wants no tags any more, is dropped when it comes up.
+    /// Its place in the queue of requests wanting tags, if it has one, stays until it comes up
+    /// or the queue is compacted ([`Reapers::want`]), and serves no other request.
     pub(crate) fn unregister(&self, t: Ticket) {
         let mut s = self.slots();
         let i = t.0 - 1;
         s.entries[i as usize] = None;
         s.free.push(i);
+        s.live -= 1;
     }
 
     /// Counts a request that now has commands waiting for a tag (`true`), or no longer has.
@@ -134,19 +155,33 @@ impl Reapers {
         self.backlog.load(Ordering::Relaxed) > TAGS_PER_CHANNEL as u32
     }
 
-    /// Queues the request registered as `t` for tags: [`Channel::reap_others`] issues its
-    /// commands on tags it frees, oldest request first. The request says it once, until it
-    /// is taken off (its [`Advance`] is then called with `true`).
+    /// Queues the request registered as `t` for tags: [`Channel::dispatch_free`] issues its
+    /// commands on free tags, oldest request first. The request says it once, until it is
+    /// taken off (its [`Advance`] is then called with `true`); a place whose request has gone
+    /// or no longer wants tags is dropped when it comes up.
     ///
     /// `again`: the request was just taken off the queue and still wants tags: it keeps its
-    /// place at the front, so that an older request's commands all go out before a younger
-    /// one's.
+    /// place at the front, so that among queued requests an older one's commands all go out
+    /// before a younger one's.
+    ///
+    /// Places of requests that are gone are dropped whenever they outnumber the requests
+    /// registered, so the queue stays within twice their number (plus a little) even when
+    /// nothing takes places off it.
     pub(crate) fn want(&self, t: Ticket, again: bool) {
         let mut s = self.slots();
+        let serial = match s.entries.get(t.0 as usize - 1) {
+            Some(Some((_, serial))) => *serial,
+            _ => return,
+        };
         if again {
-            s.wanting.push_front(t.0);
+            s.wanting.push_front((t.0, serial));
         } else {
-            s.wanting.push_back(t.0);
+            s.wanting.push_back((t.0, serial));
+        }
+        if s.wanting.len() > 2 * s.live + TAGS_PER_CHANNEL {
+            let mut q = std::mem::take(&mut s.wanting);
+            q.retain(|&(t, serial)| s.live_entry(t, serial).is_some());
+            s.wanting = q;
         }
     }
 
@@ -163,7 +198,7 @@ impl Reapers {
     /// Claims the request registered as `t`, if it still is and nobody holds it.
     fn claim(&self, t: u32) -> Option<Reaper> {
         let s = self.slots();
-        let r = (*s.entries.get(t as usize - 1)?)?;
+        let (r, _) = (*s.entries.get(t as usize - 1)?)?;
         // SAFETY: registered (checked under the lock we hold).
         unsafe { (r.claim)(r.state) }.then_some(r)
     }
@@ -174,15 +209,15 @@ impl Reapers {
     fn claim_wanting(&self, tried: &mut usize) -> Option<Reaper> {
         let mut s = self.slots();
         while *tried < s.wanting.len() {
-            let t = s.wanting.pop_front().expect("not empty");
-            let Some(r) = s.entries.get(t as usize - 1).copied().flatten() else {
+            let (t, serial) = s.wanting.pop_front().expect("not empty");
+            let Some(r) = s.live_entry(t, serial) else {
                 continue;
             };
             // SAFETY: registered (checked under the lock we hold).
             if unsafe { (r.claim)(r.state) } {
                 return Some(r);
             }
-            s.wanting.push_back(t);
+            s.wanting.push_back((t, serial));
             *tried += 1;
         }
         None
@@ -223,11 +258,14 @@ impl Channel {
 
     /// Hands the free tags nobody is queued for to the requests that want tags, oldest first,
     /// issuing their commands, so that the device stays busy while their owners wait on older
-    /// requests. Returns whether a request let go of a tag meanwhile.
+    /// requests. At most one round of the channel's tags per call, however busy the tags are
+    /// meanwhile. Returns whether a request let go of a tag meanwhile.
     pub(crate) fn dispatch_free(&self) -> bool {
         let mut freed = false;
         let mut tried = 0;
-        while self.tags.free_mask() != 0 && !self.tags.waiting() {
+        let mut rounds = 0;
+        while rounds < TAGS_PER_CHANNEL && self.tags.free_mask() != 0 && !self.tags.waiting() {
+            rounds += 1;
             let Some(r) = self.reapers.claim_wanting(&mut tried) else {
                 break;
             };
@@ -330,9 +368,32 @@ mod tests {
         assert_eq!(next(&r, &f), None);
         r.disown(Tag(5));
         assert_eq!(r.owners[5].load(Ordering::Relaxed), 0);
-        // Its ticket goes to the next request registered.
+        // Its ticket goes to the next request registered, which the gone one's place (left
+        // behind when it had one) does not serve.
+        r.want(b, false);
+        r.unregister(b);
         let c = register(&r, &f[0]);
-        assert_eq!(c, a);
+        assert_eq!(c, b);
+        assert_eq!(
+            next(&r, &f),
+            None,
+            "a place left by a gone request serves no other"
+        );
+        r.want(c, false);
+        assert_eq!(next(&r, &f), Some(0));
+    }
+
+    #[test]
+    fn places_left_by_gone_requests_do_not_pile_up() {
+        let r = Reapers::new();
+        let f = fakes(1);
+        for _ in 0..10_000 {
+            let t = register(&r, &f[0]);
+            r.want(t, false);
+            r.unregister(t);
+        }
+        let len = r.slots().wanting.len();
+        assert!(len <= 2 + TAGS_PER_CHANNEL, "{len} places kept");
     }
 
     #[test]
