@@ -49,7 +49,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use moneta_abi::{Completion, Opcode, Status};
@@ -58,6 +58,13 @@ use crate::channel::reapers::{Reaper, Ticket};
 use crate::channel::{command, Channel, Tag};
 use crate::file::{File, Prepared};
 use crate::{fork, ClientError};
+
+mod busy;
+mod progress;
+mod slot;
+
+use busy::Busy;
+pub use slot::WriteSlot;
 
 /// Most commands one asynchronous request keeps in flight.
 pub const TAGS_PER_REQUEST: usize = 16;
@@ -100,59 +107,6 @@ unsafe fn advance(p: NonNull<()>, dequeued: bool) -> bool {
     }
     st.busy.give();
     freed
-}
-
-/// A request's busy flag: whoever holds it (the request's own calls, or a thread reaping it,
-/// [`Channel::reap_others`]) is the only one touching the state. A thread that finds it taken
-/// spins briefly, then sleeps until
-/// the holder gives it back, rather than yielding in a loop: each `sched_yield` puts the
-/// thread behind every other runnable thread of the process, and with more threads than CPUs
-/// an owner yielding for its request waited milliseconds.
-struct Busy(AtomicU32);
-
-/// [`Busy`]: free, held, held with a thread asleep waiting for it.
-const BUSY_FREE: u32 = 0;
-const BUSY_HELD: u32 = 1;
-const BUSY_WAITED: u32 = 2;
-
-/// Spins of a thread waiting for a busy flag before it sleeps.
-const BUSY_SPINS: u32 = 64;
-
-impl Busy {
-    const fn new() -> Busy {
-        Busy(AtomicU32::new(BUSY_FREE))
-    }
-
-    fn try_take(&self) -> bool {
-        self.0
-            .compare_exchange(BUSY_FREE, BUSY_HELD, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Takes the flag, waiting for its holder if need be (a futex lock: Drepper's "Futexes
-    /// are tricky", mutex 2).
-    fn take(&self) {
-        for _ in 0..BUSY_SPINS {
-            if self.try_take() {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        while self.0.swap(BUSY_WAITED, Ordering::Acquire) != BUSY_FREE {
-            let _ = rustix::thread::futex::wait(
-                &self.0,
-                rustix::thread::futex::Flags::PRIVATE,
-                BUSY_WAITED,
-                None,
-            );
-        }
-    }
-
-    fn give(&self) {
-        if self.0.swap(BUSY_FREE, Ordering::Release) == BUSY_WAITED {
-            let _ = rustix::thread::futex::wake(&self.0, rustix::thread::futex::Flags::PRIVATE, 1);
-        }
-    }
 }
 
 /// A request's allocation and vectors, kept by a thread for its next request: a submitted
@@ -340,28 +294,6 @@ impl File {
         }
         let mode = self.policy().mode(len);
         self.submit(false, Some(off), Buf::InPlace(len), mode, &mut 0)
-    }
-
-    /// A DMA slice to fill in place for a zero-copy write of `len` bytes (at most one slice);
-    /// [`WriteSlot::submit`] sends it. `EAGAIN` when [`MAX_PINNED_TAGS`] tags are held this way.
-    pub fn write_slot(&self, len: usize) -> Result<WriteSlot<'_>, ClientError> {
-        self.h()?;
-        if len > self.channel().slice_size() {
-            return Err(ClientError::Io(std::io::Error::from_raw_os_error(
-                libc::EINVAL,
-            )));
-        }
-        self.check_access(true)?;
-        let ch = self.channel();
-        take_pinned(ch)?;
-        Ok(WriteSlot {
-            file: self,
-            ch,
-            gen: fork::generation(),
-            _pinned: PhantomData,
-            tag: Some(ch.tag()),
-            len,
-        })
     }
 
     /// Submits several requests and rings the doorbell once for all of their first commands.
@@ -596,263 +528,6 @@ impl<'f> Pending<'f> {
     }
 }
 
-impl<'f> State<'f> {
-    fn ch(&self) -> &'f Channel {
-        self.ch
-    }
-
-    /// A request of the parent process seen in a forked child.
-    fn orphaned(&self) -> bool {
-        self.gen != fork::generation()
-    }
-
-    /// An in-place read that does not fit one command on one tag becomes an owned one.
-    fn own_if_in_place_unfit(&mut self) {
-        if let Buf::InPlace(n) = self.buf {
-            let fits = self.prep.holes.is_empty()
-                && self.prep.segs.len() == 1
-                && self.prep.segs[0].at == 0;
-            if !fits {
-                self.buf = Buf::Owned(vec![0u8; n]);
-            }
-        }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match &mut self.buf {
-            Buf::Owned(v) => v,
-            // SAFETY: the submitter promised `ptr` valid for `n` bytes until the request ends.
-            Buf::Raw(ptr, n) => unsafe { std::slice::from_raw_parts_mut(*ptr, *n) },
-            Buf::InPlace(_) => &mut [],
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match &self.buf {
-            Buf::Owned(v) => v,
-            // SAFETY: as in `bytes_mut`.
-            Buf::Raw(ptr, n) => unsafe { std::slice::from_raw_parts(*ptr, *n) },
-            Buf::InPlace(_) => &[],
-        }
-    }
-
-    fn stopped(&self) -> bool {
-        self.err.is_some() || self.miss.is_some()
-    }
-
-    /// Tags this request holds now.
-    fn holding(&self) -> usize {
-        self.inflight.len() + self.held.is_some() as usize
-    }
-
-    /// Puts commands on free tags (without ringing: the caller rings `bits`).
-    fn issue(&mut self, bits: &mut u64) {
-        self.issue_from(None, bits);
-    }
-
-    /// [`State::issue`], the first command on `first` when given (a tag the caller waited
-    /// for; released if nothing is left to issue).
-    fn issue_from(&mut self, mut first: Option<Tag>, bits: &mut u64) {
-        let ch = self.ch();
-        let opcode = if self.write {
-            Opcode::Write
-        } else {
-            Opcode::Read
-        };
-        while self.next < self.prep.segs.len()
-            && !self.stopped()
-            && self.inflight.len() < TAGS_PER_REQUEST
-        {
-            let Some(tag) = first.take().or_else(|| ch.try_tag()) else {
-                break;
-            };
-            let seg = self.prep.segs[self.next];
-            if self.write {
-                ch.write_dma(tag, 0, &self.bytes()[seg.at..seg.at + seg.len]);
-            }
-            ch.prepare(
-                tag,
-                &command(opcode, self.mode, seg.dev, seg.len as u64, seg.file),
-            );
-            *bits |= 1u64 << tag.0;
-            if let Some(t) = self.ticket {
-                ch.reapers.own(tag, t);
-            }
-            self.inflight.push_back((tag, self.next));
-            self.next += 1;
-        }
-        if let Some(t) = first {
-            ch.release(t);
-        }
-        self.want_tags();
-    }
-
-    /// No longer counted by the channel as waiting for tags (the request ended).
-    fn unbacklog(&mut self) {
-        if self.backlogged {
-            self.backlogged = false;
-            self.ch.reapers.backlog(false);
-        }
-    }
-
-    /// Queues the request with its channel for tags if it has commands that found none, and
-    /// keeps the channel's count of such requests.
-    fn want_tags(&mut self) {
-        let Some(t) = self.ticket else { return };
-        let wants = self.next < self.prep.segs.len()
-            && !self.stopped()
-            && self.inflight.len() < TAGS_PER_REQUEST
-            && !self.orphaned();
-        if wants != self.backlogged {
-            self.backlogged = wants;
-            self.ch.reapers.backlog(wants);
-        }
-        if wants && !self.wanting {
-            self.wanting = true;
-            self.ch.reapers.want(t, self.again);
-        }
-    }
-
-    /// Takes completed commands off the front, waiting for the first when `block` (only the
-    /// first: the caller issues the next command on its tag while the others complete).
-    fn reap(&mut self, mut block: bool) {
-        let ch = self.ch();
-        while let Some(&(tag, i)) = self.inflight.front() {
-            let c = if block {
-                block = false;
-                Some(ch.wait(tag, self.mode))
-            } else {
-                ch.poll(tag, self.mode).map(Ok)
-            };
-            let Some(c) = c else { break };
-            self.inflight.pop_front();
-            let seg = self.prep.segs[i];
-            let mut keep = false;
-            match c {
-                Ok(c) => match c.status {
-                    Status::Ok => {
-                        if !self.write {
-                            if matches!(self.buf, Buf::InPlace(_)) {
-                                keep = true;
-                            } else {
-                                let dst = &mut self.bytes_mut()[seg.at..seg.at + seg.len];
-                                ch.read_dma(tag, 0, dst);
-                            }
-                        }
-                    }
-                    Status::PermissionMiss => {
-                        self.miss = Some(self.miss.map_or(seg.at, |m| m.min(seg.at)));
-                    }
-                    Status::PermissionDenied => {
-                        self.err
-                            .get_or_insert(ClientError::Io(std::io::Error::from_raw_os_error(
-                                libc::EBADF,
-                            )));
-                    }
-                    s => {
-                        self.err.get_or_insert(ClientError::Status(s));
-                    }
-                },
-                Err(e) => {
-                    self.err.get_or_insert(e);
-                }
-            }
-            if keep {
-                ch.reapers.disown(tag);
-                self.held = Some(tag);
-            } else {
-                ch.release(tag);
-            }
-        }
-    }
-
-    /// Moves the request along; returns whether it has ended. Never blocks unless `block`.
-    fn progress(&mut self, block: bool) -> bool {
-        if self.ended {
-            return true;
-        }
-        if self.orphaned() {
-            // POSIX: a child does not inherit its parent's asynchronous requests.
-            self.inflight.clear();
-            self.held = None;
-            self.result = Some(Err(ClientError::Io(std::io::Error::from_raw_os_error(
-                libc::ECANCELED,
-            ))));
-            self.ended = true;
-            return true;
-        }
-        let mut waited: Option<Tag> = None;
-        loop {
-            let mut bits = 0u64;
-            self.issue_from(waited.take(), &mut bits);
-            if bits != 0 {
-                self.ch().ring(bits);
-            }
-            let issued = bits != 0;
-            self.reap(block && !self.inflight.is_empty());
-            let all_out = self.next == self.prep.segs.len() || self.stopped();
-            if self.inflight.is_empty() && all_out {
-                self.finish();
-                return true;
-            }
-            if !block {
-                return false;
-            }
-            if !issued && self.inflight.is_empty() {
-                // No free tag: wait for one (moving the channel's other requests along, whose
-                // completed commands hold some).
-                waited = Some(self.ch.tag());
-            }
-        }
-    }
-
-    fn finish(&mut self) {
-        self.unbacklog();
-        let r = if let Some(e) = self.err.take() {
-            Err(e)
-        } else if let Some(m) = self.miss {
-            self.finish_after_miss(m)
-        } else {
-            Ok(self.prep.len)
-        };
-        if let Ok(n) = r {
-            self.moved = n;
-        }
-        self.result = Some(r);
-        self.ended = true;
-    }
-
-    /// A hard miss: the bytes from `m` on go through the synchronous path, which looks up
-    /// again and retries.
-    fn finish_after_miss(&mut self, m: usize) -> Result<usize, ClientError> {
-        if let Some(t) = self.held.take() {
-            self.ch().release(t);
-        }
-        if let Buf::InPlace(n) = self.buf {
-            self.buf = Buf::Owned(vec![0u8; n]);
-            return self.finish_after_miss(0);
-        }
-        let (off, mode, len) = (self.off + m as u64, self.mode, self.prep.len);
-        self.file.forget_at(off);
-        if self.write {
-            let data = self.bytes()[m..len].to_vec();
-            self.file.write_exact_at_with(&data, off, mode)?;
-            Ok(len)
-        } else {
-            let file = self.file;
-            let dst = &mut self.bytes_mut()[m..len];
-            let mut done = 0;
-            while done < dst.len() {
-                match file.read_at_with(&mut dst[done..], off + done as u64, mode)? {
-                    0 => break,
-                    n => done += n,
-                }
-            }
-            Ok(m + done)
-        }
-    }
-}
-
 impl std::fmt::Debug for Pending<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.look(|s| {
@@ -909,119 +584,6 @@ impl Drop for Pending<'_> {
                 slot: Some(Box::from_raw(p.cast::<MaybeUninit<State<'static>>>())),
                 ..sp
             });
-        }
-    }
-}
-
-/// A DMA slice being filled for a zero-copy write.
-pub struct WriteSlot<'f> {
-    file: &'f File,
-    ch: &'f Channel,
-    gen: u64,
-    /// Counts against [`MAX_PINNED_TAGS`] until submitted or dropped.
-    _pinned: PhantomData<()>,
-    tag: Option<Tag>,
-    len: usize,
-}
-
-impl<'f> WriteSlot<'f> {
-    /// The slice to fill.
-    pub fn buf(&mut self) -> &mut [u8] {
-        let tag = self.tag.expect("slot holds its tag until submitted");
-        self.ch.dma_slice_mut(tag, self.len)
-    }
-
-    /// Sends the slice's bytes to `off` (the end on a file opened for appending). When the
-    /// range maps to one command, the device takes the bytes straight from the slice.
-    pub fn submit(mut self, off: u64) -> Result<Pending<'f>, ClientError> {
-        let f = self.file;
-        let tag = self.tag.take().expect("slot holds its tag until submitted");
-        let len = self.len;
-        let ch = self.ch;
-        if self.gen != fork::generation() {
-            return Err(ClientError::Io(std::io::Error::from_raw_os_error(
-                libc::ECANCELED,
-            )));
-        }
-        give_pinned(ch);
-        let mode = f.policy().mode(len);
-        let r = (|| {
-            let off = if f.appends() {
-                f.append_at(len as u64)?
-            } else {
-                f.check_range(off, len as u64, true)?;
-                off
-            };
-            let prep = f.prepare_write(off, len, &mut 0)?;
-            Ok::<_, ClientError>((off, prep))
-        })();
-        let (off, prep) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                ch.release(tag);
-                return Err(e);
-            }
-        };
-        if prep.segs.len() == 1 {
-            let seg = prep.segs[0];
-            ch.submit(
-                tag,
-                &command(Opcode::Write, mode, seg.dev, seg.len as u64, seg.file),
-            );
-            let mut sp = spare();
-            let mut inflight = std::mem::take(&mut sp.inflight);
-            inflight.push_back((tag, 0));
-            return Ok(Pending::new(
-                State {
-                    file: f,
-                    ch,
-                    gen: self.gen,
-                    write: true,
-                    off,
-                    buf: Buf::Owned(Vec::new()),
-                    mode,
-                    prep,
-                    next: 1,
-                    inflight,
-                    miss: None,
-                    err: None,
-                    result: None,
-                    held: None,
-                    pinned: false,
-                    moved: 0,
-                    ended: false,
-                    ticket: None,
-                    wanting: false,
-                    backlogged: false,
-                    again: false,
-                    busy: Busy::new(),
-                },
-                sp.slot.take(),
-            ));
-        }
-        // Spans extents: the bytes leave the slice for an ordinary request.
-        let data = ch.dma_slice(tag, len).to_vec();
-        ch.release(tag);
-        f.submit(true, Some(off), Buf::Owned(data), mode, &mut 0)
-    }
-}
-
-impl std::fmt::Debug for WriteSlot<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteSlot")
-            .field("tag", &self.tag)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl Drop for WriteSlot<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = self.tag.take() {
-            if self.gen == fork::generation() {
-                self.ch.release(t);
-                give_pinned(self.ch);
-            }
         }
     }
 }
