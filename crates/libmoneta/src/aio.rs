@@ -360,30 +360,9 @@ impl File {
         }
         let ch = self.channel();
         let slot = sp.slot.take();
-        let mut st = State {
-            file: self,
-            ch,
-            gen: fork::generation(),
-            write,
-            off,
-            buf,
-            mode,
-            prep: std::mem::take(&mut sp.prep),
-            next: 0,
-            inflight: std::mem::take(&mut sp.inflight),
-            miss: None,
-            err: None,
-            result: None,
-            held: None,
-            pinned: false,
-            moved: 0,
-            ended: false,
-            ticket: None,
-            wanting: false,
-            backlogged: false,
-            again: false,
-            busy: Busy::new(),
-        };
+        let mut st = State::new(self, ch, fork::generation(), write, off, buf, mode);
+        st.prep = std::mem::take(&mut sp.prep);
+        st.inflight = std::mem::take(&mut sp.inflight);
         st.own_if_in_place_unfit();
         if matches!(st.buf, Buf::InPlace(_)) {
             take_pinned(ch)?;
@@ -401,6 +380,44 @@ impl File {
             ch.ring(std::mem::take(bits));
         }
         Ok(Pending::new(st, slot))
+    }
+}
+
+impl<'f> State<'f> {
+    /// A request not yet planned: nothing prepared, nothing in flight, nothing queued.
+    fn new(
+        file: &'f File,
+        ch: &'f Channel,
+        gen: u64,
+        write: bool,
+        off: u64,
+        buf: Buf,
+        mode: Completion,
+    ) -> State<'f> {
+        State {
+            file,
+            ch,
+            gen,
+            write,
+            off,
+            buf,
+            mode,
+            prep: Prepared::default(),
+            next: 0,
+            inflight: VecDeque::new(),
+            miss: None,
+            err: None,
+            result: None,
+            held: None,
+            pinned: false,
+            moved: 0,
+            ended: false,
+            ticket: None,
+            wanting: false,
+            backlogged: false,
+            again: false,
+            busy: Busy::new(),
+        }
     }
 }
 

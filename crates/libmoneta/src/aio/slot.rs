@@ -84,33 +84,11 @@ impl<'f> WriteSlot<'f> {
             let mut sp = spare();
             let mut inflight = std::mem::take(&mut sp.inflight);
             inflight.push_back((tag, 0));
-            return Ok(Pending::new(
-                State {
-                    file: f,
-                    ch,
-                    gen: self.gen,
-                    write: true,
-                    off,
-                    buf: Buf::Owned(Vec::new()),
-                    mode,
-                    prep,
-                    next: 1,
-                    inflight,
-                    miss: None,
-                    err: None,
-                    result: None,
-                    held: None,
-                    pinned: false,
-                    moved: 0,
-                    ended: false,
-                    ticket: None,
-                    wanting: false,
-                    backlogged: false,
-                    again: false,
-                    busy: Busy::new(),
-                },
-                sp.slot.take(),
-            ));
+            let mut st = State::new(f, ch, self.gen, true, off, Buf::Owned(Vec::new()), mode);
+            st.prep = prep;
+            st.next = 1;
+            st.inflight = inflight;
+            return Ok(Pending::new(st, sp.slot.take()));
         }
         // Spans extents: the bytes leave the slice for an ordinary request.
         let data = ch.dma_slice(tag, len).to_vec();

@@ -259,9 +259,8 @@ impl Channel {
     /// Hands the free tags nobody is queued for to the requests that want tags, oldest first,
     /// issuing their commands, so that the device stays busy while their owners wait on older
     /// requests. At most one round of the channel's tags per call, however busy the tags are
-    /// meanwhile. Returns whether a request let go of a tag meanwhile.
-    pub(crate) fn dispatch_free(&self) -> bool {
-        let mut freed = false;
+    /// meanwhile.
+    pub(crate) fn dispatch_free(&self) {
         let mut tried = 0;
         let mut rounds = 0;
         while rounds < TAGS_PER_CHANNEL && self.tags.free_mask() != 0 && !self.tags.waiting() {
@@ -270,9 +269,8 @@ impl Channel {
                 break;
             };
             // SAFETY: claimed just now.
-            freed |= unsafe { (r.advance)(r.state, true) };
+            unsafe { (r.advance)(r.state, true) };
         }
-        freed
     }
 }
 
