@@ -2,7 +2,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -14,7 +14,7 @@ use moneta_abi::control::{
 };
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendFlags, SocketAddrUnix, SocketType,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketType,
 };
 
 use crate::trust::Trust;
@@ -112,10 +112,19 @@ impl Control {
 
     /// Sends `req` and returns the reply body and any file descriptors that came with it.
     pub fn call(&self, req: &Request) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
+        self.call_passing(req, &[])
+    }
+
+    /// [`Control::call`], passing `fds` with the request (`SCM_RIGHTS`).
+    pub fn call_passing(
+        &self,
+        req: &Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
         let _g = self.lock.lock().expect("control lock");
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let msg = encode_request(seq, req);
-        self.send_raw(&msg)?;
+        self.send_passing(&msg, fds)?;
         // A reply to an earlier call that timed out may arrive first: skip it.
         let (bytes, fds) = loop {
             let (bytes, fds) = self.recv_raw()?;
@@ -139,8 +148,18 @@ impl Control {
 
     /// Sends raw bytes as one message (for tests of the daemon's parser).
     pub fn send_raw(&self, msg: &[u8]) -> Result<(), ClientError> {
-        let mut space: [MaybeUninit<u8>; 0] = [];
+        self.send_passing(msg, &[])
+    }
+
+    /// Sends raw bytes as one message with descriptors (at most four).
+    pub fn send_passing(&self, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ClientError> {
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() && !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(ClientError::Io(std::io::Error::other(
+                "too many descriptors for one message",
+            )));
+        }
         rustix::net::sendmsg(
             &self.fd,
             &[IoSlice::new(msg)],

@@ -165,6 +165,9 @@ pub enum Request {
     Model,
     /// A file-system call (ops 16 and up); see [`crate::fsproto`].
     Fs(crate::fsproto::FsRequest),
+    /// A call on a file of the kernel file system on the array (ops 48 to 51); see
+    /// [`crate::kfsproto`]. [`crate::kfsproto::OP_KFS_OPEN`] carries a descriptor.
+    Kfs(crate::kfsproto::KfsRequest),
 }
 
 impl Request {
@@ -180,6 +183,7 @@ impl Request {
             Request::Ping => OP_PING,
             Request::Model => OP_MODEL,
             Request::Fs(f) => f.op(),
+            Request::Kfs(k) => k.op(),
         }
     }
 }
@@ -365,6 +369,8 @@ pub enum ReplyBody {
     Model(ModelReport),
     /// The reply of a file-system call.
     Fs(crate::fsproto::FsReply),
+    /// The reply of a call on a kernel file system's file.
+    Kfs(crate::kfsproto::KfsReply),
 }
 
 /// A failed request: a negative errno and a message saying what to do.
@@ -529,6 +535,7 @@ pub fn encode_request(seq: u32, req: &Request) -> Vec<u8> {
         }
         Request::Status | Request::Shutdown | Request::Ping | Request::Model => {}
         Request::Fs(f) => f.encode(&mut w),
+        Request::Kfs(k) => k.encode(&mut w),
     }
     w.finish()
 }
@@ -587,6 +594,9 @@ pub fn decode_request(bytes: &[u8]) -> Result<(u32, Request), Error> {
         other if crate::fsproto::is_fs_op(other) => {
             Request::Fs(crate::fsproto::FsRequest::decode(other, &mut r)?)
         }
+        other if crate::kfsproto::is_kfs_op(other) => {
+            Request::Kfs(crate::kfsproto::KfsRequest::decode(other, &mut r)?)
+        }
         other => return Err(Error::UnknownOp(other)),
     };
     r.end()?;
@@ -634,6 +644,7 @@ pub fn encode_reply(op: u16, seq: u32, result: &Result<ReplyBody, Failure>) -> V
                     w.0.extend_from_slice(&text);
                 }
                 ReplyBody::Fs(f) => f.encode(&mut w),
+                ReplyBody::Kfs(k) => k.encode(&mut w),
             }
         }
     }
@@ -693,6 +704,9 @@ pub fn decode_reply(bytes: &[u8], expect_op: u16) -> Result<Reply, Error> {
         }
         op if crate::fsproto::is_fs_op(op) => {
             ReplyBody::Fs(crate::fsproto::FsReply::decode(op, &mut r)?)
+        }
+        op if crate::kfsproto::is_kfs_op(op) => {
+            ReplyBody::Kfs(crate::kfsproto::KfsReply::decode(op, &mut r)?)
         }
         _ => ReplyBody::Empty,
     };

@@ -14,6 +14,7 @@ pub mod channel;
 pub mod command;
 pub mod control;
 pub mod fsproto;
+pub mod kfsproto;
 pub mod status;
 
 pub use channel::*;

@@ -372,6 +372,11 @@ impl MappedArray {
         })
     }
 
+    /// The backing file or memfd (to attach it to a loop device).
+    pub fn backing(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
     /// Whether the file holds any data at all: `false` for a file that is one hole (as made
     /// by `truncate -s`), which holds nothing anyone could lose.
     pub fn has_data(path: &Path) -> io::Result<bool> {

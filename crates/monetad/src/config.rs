@@ -129,6 +129,17 @@ pub struct Args {
     /// Serve the array as a raw device, without a file system (administrative grants only).
     #[arg(long)]
     pub raw: bool,
+    /// Put a kernel file system on the array instead of nvfs (root only): `ext4` or `xfs`. The
+    /// array is attached to a loop device, formatted if it is new (a volatile array, or a
+    /// backing file this start creates) and mounted on --kernel-fs-mount; clients open its
+    /// files through the kernel and read and write them through their channels
+    /// (docs/kernelfs.md).
+    #[arg(long, value_parser = crate::kernelfs::Kind::parse, conflicts_with = "raw")]
+    pub kernel_fs: Option<crate::kernelfs::Kind>,
+    /// Where --kernel-fs mounts its file system [default: beside the socket, with the
+    /// extension `.mnt`].
+    #[arg(long)]
+    pub kernel_fs_mount: Option<PathBuf>,
     /// Time every read and write stage by stage (queueing, permission check, data movement,
     /// media latency) into the status counters `traced` and `trace_*_ns`: a few clock reads per
     /// command, for latency breakdowns.
@@ -220,6 +231,8 @@ struct FileConfig {
     user_connections: Option<usize>,
     user_records: Option<usize>,
     raw: Option<bool>,
+    kernel_fs: Option<String>,
+    kernel_fs_mount: Option<PathBuf>,
     chunk_size: Option<toml::Value>,
     durability: Option<String>,
     append_reserve: Option<toml::Value>,
@@ -338,6 +351,8 @@ pub struct Config {
     pub shares: crate::server::Shares,
     /// No file system: a raw device.
     pub raw: bool,
+    /// A kernel file system on the array instead of nvfs, and where it is mounted.
+    pub kernel_fs: Option<(crate::kernelfs::Kind, PathBuf)>,
     /// Allocation unit of a file system made on a new array.
     pub chunk_size: u64,
     /// What calls and `fsync` make durable.
@@ -500,17 +515,36 @@ impl Config {
             .append_reserve
             .or(toml_size(&file.append_reserve, "append_reserve")?)
             .unwrap_or(moneta_fs::fs::DEFAULT_APPEND_RESERVE);
-        Ok(Config {
-            socket: args
-                .socket
+        let socket = args
+            .socket
+            .clone()
+            .or(file.socket)
+            .unwrap_or_else(libmoneta::paths::default_socket);
+        let kernel_fs = match (args.kernel_fs, file.kernel_fs.as_deref()) {
+            (Some(k), _) => Some(k),
+            (None, Some(name)) => Some(crate::kernelfs::Kind::parse(name)?),
+            (None, None) => None,
+        };
+        let raw = args.raw || file.raw.unwrap_or(false);
+        if kernel_fs.is_some() && raw {
+            return Err("--kernel-fs and --raw exclude each other".into());
+        }
+        let kernel_fs = kernel_fs.map(|k| {
+            let mount = args
+                .kernel_fs_mount
                 .clone()
-                .or(file.socket)
-                .unwrap_or_else(libmoneta::paths::default_socket),
+                .or(file.kernel_fs_mount)
+                .unwrap_or_else(|| socket.with_extension("mnt"));
+            (k, mount)
+        });
+        Ok(Config {
+            socket,
+            kernel_fs,
             array,
             device,
             socket_mode,
             shares,
-            raw: args.raw || file.raw.unwrap_or(false),
+            raw,
             chunk_size,
             durability,
             append_reserve,

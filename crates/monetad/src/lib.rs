@@ -6,6 +6,7 @@
 //! file system checkpoints its journal, the array is flushed, and the socket is removed.
 
 pub mod config;
+pub mod kernelfs;
 pub mod locks;
 pub mod manager;
 pub mod server;
@@ -199,6 +200,12 @@ fn raise_fd_limit() {
 
 /// Runs the daemon until it is asked to stop.
 pub fn run(config: Config) -> Result<(), DaemonError> {
+    // Lease breaks of a kernel file system's files come as a signal every thread blocks (the
+    // threads started below inherit the mask), read from a signalfd.
+    let break_signal = config
+        .kernel_fs
+        .is_some()
+        .then(kernelfs::block_break_signal);
     // SIGIO would end the process, and the one thing that could send it is a file lease the
     // daemon holds for an instant to learn whether a mapped file's pages are still held
     // (manager/segments.rs) should something open the pages in that instant.
@@ -237,6 +244,20 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         ArraySource::Volatile(size) => (MappedArray::volatile(*size)?, true),
     };
     let media = Arc::new(media);
+    // A kernel file system takes nvfs's place on the array.
+    let kernel_fs = match &config.kernel_fs {
+        Some((kind, mount)) => Some(
+            kernelfs::KernelFs::attach(
+                *kind,
+                media.backing(),
+                moneta_device::Media::size(&*media),
+                fresh,
+                mount,
+            )
+            .map_err(DaemonError::Config)?,
+        ),
+        None => None,
+    };
     // What the file system and the engine write through: the array, or (a test hook) the
     // array with a copy of every flushed range kept aside.
     let shared: Arc<dyn Media> = match &config.durable_shadow {
@@ -246,7 +267,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         ),
         None => media.clone(),
     };
-    let fs = if config.raw {
+    let fs = if config.raw || kernel_fs.is_some() {
         None
     } else {
         if fresh {
@@ -306,6 +327,27 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         ),
         None => None,
     };
+    let kernel_files = match (&kernel_fs, break_signal) {
+        (Some(k), Some(signal)) => {
+            let files = Arc::new(kernelfs::Files::new(
+                device.clone(),
+                k.dev,
+                k.mount.clone(),
+                signal,
+            ));
+            kernelfs::start_watcher(files.clone(), signal)
+                .map_err(|e| DaemonError::Config(format!("cannot start the lease watcher: {e}")))?;
+            tracing::info!(
+                kind = k.kind.name(),
+                mount = %k.mount.display(),
+                device = %k.loop_device.display(),
+                formatted = k.formatted,
+                "kernel file system mounted"
+            );
+            Some(files)
+        }
+        _ => None,
+    };
     let stopping = manager.clone();
     if let Some(m) = &manager {
         m.start_reaper()
@@ -321,7 +363,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             stop_tx.clone(),
         )
         .polling(libmoneta::affinity::worth_polling(config.device.poller_cpu))
-        .shares(config.shares),
+        .shares(config.shares)
+        .kernel_files(kernel_files.clone()),
     );
     std::thread::Builder::new()
         .name("moneta-accept".into())
@@ -344,6 +387,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     );
     let why = stop_rx.recv().unwrap_or(Stop::Requested);
     tracing::info!(?why, "stopping");
+    // Records revoked and leases given back while the device still runs.
+    if let Some(files) = &kernel_files {
+        files.shutdown();
+    }
     // Idempotent: after a shutdown request the device has already stopped.
     let _ = device.shutdown();
     if let Some(m) = stopping {
@@ -351,6 +398,9 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             tracing::error!("the file system could not checkpoint its journal: {e}");
         }
     }
+    // Unmounted (the kernel writes the file system's last changes into the array), and the
+    // loop device detached.
+    drop(kernel_fs);
     // At every level a clean stop leaves the whole array on the host's disk.
     if let Err(e) = shared.flush(0, array_size) {
         tracing::error!("cannot flush the array: {e}");

@@ -24,6 +24,7 @@ use moneta_abi::control::{
     MAX_MESSAGE,
 };
 use moneta_abi::fsproto::FsRequest;
+use moneta_abi::kfsproto::{KfsReply, KfsRequest};
 use moneta_device::{Device, DeviceError, TableOp};
 
 use crate::manager::{Manager, Session};
@@ -100,6 +101,10 @@ pub struct Server {
     poll: bool,
     /// The socket path, for messages.
     pub socket: PathBuf,
+    /// The files of a kernel file system on the array (`--kernel-fs`).
+    kernel_files: Option<Arc<crate::kernelfs::Files>>,
+    /// Names connections for the kernel file system's handles.
+    next_conn: std::sync::atomic::AtomicU64,
 }
 
 fn fail(errno: i32, message: impl Into<String>) -> Failure {
@@ -128,6 +133,8 @@ fn lock_session(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
 }
 
 struct Conn {
+    /// This server's name for the connection.
+    id: u64,
     fd: OwnedFd,
     uid: u32,
     pid: i32,
@@ -161,7 +168,15 @@ impl Server {
             stop,
             poll: true,
             socket,
+            kernel_files: None,
+            next_conn: std::sync::atomic::AtomicU64::new(1),
         }
+    }
+
+    /// Serves the files of a kernel file system on the array.
+    pub fn kernel_files(mut self, files: Option<Arc<crate::kernelfs::Files>>) -> Server {
+        self.kernel_files = files;
+        self
     }
 
     /// Each user's share of channels and connections (the daemon's user and root are not
@@ -310,6 +325,7 @@ impl Server {
             let me = self.clone();
             let uid = cred.uid;
             let c = Conn {
+                id: self.next_conn.fetch_add(1, Ordering::Relaxed),
                 fd: conn,
                 uid: cred.uid,
                 pid: cred.pid,
@@ -375,8 +391,14 @@ impl Server {
                 Duration::ZERO
             };
             let r = libmoneta::control::recvmsg_polling(&c.fd, &mut buf, &mut cmsg, spin);
-            // Descriptors a client sends us are dropped (closed) here, unused.
-            cmsg.drain().for_each(drop);
+            // Descriptors a client sends: only KFS_OPEN takes one; the request's handler drops
+            // (closes) any other.
+            let mut fds = Vec::new();
+            for m in cmsg.drain() {
+                if let rustix::net::RecvAncillaryMessage::ScmRights(it) = m {
+                    fds.extend(it);
+                }
+            }
             let Ok(r) = r else { break };
             if r.bytes == 0 {
                 break;
@@ -391,7 +413,7 @@ impl Server {
             match decoded {
                 Ok((seq, req)) => {
                     let op = req.op();
-                    let (result, fds) = self.handle(&mut c, req);
+                    let (result, fds) = self.handle(&mut c, req, fds);
                     if self.reply(&c, op, seq, &result, &fds).is_err() {
                         break;
                     }
@@ -417,6 +439,10 @@ impl Server {
         if let Some(m) = &self.manager {
             // Before the channel goes: its id may be given to another connection at once.
             m.unpublish(&mut lock_session(&c.session));
+        }
+        if let Some(files) = &self.kernel_files {
+            // Before the channel goes, as its id may be given to another connection at once.
+            files.end_connection(c.id, c.channel);
         }
         let had_channel = c.channel.is_some();
         if let Some(id) = c.channel.take() {
@@ -469,9 +495,45 @@ impl Server {
         }
     }
 
-    fn handle(&self, c: &mut Conn, req: Request) -> (Result<ReplyBody, Failure>, Vec<OwnedFd>) {
+    fn handle(
+        &self,
+        c: &mut Conn,
+        req: Request,
+        mut passed: Vec<OwnedFd>,
+    ) -> (Result<ReplyBody, Failure>, Vec<OwnedFd>) {
         let empty = |r: Result<(), Failure>| (r.map(|()| ReplyBody::Empty), Vec::new());
         match req {
+            Request::Kfs(k) => {
+                let Some(files) = &self.kernel_files else {
+                    return empty(Err(fail(
+                        errno::EOPNOTSUPP,
+                        "this daemon serves no kernel file system (start it with --kernel-fs)",
+                    )));
+                };
+                let r = match k {
+                    KfsRequest::Open => match (passed.pop(), passed.is_empty()) {
+                        (Some(fd), true) => files.open(c.id, fd),
+                        _ => Err(fail(
+                            errno::EINVAL,
+                            "KFS_OPEN carries exactly one descriptor (SCM_RIGHTS)",
+                        )),
+                    },
+                    KfsRequest::Map {
+                        handle,
+                        offset,
+                        len,
+                    } => files.map(c.id, c.channel, handle, offset, len),
+                    KfsRequest::Allocate {
+                        handle,
+                        offset,
+                        len,
+                    } => files.allocate(c.id, c.channel, handle, offset, len),
+                    KfsRequest::Close { handle } => files
+                        .close(c.id, c.channel, handle)
+                        .map(|()| KfsReply::Closed),
+                };
+                (r.map(ReplyBody::Kfs), Vec::new())
+            }
             Request::Ping => empty(Ok(())),
             Request::Status => (Ok(ReplyBody::Status(self.device.report())), Vec::new()),
             Request::Model => (
@@ -554,7 +616,7 @@ impl Server {
                 },
                 None => empty(Err(fail(
                     errno::EOPNOTSUPP,
-                    "this daemon serves a raw device (--raw): no file system",
+                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
                 ))),
             },
             Request::Fs(FsRequest::Map { handle, write }) => match &self.manager {
@@ -564,7 +626,7 @@ impl Server {
                 },
                 None => empty(Err(fail(
                     errno::EOPNOTSUPP,
-                    "this daemon serves a raw device (--raw): no file system",
+                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
                 ))),
             },
             Request::Fs(f) => match &self.manager {
@@ -575,7 +637,7 @@ impl Server {
                 ),
                 None => empty(Err(fail(
                     errno::EOPNOTSUPP,
-                    "this daemon serves a raw device (--raw): no file system",
+                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
                 ))),
             },
             Request::Shutdown => empty(self.admin(c).and_then(|()| {

@@ -50,6 +50,7 @@ impl Daemon {
             socket_mode: 0o600,
             shares: crate::server::Shares::for_channels(1024),
             raw: false,
+            kernel_fs: None,
             chunk_size: moneta_fs::layout::DEFAULT_CHUNK,
             durability: moneta_fs::Durability::Device,
             append_reserve: moneta_fs::fs::DEFAULT_APPEND_RESERVE,
