@@ -555,3 +555,38 @@ fn restart_keeps_the_file_system_and_refuses_others() {
     assert!(err.contains("refusing to format"), "{err}");
     k.stop_and_check();
 }
+
+/// A reader's handle leaves a program runnable (the daemon's description of a file no handle
+/// may write is read-only); a writer's handle then upgrades it, and both see the same bytes.
+#[test]
+fn a_reader_cannot_keep_a_program_from_running() {
+    if !root() {
+        return;
+    }
+    let k = Kfs::start("ext4");
+    let p = k.path("prog.sh");
+    write_through_kernel(&p, b"#!/bin/sh\necho ran\n");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ch = k.channel();
+    let r = KernelFile::open(&ch, &p, false).unwrap();
+    let mut buf = [0u8; 9];
+    assert_eq!(r.read_at(&mut buf, 0).unwrap(), 9);
+    assert_eq!(&buf, b"#!/bin/sh");
+    let out = Command::new(&p).output().expect("run the program");
+    assert_eq!(
+        out.stdout,
+        b"ran\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A writer: the daemon's description becomes writable, the reader reads what it wrote.
+    let w = KernelFile::open(&ch, &p, true).unwrap();
+    w.write_at(b"echo RAN\n", 10).unwrap();
+    let mut got = [0u8; 9];
+    assert_eq!(r.read_at(&mut got, 10).unwrap(), 9);
+    assert_eq!(&got, b"echo RAN\n");
+    drop((r, w, ch));
+    assert_eq!(std::fs::read(&p).unwrap(), b"#!/bin/sh\necho RAN\n");
+    k.stop_and_check();
+}

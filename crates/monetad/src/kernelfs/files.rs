@@ -4,8 +4,9 @@
 //! - **Open** (`OP_KFS_OPEN`): the client opened the file through the kernel, which checked
 //!   its credentials; the descriptor it hands over must be a regular file of the mounted file
 //!   system, and its access mode becomes the handle's rights. The daemon opens a description
-//!   of its own (one per file, shared by every handle of it) and closes the client's copy; the
-//!   client closes its own too, keeping at most an `O_PATH` one.
+//!   of its own (one per file, shared by every handle of it; read-only until a handle may
+//!   write, so that a reader cannot keep an executable from being run) and closes the
+//!   client's copy; the client closes its own too, keeping at most an `O_PATH` one.
 //! - **Map** (`OP_KFS_MAP`): the daemon takes a write lease on its description (see
 //!   [`super::leases`]); the kernel grants one only while nobody else has the file open, which
 //!   is also when the kernel's page cache and the array cannot disagree: the file's dirty pages
@@ -60,9 +61,11 @@ fn io_fail(what: &str, e: std::io::Error) -> Failure {
 
 /// A file some handle has open.
 struct KFile {
-    /// The daemon's own description (read and write), the one the lease is on.
+    /// The daemon's own description, the one the lease is on.
     fd: OwnedFd,
     ino: u64,
+    /// The description is open for writing (some handle may write).
+    writable: bool,
     /// The daemon holds the lease: nobody else has the file open, and records may exist.
     leased: bool,
     handles: usize,
@@ -161,23 +164,47 @@ impl Files {
             ));
         }
         // The daemon's own description, opened outside the lock: an open waits for any lease
-        // someone else holds on the file.
-        let known = self.inner().by_ino.contains_key(&ino);
-        let own = if known {
-            None
-        } else {
-            Some(self.reopen(&fd, ino)?)
+        // on the file (its own too, which the watcher then breaks). It is read-only until a
+        // handle may write: a description open for writing keeps the file from being run.
+        let write = rights & RIGHT_WRITE != 0;
+        let have = {
+            let inner = self.inner();
+            inner
+                .by_ino
+                .get(&ino)
+                .map(|id| inner.files.get(id).is_some_and(|f| f.writable))
+        };
+        let own = match have {
+            Some(writable) if writable || !write => None,
+            _ => Some(self.reopen(&fd, ino, write)?),
         };
         // The client's copy goes now: a lease needs it gone.
         drop(fd);
         let mut inner = self.inner();
-        let file = match inner.by_ino.get(&ino).copied() {
-            Some(id) => id,
-            None => {
-                let Some(own) = own else {
-                    // Closed by another connection meanwhile: the caller opens again.
-                    return Err(fail(errno::EAGAIN, "the file was closed meanwhile; retry"));
-                };
+        let file = match (inner.by_ino.get(&ino).copied(), own) {
+            (Some(id), None) => id,
+            (Some(id), Some(own)) => {
+                // A writable description replaces a read-only one.
+                let inner = &mut *inner;
+                let f = inner.files.get_mut(&id).expect("an indexed file");
+                if write && !f.writable {
+                    if f.leased {
+                        self.revoke(id, f);
+                        sys::drop_lease(f.fd.as_fd());
+                        f.leased = false;
+                    }
+                    inner.by_fd.remove(&f.fd.as_raw_fd());
+                    inner.by_fd.insert(own.as_raw_fd(), id);
+                    f.fd = own;
+                    f.writable = true;
+                }
+                id
+            }
+            (None, None) => {
+                // Closed by another connection meanwhile: the caller opens again.
+                return Err(fail(errno::EAGAIN, "the file was closed meanwhile; retry"));
+            }
+            (None, Some(own)) => {
                 inner.next_file += 1;
                 let id = inner.next_file;
                 inner.by_fd.insert(own.as_raw_fd(), id);
@@ -187,6 +214,7 @@ impl Files {
                     KFile {
                         fd: own,
                         ino,
+                        writable: write,
                         leased: false,
                         handles: 0,
                         channels: BTreeSet::new(),
@@ -207,12 +235,18 @@ impl Files {
         })
     }
 
-    /// Opens the daemon's own description of the file `fd` is open on.
-    fn reopen(&self, fd: &OwnedFd, ino: u64) -> Result<OwnedFd, Failure> {
+    /// Opens the daemon's own description of the file `fd` is open on, for reading, and for
+    /// writing too with `write`.
+    fn reopen(&self, fd: &OwnedFd, ino: u64, write: bool) -> Result<OwnedFd, Failure> {
         let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let access = if write {
+            rustix::fs::OFlags::RDWR
+        } else {
+            rustix::fs::OFlags::RDONLY
+        };
         let own = rustix::fs::open(
             path.as_str(),
-            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            access | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| {
