@@ -318,6 +318,16 @@ impl Files {
         }
     }
 
+    /// The channel records go to: the connection must have one.
+    fn channel(channel: Option<u32>) -> Result<u32, Failure> {
+        channel.ok_or_else(|| {
+            fail(
+                errno::EINVAL,
+                "this connection has no channel to install records in",
+            )
+        })
+    }
+
     /// `OP_KFS_MAP`.
     pub fn map(
         &self,
@@ -327,12 +337,7 @@ impl Files {
         offset: u64,
         len: u64,
     ) -> Result<KfsReply, Failure> {
-        let channel = channel.ok_or_else(|| {
-            fail(
-                errno::EINVAL,
-                "this connection has no channel to install records in",
-            )
-        })?;
+        let channel = Self::channel(channel)?;
         let mut inner = self.inner();
         let (id, rights) = Self::handle(&inner, conn, handle)?;
         let f = inner.files.get_mut(&id).expect("a handle's file");
@@ -451,12 +456,7 @@ impl Files {
         offset: u64,
         len: u64,
     ) -> Result<KfsReply, Failure> {
-        let channel = channel.ok_or_else(|| {
-            fail(
-                errno::EINVAL,
-                "this connection has no channel to install records in",
-            )
-        })?;
+        let channel = Self::channel(channel)?;
         let mut inner = self.inner();
         let (id, rights) = Self::handle(&inner, conn, handle)?;
         if rights & RIGHT_WRITE == 0 {
