@@ -960,8 +960,9 @@ mod tests {
             .join()
             .unwrap();
         });
-        // The reader gave its tag back; B's command holds the other.
-        assert_eq!(ch.tags.free_mask().count_ones(), 1);
+        // The reader gave its tag back; B's command holds the other unless the reader already
+        // reaped it too (B completes at once, so either may be seen).
+        assert!(ch.tags.free_mask().count_ones() >= 1);
         assert_eq!(ch.reapers.backlog.load(Ordering::Relaxed), 0);
         assert_eq!(b.wait().unwrap(), slice);
         check(&b.into_buffer(), b_off);
