@@ -96,7 +96,8 @@ extern "C" fn parent() {
     });
 }
 
-/// The descriptors the library holds now (connections and position segments), so that a
+/// The descriptors the library holds now (connections, position segments, kernel files'
+/// `O_PATH` descriptors), so that a
 /// program closing "every other descriptor" (`closefrom`, `close_range`) can leave them.
 pub fn own_descriptors() -> Vec<i32> {
     let mut v = Vec::new();
@@ -104,6 +105,7 @@ pub fn own_descriptors() -> Vec<i32> {
         v.extend(inner.descriptors());
     }
     v.extend(crate::position::descriptors());
+    v.extend(crate::kernel::descriptors());
     v
 }
 

@@ -14,9 +14,15 @@
 //! finds its record gone (revoked, evicted) asks again. Holes, preallocated extents and the
 //! end of the file are always asked of the daemon, so a file that another program grew or
 //! wrote is seen at once.
+//!
+//! Writes through the channel do not pass the kernel, which therefore does not update the
+//! file's modification time: [`KernelFile::sync`] and the drop of a file written through the
+//! channel set it (and the change time) to the current time.
 
+use std::collections::BTreeSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use moneta_abi::control::{ReplyBody, Request, RIGHT_READ, RIGHT_WRITE};
@@ -24,23 +30,87 @@ use moneta_abi::kfsproto::{kind, KfsExtent, KfsMap, KfsReply, KfsRequest};
 use moneta_abi::{Completion, Status};
 use rustix::fs::{Mode, OFlags};
 
-use crate::{Channel, ClientError};
+use crate::{Channel, ClientError, Moneta};
 
 /// Bytes a map asks for beyond what a request needs, so that sequential requests ask seldom.
 const MAP_AHEAD: u64 = 16 << 20;
 
+/// Bytes a write into a hole or a preallocated extent inside the file has the daemon
+/// allocate at once (never past the end of the file, which would change its size), so that
+/// small writes filling a preallocated file ask seldom.
+const ALLOCATE_AHEAD: u64 = 1 << 20;
+
 /// Times a request asks again after finding its records gone before it uses the kernel.
 const RETRIES: usize = 8;
 
+/// The `O_PATH` descriptors the open files hold, which a program closing "every other
+/// descriptor" must leave ([`crate::fork::own_descriptors`]).
+static PATH_FDS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+pub(crate) fn descriptors() -> Vec<i32> {
+    PATH_FDS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .copied()
+        .collect()
+}
+
+/// The channel a file's handle belongs to.
+enum Via {
+    /// A channel of the caller's.
+    Channel(Arc<Channel>),
+    /// The channel a connection had when the file was opened (its address): after a fork or
+    /// a restart of the daemon the connection has another, on which the handle means nothing.
+    Connection(Moneta, usize),
+}
+
+/// Which kernel file system a daemon serves ([`Moneta::kernel_fs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelFs {
+    /// `ext4` or `xfs`.
+    pub kind: &'static str,
+    /// Where it is mounted (absolute, without symbolic links).
+    pub mount: PathBuf,
+}
+
+impl Moneta {
+    /// The kernel file system the daemon serves (`monetad --kernel-fs`), or `None` when it
+    /// serves nvfs or a raw array.
+    pub fn kernel_fs(&self) -> Result<Option<KernelFs>, ClientError> {
+        use std::os::unix::ffi::OsStrExt;
+        let ch = self.inner.live()?;
+        match ch.control().call(&Request::Kfs(KfsRequest::Info)) {
+            Ok((ReplyBody::Kfs(KfsReply::Info { kind, mount }), _)) => Ok(Some(KernelFs {
+                kind: if kind == moneta_abi::kfsproto::FS_XFS {
+                    "xfs"
+                } else {
+                    "ext4"
+                },
+                mount: PathBuf::from(std::ffi::OsStr::from_bytes(&mount)),
+            })),
+            Ok(_) => Err(ClientError::Protocol(moneta_abi::control::Error::BadField(
+                "reply",
+            ))),
+            Err(e) if refused(&e) == Some(libc::EOPNOTSUPP) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// A file of the kernel file system on the array.
 pub struct KernelFile {
-    channel: Arc<Channel>,
+    via: Via,
     handle: u64,
     /// The file, for the kernel's path.
     path_fd: OwnedFd,
     rights: u32,
     /// Channel extents the daemon installed, in file order.
     extents: Mutex<Vec<KfsExtent>>,
+    /// Written through the channel since the modification time was last set.
+    wrote: AtomicBool,
+    /// The file's size in the daemon's last answer.
+    size_seen: AtomicU64,
 }
 
 fn refused(e: &ClientError) -> Option<i32> {
@@ -76,13 +146,27 @@ impl KernelFile {
         let access = if write { OFlags::RDWR } else { OFlags::RDONLY };
         let fd = rustix::fs::open(path, access | OFlags::CLOEXEC, Mode::empty())
             .map_err(ClientError::from)?;
+        Self::hand_over(Via::Channel(channel.clone()), channel, fd)
+    }
+
+    /// Hands `fd`, a descriptor of a regular file of the daemon's kernel file system that
+    /// the caller opened through the kernel, to the daemon behind `m`'s channel (which checks
+    /// it), and closes it: its access mode gives the file's rights. A read-write or read-only
+    /// descriptor is what the kernel's own `open` makes; an `O_PATH` one is refused.
+    pub fn adopt(m: &Moneta, fd: OwnedFd) -> Result<Self, ClientError> {
+        let ch = m.inner.live()?;
+        let via = Via::Connection(m.clone(), ch as *const Channel as usize);
+        Self::hand_over(via, ch, fd)
+    }
+
+    fn hand_over(via: Via, ch: &Channel, fd: OwnedFd) -> Result<Self, ClientError> {
         let path_fd = rustix::fs::open(
             format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
             OFlags::PATH | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(ClientError::from)?;
-        let (body, _) = channel
+        let (body, _) = ch
             .control()
             .call_passing(&Request::Kfs(KfsRequest::Open), &[fd.as_fd()])?;
         // The daemon holds a description of its own now; this one would keep its lease away.
@@ -92,13 +176,43 @@ impl KernelFile {
                 "reply",
             )));
         };
+        PATH_FDS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path_fd.as_raw_fd());
         Ok(KernelFile {
-            channel: channel.clone(),
+            via,
             handle,
             path_fd,
             rights,
             extents: Mutex::new(Vec::new()),
+            wrote: AtomicBool::new(false),
+            size_seen: AtomicU64::new(0),
         })
+    }
+
+    /// The channel of the handle: `EIO` once the connection has another (after a fork, or
+    /// when the daemon went away and the connection was made anew).
+    fn channel(&self) -> Result<&Channel, ClientError> {
+        match &self.via {
+            Via::Channel(c) => Ok(c),
+            Via::Connection(m, at) => {
+                let ch = m.inner.live()?;
+                if ch as *const Channel as usize == *at {
+                    Ok(ch)
+                } else {
+                    Err(ClientError::Io(std::io::Error::from_raw_os_error(
+                        libc::EIO,
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The `O_PATH` descriptor of the file the library keeps (to reach the file through the
+    /// kernel: `/proc/self/fd/N` opens it again with the caller's rights checked anew).
+    pub fn path_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.path_fd.as_fd()
     }
 
     /// The rights the daemon gave the handle ([`RIGHT_READ`], [`RIGHT_WRITE`]).
@@ -107,7 +221,7 @@ impl KernelFile {
     }
 
     fn ask(&self, req: KfsRequest) -> Result<KfsMap, ClientError> {
-        match self.channel.control().call(&Request::Kfs(req))?.0 {
+        match self.channel()?.control().call(&Request::Kfs(req))?.0 {
             ReplyBody::Kfs(KfsReply::Map(m)) => Ok(m),
             _ => Err(ClientError::Protocol(moneta_abi::control::Error::BadField(
                 "reply",
@@ -154,6 +268,7 @@ impl KernelFile {
             Err(e) => return Err(e),
         };
         self.keep(&m);
+        self.size_seen.store(m.size, Ordering::Relaxed);
         let Some(e) = m.extents.first().filter(|e| e.logical <= at) else {
             return Ok(Some(Route::End));
         };
@@ -207,7 +322,7 @@ impl KernelFile {
             match route {
                 Some(Route::Channel(addr, n)) => {
                     match self
-                        .channel
+                        .channel()?
                         .read(addr, &mut piece[..n as usize], Completion::Dma)
                     {
                         Ok(()) => done += n as usize,
@@ -268,10 +383,13 @@ impl KernelFile {
             match route {
                 Some(Route::Channel(addr, n)) => {
                     match self
-                        .channel
+                        .channel()?
                         .write(addr, &piece[..n as usize], Completion::Dma)
                     {
-                        Ok(()) => done += n as usize,
+                        Ok(()) => {
+                            self.wrote.store(true, Ordering::Relaxed);
+                            done += n as usize
+                        }
                         Err(e) if record_gone(&e) => {
                             self.forget();
                             retries += 1;
@@ -279,13 +397,19 @@ impl KernelFile {
                         Err(e) => return Err(e),
                     }
                 }
-                Some(Route::Zeros(_)) | Some(Route::End) => {
+                Some(r @ (Route::Zeros(_) | Route::End)) => {
                     // Holes, preallocated extents and the end of the file become written
-                    // extents first, for the rest of the write at once.
+                    // extents first, for the rest of the write at once (and, inside the file,
+                    // a little more).
+                    let size = self.size_seen.load(Ordering::Relaxed);
+                    let len = match r {
+                        Route::Zeros(_) if at < size => want.max((size - at).min(ALLOCATE_AHEAD)),
+                        _ => want,
+                    };
                     match self.ask(KfsRequest::Allocate {
                         handle: self.handle,
                         offset: at,
-                        len: want,
+                        len,
                     }) {
                         Ok(m) => self.keep(&m),
                         Err(e) if refused(&e) == Some(libc::EAGAIN) => retries = RETRIES + 1,
@@ -328,30 +452,73 @@ impl KernelFile {
         Ok(())
     }
 
+    /// `fallocate(2)` with `mode` through the kernel (which first has the daemon revoke every
+    /// channel's records of the file): preallocated space reads as zeros, and becomes
+    /// writable through the channel when first written.
+    pub fn allocate(&self, offset: u64, len: u64, mode: i32) -> Result<(), ClientError> {
+        let f = self.through_kernel(true)?;
+        // SAFETY: a plain system call on a descriptor we own.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+        if r < 0 {
+            return Err(ClientError::Io(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Makes what was written through the channel durable in the array's backing file (a
-    /// FLUSH of every extent kept); the file's size and allocation became durable when the
-    /// daemon allocated them.
+    /// FLUSH of every extent kept), and sets the modification time if the channel wrote; the
+    /// file's size and allocation became durable when the daemon allocated them.
     pub fn sync(&self) -> Result<(), ClientError> {
         let ext: Vec<KfsExtent> = self.extents.lock().expect("extents lock").clone();
         for e in ext.iter().filter(|e| e.rights & RIGHT_WRITE != 0) {
-            match self.channel.flush(e.physical, e.len, Completion::Dma) {
+            match self.channel()?.flush(e.physical, e.len, Completion::Dma) {
                 Ok(()) => {}
                 // Revoked since: the kernel took the file over, and writes it back itself.
                 Err(e) if record_gone(&e) => {}
                 Err(e) => return Err(e),
             }
         }
+        self.touch();
         Ok(())
+    }
+
+    /// Sets the modification time to now if the channel wrote since it was last set. (A
+    /// change of times takes no lease: the records stay.)
+    fn touch(&self) {
+        if self.wrote.swap(false, Ordering::Relaxed) {
+            let now = rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_NOW,
+            };
+            let _ = rustix::fs::utimensat(
+                rustix::fs::CWD,
+                format!("/proc/self/fd/{}", self.path_fd.as_raw_fd()).as_str(),
+                &rustix::fs::Timestamps {
+                    last_access: rustix::fs::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: libc::UTIME_OMIT,
+                    },
+                    last_modification: now,
+                },
+                rustix::fs::AtFlags::empty(),
+            );
+        }
     }
 }
 
 impl Drop for KernelFile {
     fn drop(&mut self) {
-        let _ = self
-            .channel
-            .control()
-            .call(&Request::Kfs(KfsRequest::Close {
+        self.touch();
+        // A forked child's copy has nothing to close (and must not connect to say so).
+        let stale = matches!(&self.via, Via::Connection(m, _) if !m.inner.fresh());
+        if let Some(ch) = (!stale).then(|| self.channel().ok()).flatten() {
+            let _ = ch.control().call(&Request::Kfs(KfsRequest::Close {
                 handle: self.handle,
             }));
+        }
+        PATH_FDS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.path_fd.as_raw_fd());
     }
 }

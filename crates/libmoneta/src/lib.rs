@@ -52,7 +52,7 @@ pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
 pub use file::{Connector, DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};
 pub use fscall::{calls_made, stats_kept};
-pub use kernel::KernelFile;
+pub use kernel::{KernelFile, KernelFs};
 pub use lock::{LockCmd, LockInfo, LockKind, LockType};
 pub use moneta_abi;
 pub use policy::Policy;

@@ -1,5 +1,5 @@
 //! Files of a kernel file system on the array (`monetad --kernel-fs`): control-protocol ops
-//! 48 to 51 (docs/abi.md §2.11).
+//! 48 to 52 (docs/abi.md §2.11).
 //!
 //! A client opens a file through the kernel, which decides whether it may (Moneta-D's
 //! recycled file system), and hands the descriptor to the daemon with [`OP_KFS_OPEN`]
@@ -7,7 +7,8 @@
 //! access mode. [`OP_KFS_MAP`] installs permission records for the file's extents (from the
 //! kernel's extent map, FIEMAP) in the caller's channel and says where they are;
 //! [`OP_KFS_ALLOCATE`] makes a range writable through the channel (filling holes and
-//! preallocated extents, growing the file); [`OP_KFS_CLOSE`] gives the handle back.
+//! preallocated extents, growing the file); [`OP_KFS_CLOSE`] gives the handle back;
+//! [`OP_KFS_INFO`] says which file system the daemon serves and where it is mounted.
 
 use crate::control::{Error, Reader, Writer};
 
@@ -21,13 +22,23 @@ pub const OP_KFS_MAP: u16 = 49;
 pub const OP_KFS_ALLOCATE: u16 = 50;
 /// Close: handle (u64). No reply payload.
 pub const OP_KFS_CLOSE: u16 = 51;
+/// Info: no payload. Reply: kind (u32: [`FS_EXT4`] or [`FS_XFS`]), path length (u32), then
+/// the mount point's absolute path (at most [`MAX_MOUNT_PATH`] bytes, no NUL).
+pub const OP_KFS_INFO: u16 = 52;
+
+/// [`OP_KFS_INFO`]'s kind of an ext4 file system.
+pub const FS_EXT4: u32 = 1;
+/// [`OP_KFS_INFO`]'s kind of an XFS file system.
+pub const FS_XFS: u32 = 2;
+/// Longest mount path [`OP_KFS_INFO`] carries.
+pub const MAX_MOUNT_PATH: usize = 4096;
 
 /// Most extents one map reply carries; a client asks again from the end of the last one.
 pub const MAX_KFS_EXTENTS: usize = 256;
 
 /// Whether `op` is one of this module's.
 pub fn is_kfs_op(op: u16) -> bool {
-    (OP_KFS_OPEN..=OP_KFS_CLOSE).contains(&op)
+    (OP_KFS_OPEN..=OP_KFS_INFO).contains(&op)
 }
 
 /// How a range of a file is reached ([`KfsExtent::kind`]).
@@ -73,6 +84,8 @@ pub enum KfsRequest {
         /// The handle.
         handle: u64,
     },
+    /// [`OP_KFS_INFO`].
+    Info,
 }
 
 impl KfsRequest {
@@ -83,12 +96,13 @@ impl KfsRequest {
             KfsRequest::Map { .. } => OP_KFS_MAP,
             KfsRequest::Allocate { .. } => OP_KFS_ALLOCATE,
             KfsRequest::Close { .. } => OP_KFS_CLOSE,
+            KfsRequest::Info => OP_KFS_INFO,
         }
     }
 
     pub(crate) fn encode(&self, w: &mut Writer) {
         match *self {
-            KfsRequest::Open => {}
+            KfsRequest::Open | KfsRequest::Info => {}
             KfsRequest::Map {
                 handle,
                 offset,
@@ -135,6 +149,7 @@ impl KfsRequest {
                 }
             }
             OP_KFS_CLOSE => KfsRequest::Close { handle: r.u64()? },
+            OP_KFS_INFO => KfsRequest::Info,
             other => return Err(Error::UnknownOp(other)),
         })
     }
@@ -185,6 +200,13 @@ pub enum KfsReply {
     Map(KfsMap),
     /// [`OP_KFS_CLOSE`].
     Closed,
+    /// [`OP_KFS_INFO`].
+    Info {
+        /// [`FS_EXT4`] or [`FS_XFS`].
+        kind: u32,
+        /// Where the file system is mounted (absolute).
+        mount: Vec<u8>,
+    },
 }
 
 impl KfsReply {
@@ -208,6 +230,9 @@ impl KfsReply {
                 }
             }
             KfsReply::Closed => {}
+            KfsReply::Info { kind, mount } => {
+                w.u32(*kind).bytes(mount);
+            }
         }
     }
 
@@ -246,6 +271,21 @@ impl KfsReply {
                 KfsReply::Map(KfsMap { size, extents })
             }
             OP_KFS_CLOSE => KfsReply::Closed,
+            OP_KFS_INFO => {
+                let kind = r.u32()?;
+                let n = r.u32()? as usize;
+                if !(FS_EXT4..=FS_XFS).contains(&kind) {
+                    return Err(Error::BadField("kind"));
+                }
+                if n == 0 || n > MAX_MOUNT_PATH {
+                    return Err(Error::BadField("path length"));
+                }
+                let mount = r.take(n)?.to_vec();
+                if mount[0] != b'/' || mount.contains(&0) {
+                    return Err(Error::BadField("path"));
+                }
+                KfsReply::Info { kind, mount }
+            }
             other => return Err(Error::UnknownOp(other)),
         })
     }
@@ -273,6 +313,7 @@ mod tests {
                 len: 1 << 20,
             },
             KfsRequest::Close { handle: 9 },
+            KfsRequest::Info,
         ] {
             let b = encode_request(5, &Request::Kfs(req.clone()));
             assert_eq!(decode_request(&b).unwrap(), (5, Request::Kfs(req)));
@@ -308,6 +349,13 @@ mod tests {
             (OP_KFS_MAP, map.clone()),
             (OP_KFS_ALLOCATE, map),
             (OP_KFS_CLOSE, KfsReply::Closed),
+            (
+                OP_KFS_INFO,
+                KfsReply::Info {
+                    kind: FS_XFS,
+                    mount: b"/mnt/moneta".to_vec(),
+                },
+            ),
         ] {
             let b = encode_reply(op, 6, &Ok(ReplyBody::Kfs(reply.clone())));
             assert_eq!(
@@ -332,6 +380,31 @@ mod tests {
         assert_eq!(
             KfsRequest::decode(OP_KFS_ALLOCATE, &mut r),
             Err(Error::BadField("len"))
+        );
+    }
+
+    #[test]
+    fn rejects_bad_mount_info() {
+        for (kind, path) in [
+            (3u32, &b"/m"[..]),
+            (FS_EXT4, b""),
+            (FS_EXT4, b"relative"),
+            (FS_EXT4, b"/a\0b"),
+        ] {
+            let mut w = Writer(Vec::new());
+            w.u32(kind).bytes(path);
+            let mut r = Reader { b: &w.0 };
+            assert!(
+                KfsReply::decode(OP_KFS_INFO, &mut r).is_err(),
+                "{kind} {path:?}"
+            );
+        }
+        let mut w = Writer(Vec::new());
+        w.u32(FS_EXT4).u32(MAX_MOUNT_PATH as u32 + 1);
+        let mut r = Reader { b: &w.0 };
+        assert_eq!(
+            KfsReply::decode(OP_KFS_INFO, &mut r),
+            Err(Error::BadField("path length"))
         );
     }
 }

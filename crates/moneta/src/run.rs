@@ -20,7 +20,8 @@ pub struct RunArgs {
     /// The daemon's socket [default: $MONETA_SOCKET or the user's runtime directory].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Where Moneta files appear [default: $MONETA_MOUNT or /moneta].
+    /// Where Moneta files appear [default: $MONETA_MOUNT, or where a daemon with --kernel-fs
+    /// mounted its file system, or /moneta].
     #[arg(long)]
     pub mount: Option<PathBuf>,
     /// Fail instead of starting a daemon when none is running.
@@ -106,6 +107,21 @@ fn refusal(file: &Path, depth: u32) -> Result<Option<String>, String> {
     Ok(None)
 }
 
+/// Where the daemon at `socket` mounted the kernel file system it serves (`monetad
+/// --kernel-fs`), if it serves one.
+fn kernel_fs_mount(socket: &Path) -> Option<PathBuf> {
+    use libmoneta::moneta_abi::control::{ReplyBody, Request};
+    use libmoneta::moneta_abi::kfsproto::{KfsReply, KfsRequest};
+    use std::os::unix::ffi::OsStrExt;
+    let c = Control::connect(socket).ok()?;
+    match c.call(&Request::Kfs(KfsRequest::Info)).ok()?.0 {
+        ReplyBody::Kfs(KfsReply::Info { mount, .. }) => {
+            Some(PathBuf::from(std::ffi::OsStr::from_bytes(&mount)))
+        }
+        _ => None,
+    }
+}
+
 /// Runs the program (does not return on success).
 pub fn run(a: RunArgs) -> Result<(), String> {
     let lib = library()?;
@@ -141,6 +157,11 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     c.env("LD_PRELOAD", preload).env("MONETA_SOCKET", &socket);
     if let Some(m) = &a.mount {
         c.env("MONETA_MOUNT", m);
+    } else if std::env::var_os("MONETA_MOUNT").is_none() {
+        // A daemon serving ext4 or XFS: its files are where the kernel mounted it.
+        if let Some(m) = kernel_fs_mount(&socket) {
+            c.env("MONETA_MOUNT", m);
+        }
     }
     if a.report {
         c.env("MONETA_REPORT", "1");

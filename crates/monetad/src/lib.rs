@@ -331,6 +331,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         (Some(k), Some(signal)) => {
             let files = Arc::new(kernelfs::Files::new(
                 device.clone(),
+                k.kind,
                 k.dev,
                 k.mount.clone(),
                 signal,

@@ -531,6 +531,7 @@ impl Server {
                     KfsRequest::Close { handle } => files
                         .close(c.id, c.channel, handle)
                         .map(|()| KfsReply::Closed),
+                    KfsRequest::Info => Ok(files.info()),
                 };
                 (r.map(ReplyBody::Kfs), Vec::new())
             }

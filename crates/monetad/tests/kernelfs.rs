@@ -154,6 +154,25 @@ fn bytes_moved(k: &Kfs) -> (u64, u64) {
 
 fn reads_and_writes_match_the_kernel(fs: &'static str) {
     let k = Kfs::start(fs);
+    // The daemon says what it serves and where.
+    let (body, _) = k
+        .daemon
+        .control()
+        .call(&Request::Kfs(KfsRequest::Info))
+        .unwrap();
+    let ReplyBody::Kfs(KfsReply::Info { kind, mount }) = body else {
+        panic!("KFS_INFO answered {body:?}")
+    };
+    let want = if fs == "xfs" {
+        moneta_abi::kfsproto::FS_XFS
+    } else {
+        moneta_abi::kfsproto::FS_EXT4
+    };
+    assert_eq!(kind, want);
+    assert_eq!(
+        Path::new(std::ffi::OsStr::new(std::str::from_utf8(&mount).unwrap())),
+        std::fs::canonicalize(&k.mount).unwrap()
+    );
     let ch = k.channel();
     let p = k.path("data");
     let mut expect = pattern(1, 3 << 20);

@@ -14,6 +14,9 @@
 //! to an environment that lost it, so the new image has the shim to take the files over.
 //! `system(3)` and `popen(3)` start their shell inside the C library, out of the hooks' reach:
 //! the shell gets no Moneta descriptors (it can open Moneta paths itself).
+//!
+//! Files of a kernel file system served through the channel ([`super::kfs`]) are handed on as
+//! what they are, kernel files: those without close-on-exec go back to the kernel first.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::os::fd::IntoRawFd;
@@ -346,6 +349,7 @@ unsafe fn with_handover(
     call: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
     if hooked() {
+        super::kfs::before_exec();
         // SAFETY: per the caller.
         if let Some(p) = unsafe { prepare(envp) } {
             let r = call(p.ptrs.as_ptr());
@@ -536,6 +540,7 @@ unsafe fn spawn(
     envp: *const *const c_char,
 ) -> c_int {
     if hooked() {
+        super::kfs::before_exec();
         // A Moneta program runs from a copy (its memfd is inherited by the child, which
         // executes it by its /proc path).
         let prepared = if search {

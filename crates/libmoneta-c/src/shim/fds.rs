@@ -42,64 +42,135 @@ pub(crate) struct Desc {
     pub write_locked: AtomicBool,
 }
 
-struct Chunk {
+struct Chunk<T> {
     bits: [AtomicU64; CHUNK / 64],
-    slots: [ArcSwapOption<Desc>; CHUNK],
+    slots: [ArcSwapOption<T>; CHUNK],
 }
 
-static TABLE: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
-
-fn chunk(fd: c_int) -> Option<&'static Chunk> {
-    let i = usize::try_from(fd).ok()? / CHUNK;
-    let p = TABLE.get(i)?.load(Ordering::Acquire);
-    // SAFETY: chunks are allocated once and never freed.
-    (!p.is_null()).then(|| unsafe { &*p })
+/// Descriptor numbers mapped to shared descriptions, looked up without a lock. Chunks are
+/// allocated on first use and never freed.
+pub(crate) struct Table<T> {
+    cells: [AtomicPtr<Chunk<T>>; CHUNKS],
 }
 
-fn chunk_or_new(fd: c_int) -> Option<&'static Chunk> {
-    let i = usize::try_from(fd).ok()? / CHUNK;
-    let cell = TABLE.get(i)?;
-    let p = cell.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: as in `chunk`.
-        return Some(unsafe { &*p });
-    }
-    let fresh = Box::into_raw(Box::new(Chunk {
-        bits: [const { AtomicU64::new(0) }; CHUNK / 64],
-        slots: std::array::from_fn(|_| ArcSwapOption::empty()),
-    }));
-    match cell.compare_exchange(
-        std::ptr::null_mut(),
-        fresh,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: just published; never freed.
-        Ok(_) => Some(unsafe { &*fresh }),
-        Err(other) => {
-            // SAFETY: ours, never published.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: as in `chunk`.
-            Some(unsafe { &*other })
+impl<T> Table<T> {
+    pub(crate) const fn new() -> Self {
+        Table {
+            cells: [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS],
         }
     }
+
+    fn chunk(&self, fd: c_int) -> Option<&Chunk<T>> {
+        let i = usize::try_from(fd).ok()? / CHUNK;
+        let p = self.cells.get(i)?.load(Ordering::Acquire);
+        // SAFETY: chunks are allocated once and never freed.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    fn chunk_or_new(&self, fd: c_int) -> Option<&Chunk<T>> {
+        let i = usize::try_from(fd).ok()? / CHUNK;
+        let cell = self.cells.get(i)?;
+        let p = cell.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: as in `chunk`.
+            return Some(unsafe { &*p });
+        }
+        let fresh = Box::into_raw(Box::new(Chunk {
+            bits: [const { AtomicU64::new(0) }; CHUNK / 64],
+            slots: std::array::from_fn(|_| ArcSwapOption::empty()),
+        }));
+        match cell.compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; never freed.
+            Ok(_) => Some(unsafe { &*fresh }),
+            Err(other) => {
+                // SAFETY: ours, never published.
+                drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: as in `chunk`.
+                Some(unsafe { &*other })
+            }
+        }
+    }
+
+    /// Whether `fd` is in the table (two loads).
+    #[inline]
+    pub(crate) fn has(&self, fd: c_int) -> bool {
+        let Some(c) = self.chunk(fd) else {
+            return false;
+        };
+        let i = fd as usize % CHUNK;
+        c.bits[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+
+    /// The description behind `fd`.
+    #[inline]
+    pub(crate) fn get(&self, fd: c_int) -> Option<Arc<T>> {
+        if !self.has(fd) {
+            return None;
+        }
+        self.chunk(fd)?.slots[fd as usize % CHUNK].load_full()
+    }
+
+    /// Maps `fd` (below [`fits`]'s bound) to `d`.
+    pub(crate) fn put(&self, fd: c_int, d: Arc<T>) {
+        let Some(c) = self.chunk_or_new(fd) else {
+            return;
+        };
+        let i = fd as usize % CHUNK;
+        c.slots[i].store(Some(d));
+        c.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+    }
+
+    /// Forgets `fd`; returns what it mapped.
+    pub(crate) fn take(&self, fd: c_int) -> Option<Arc<T>> {
+        let c = self.chunk(fd)?;
+        let i = fd as usize % CHUNK;
+        c.bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+        c.slots[i].swap(None)
+    }
+
+    /// Every entry.
+    pub(crate) fn entries(&self) -> Vec<(c_int, Arc<T>)> {
+        let mut out = Vec::new();
+        for (ci, cell) in self.cells.iter().enumerate() {
+            let p = cell.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: as in `chunk`.
+            let c = unsafe { &*p };
+            for w in 0..CHUNK / 64 {
+                let mut bits = c.bits[w].load(Ordering::Acquire);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let i = w * 64 + b;
+                    if let Some(d) = c.slots[i].load_full() {
+                        out.push(((ci * CHUNK + i) as c_int, d));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
+
+static TABLE: Table<Desc> = Table::new();
 
 /// Whether `fd` is a Moneta descriptor (two loads).
 #[inline]
 pub(crate) fn is_moneta(fd: c_int) -> bool {
-    let Some(c) = chunk(fd) else { return false };
-    let i = fd as usize % CHUNK;
-    c.bits[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    TABLE.has(fd)
 }
 
 /// The description behind `fd`, if it is Moneta's.
 #[inline]
 pub(crate) fn get(fd: c_int) -> Option<Arc<Desc>> {
-    if !is_moneta(fd) {
-        return None;
-    }
-    chunk(fd)?.slots[fd as usize % CHUNK].load_full()
+    TABLE.get(fd)
 }
 
 /// The process that owns the table, and the fork generation it was read in.
@@ -182,13 +253,7 @@ pub(crate) fn set(fd: c_int, d: Arc<Desc>) {
         overlay_put(fd, Some(d));
         return;
     }
-    let Some(c) = chunk_or_new(fd) else {
-        // Beyond 2^20: the caller checked with `fits`.
-        return;
-    };
-    let i = fd as usize % CHUNK;
-    c.slots[i].store(Some(d));
-    c.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+    TABLE.put(fd, d);
 }
 
 /// Forgets `fd`; returns the description it mapped (`None` in a `vfork` child, which must not
@@ -198,10 +263,7 @@ pub(crate) fn remove(fd: c_int) -> Option<Arc<Desc>> {
         overlay_put(fd, None);
         return None;
     }
-    let c = chunk(fd)?;
-    let i = fd as usize % CHUNK;
-    c.bits[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
-    c.slots[i].swap(None)
+    TABLE.take(fd)
 }
 
 /// Whether the table can hold `fd`.
@@ -211,25 +273,5 @@ pub(crate) fn fits(fd: c_int) -> bool {
 
 /// Every Moneta descriptor with its description.
 pub(crate) fn all() -> Vec<(c_int, Arc<Desc>)> {
-    let mut out = Vec::new();
-    for (ci, cell) in TABLE.iter().enumerate() {
-        let p = cell.load(Ordering::Acquire);
-        if p.is_null() {
-            continue;
-        }
-        // SAFETY: as in `chunk`.
-        let c = unsafe { &*p };
-        for w in 0..CHUNK / 64 {
-            let mut bits = c.bits[w].load(Ordering::Acquire);
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let i = w * 64 + b;
-                if let Some(d) = c.slots[i].load_full() {
-                    out.push(((ci * CHUNK + i) as c_int, d));
-                }
-            }
-        }
-    }
-    out
+    TABLE.entries()
 }

@@ -88,6 +88,10 @@ pub(crate) unsafe fn prepare(
 
 fn resolve(path: CString, argv: Vec<CString>, depth: u32) -> Option<Result<Image, i32>> {
     let np = match classify_c(&path) {
+        // A program on the daemon's ext4 or XFS: the kernel runs it as any other.
+        Where::Moneta(_) if conn().is_some_and(super::kfs::serves) => {
+            return (depth > 0).then(|| Ok(host_image(path, argv)));
+        }
         Where::Moneta(np) => np,
         Where::Host(h) => {
             warn_if_unreachable(&h, &argv);

@@ -19,6 +19,7 @@ pub mod dir;
 pub mod exec;
 pub mod fds;
 pub mod hooks;
+pub mod kfs;
 mod launch;
 pub mod locks;
 pub mod paths;
@@ -270,6 +271,11 @@ extern "C" fn report_at_exit() {
 
 static CONN: OnceLock<Moneta> = OnceLock::new();
 
+/// The process's connection, if made already.
+pub(crate) fn connected() -> Option<&'static Moneta> {
+    CONN.get()
+}
+
 /// The process's connection, made on first use. `None` when the daemon cannot be reached (or
 /// is not one this process trusts): the caller fails the call with `EIO`, and the first time
 /// a message says why. A Moneta path never falls through to the host's file of the same
@@ -329,6 +335,8 @@ pub(crate) unsafe fn route(dirfd: libc::c_int, path: *const libc::c_char) -> Rou
     // SAFETY: per the caller.
     match unsafe { paths::classify(dirfd, path) } {
         paths::Where::Moneta(np) => match conn() {
+            // ext4 or XFS: a real path of a real mount.
+            Some(m) if kfs::serves(m) => Route::Host(None),
             Some(m) => Route::Moneta(m, np),
             None => Route::Fail(libc::EIO),
         },
@@ -368,6 +376,25 @@ pub(crate) fn errno() -> i32 {
 #[inline]
 pub(crate) fn eno(e: ClientError) -> i32 {
     e.errno()
+}
+
+/// [`run`] for a call on a kernel file served through the channel, which answers `None` when
+/// the file went back to the kernel meanwhile (the caller then makes the C library's call).
+#[inline]
+pub(crate) fn run_kfs<T>(failed: T, f: impl FnOnce() -> Option<Result<T, i32>>) -> Option<T> {
+    let saved = errno();
+    let r = inside(f)?;
+    count(&COUNTERS.intercepted, 1);
+    Some(match r {
+        Ok(v) => {
+            set_errno(saved);
+            v
+        }
+        Err(e) => {
+            set_errno(e);
+            failed
+        }
+    })
 }
 
 /// Runs a Moneta call with the recursion guard: on success `errno` stays what it was; on

@@ -185,8 +185,20 @@ pub(crate) unsafe fn classify(dirfd: c_int, path: *const c_char) -> Where {
     classify_bytes(dirfd, p)
 }
 
-/// [`classify`] on bytes.
+/// [`classify`] on bytes. When the daemon serves a kernel file system (`monetad
+/// --kernel-fs`), every path is the kernel's: its files are real files of a real mount, and
+/// the shim only takes over the data of those opened ([`super::kfs`]).
 pub(crate) fn classify_bytes(dirfd: c_int, p: &[u8]) -> Where {
+    if super::kfs::serving() {
+        return Where::Libc;
+    }
+    match classify_nvfs(dirfd, p) {
+        Where::Moneta(_) if super::kfs::probe() => Where::Libc,
+        w => w,
+    }
+}
+
+fn classify_nvfs(dirfd: c_int, p: &[u8]) -> Where {
     if p.is_empty() {
         return Where::Libc;
     }

@@ -140,6 +140,10 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
 /// As `fdopen(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut c_void {
+    // The stream reads and writes inside the C library, out of the hooks' reach.
+    if let Err(e) = crate::shim::kfs::give_back(fd) {
+        return crate::shim::fail(std::ptr::null_mut(), e);
+    }
     if hooked() && fds::is_moneta(fd) && !mode.is_null() {
         return cookie(fd, mode);
     }

@@ -97,20 +97,34 @@ pub struct Files {
     /// The file system's device number.
     dev: u64,
     mount: PathBuf,
+    /// [`moneta_abi::kfsproto::FS_EXT4`] or [`moneta_abi::kfsproto::FS_XFS`].
+    kind: u32,
     signal: libc::c_int,
     inner: Mutex<Inner>,
     stopped: AtomicBool,
 }
 
 impl Files {
-    /// The files of the file system mounted at `mount` (device number `dev`), whose records
-    /// go to `device`; lease breaks come as `signal`.
-    pub fn new(device: Arc<Device>, dev: u64, mount: PathBuf, signal: libc::c_int) -> Files {
+    /// The files of the `kind` file system mounted at `mount` (device number `dev`), whose
+    /// records go to `device`; lease breaks come as `signal`.
+    pub fn new(
+        device: Arc<Device>,
+        kind: super::Kind,
+        dev: u64,
+        mount: PathBuf,
+        signal: libc::c_int,
+    ) -> Files {
+        // Clients compare paths with it: absolute, without symbolic links.
+        let mount = std::fs::canonicalize(&mount).unwrap_or(mount);
         Files {
             array_size: device.array_size(),
             device,
             dev,
             mount,
+            kind: match kind {
+                super::Kind::Ext4 => moneta_abi::kfsproto::FS_EXT4,
+                super::Kind::Xfs => moneta_abi::kfsproto::FS_XFS,
+            },
             signal,
             inner: Mutex::default(),
             stopped: AtomicBool::new(false),
@@ -119,6 +133,15 @@ impl Files {
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Which file system this is and where it is mounted (`KFS_INFO`).
+    pub fn info(&self) -> KfsReply {
+        use std::os::unix::ffi::OsStrExt;
+        KfsReply::Info {
+            kind: self.kind,
+            mount: self.mount.as_os_str().as_bytes().to_vec(),
+        }
     }
 
     /// Whether [`Files::shutdown`] ran.

@@ -195,6 +195,7 @@ pub unsafe extern "C" fn fstat(fd: c_int, out: *mut libc::stat) -> c_int {
             fill_stat(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
             Ok(0)
         },
+        kfs direct,
         real!(fstat64: fn(c_int, *mut libc::stat) -> c_int)(fd, out)
     )
 }

@@ -81,6 +81,13 @@ pub unsafe extern "C" fn copy_file_range(
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
+    if hooked() {
+        for fd in [infd, outfd] {
+            if let Err(e) = crate::shim::kfs::give_back(fd) {
+                return crate::shim::fail(-1, e);
+            }
+        }
+    }
     if hooked() && (fds::is_moneta(infd) || fds::is_moneta(outfd)) {
         if flags != 0 {
             crate::shim::set_errno(libc::EINVAL);
@@ -117,6 +124,13 @@ pub unsafe extern "C" fn sendfile(
     off: *mut off_t,
     n: size_t,
 ) -> ssize_t {
+    if hooked() {
+        for fd in [infd, outfd] {
+            if let Err(e) = crate::shim::kfs::give_back(fd) {
+                return crate::shim::fail(-1, e);
+            }
+        }
+    }
     if hooked() && (fds::is_moneta(infd) || fds::is_moneta(outfd)) {
         // SAFETY: per the caller.
         let o = unsafe { off.as_mut() };

@@ -175,6 +175,10 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
 #[no_mangle]
 pub extern "C" fn moneta_shim_ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
     if hooked() {
+        if let Err(e) = crate::shim::kfs::give_back(fd) {
+            return crate::shim::fail(-1, e);
+        }
+
         if let Some(d) = fds::get(fd) {
             return run(-1, || match req {
                 libc::FIONREAD => {

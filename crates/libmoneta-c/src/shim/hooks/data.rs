@@ -1,6 +1,7 @@
 //! Data: `read`, `write`, the positioned and vectored forms, `lseek`.
 
 use super::*;
+use crate::shim::kfs::KDesc;
 
 pub(super) fn data_io(n: usize, write: bool) {
     count(&COUNTERS.direct_ios, 1);
@@ -81,6 +82,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
             data_io(r, false);
             Ok(r as ssize_t)
         },
+        kfs | k | k_read(&k, buf, n, None),
         real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n)
     )
 }
@@ -103,6 +105,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
             data_io(r, true);
             Ok(r as ssize_t)
         },
+        kfs | k | k_write(&k, buf, n, None),
         real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n)
     )
 }
@@ -141,6 +144,7 @@ pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_
         fd,
         -1,
         |d| pread_impl(&d, buf, n, off),
+        kfs | k | k_read(&k, buf, n, Some(off)),
         real!(pread64: fn(c_int, *mut c_void, size_t, off64_t) -> ssize_t)(fd, buf, n, off)
     )
 }
@@ -167,6 +171,7 @@ pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: o
         fd,
         -1,
         |d| pwrite_impl(&d, buf, n, off),
+        kfs | k | k_write(&k, buf, n, Some(off)),
         real!(pwrite64: fn(c_int, *const c_void, size_t, off64_t) -> ssize_t)(fd, buf, n, off)
     )
 }
@@ -259,6 +264,8 @@ pub unsafe extern "C" fn readv(fd: c_int, v: *const libc::iovec, cnt: c_int) -> 
             // SAFETY: the caller passes `cnt` iovecs.
             readv_impl(&d, unsafe { iov(v, cnt) }?, None)
         },
+        // SAFETY: the caller passes `cnt` iovecs.
+        kfs | k | k_readv(&k, unsafe { iov(v, cnt) }, None),
         real!(readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, v, cnt)
     )
 }
@@ -277,6 +284,8 @@ pub unsafe extern "C" fn writev(fd: c_int, v: *const libc::iovec, cnt: c_int) ->
             // SAFETY: the caller passes `cnt` iovecs.
             writev_impl(&d, unsafe { iov(v, cnt) }?, None)
         },
+        // SAFETY: the caller passes `cnt` iovecs.
+        kfs | k | k_writev(&k, unsafe { iov(v, cnt) }, None),
         real!(writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t)(fd, v, cnt)
     )
 }
@@ -300,6 +309,8 @@ pub unsafe extern "C" fn preadv(
             // SAFETY: the caller passes `cnt` iovecs.
             readv_impl(&d, unsafe { iov(v, cnt) }?, Some(offset(off)?))
         },
+        // SAFETY: the caller passes `cnt` iovecs.
+        kfs | k | k_readv(&k, unsafe { iov(v, cnt) }, Some(off)),
         real!(preadv64: fn(c_int, *const libc::iovec, c_int, off64_t) -> ssize_t)(fd, v, cnt, off)
     )
 }
@@ -339,6 +350,8 @@ pub unsafe extern "C" fn pwritev(
             // SAFETY: the caller passes `cnt` iovecs.
             writev_impl(&d, unsafe { iov(v, cnt) }?, Some(offset(off)?))
         },
+        // SAFETY: the caller passes `cnt` iovecs.
+        kfs | k | k_writev(&k, unsafe { iov(v, cnt) }, Some(off)),
         real!(pwritev64: fn(c_int, *const libc::iovec, c_int, off64_t) -> ssize_t)(fd, v, cnt, off)
     )
 }
@@ -382,6 +395,17 @@ pub unsafe extern "C" fn preadv2(
             // SAFETY: the caller passes `cnt` iovecs.
             readv_impl(&d, unsafe { iov(v, cnt) }?, at)
         },
+        kfs | k | {
+            match rwf_ok(flags) {
+                Err(e) => Some(Err(e)),
+                // Hints a memory device has no use for: through the channel.
+                Ok(()) if flags & !(libc::RWF_HIPRI | libc::RWF_NOWAIT) == 0 => {
+                    // SAFETY: the caller passes `cnt` iovecs.
+                    k_readv(&k, unsafe { iov(v, cnt) }, (off != -1).then_some(off))
+                }
+                Ok(()) => None,
+            }
+        },
         real!(preadv64v2: fn(c_int, *const libc::iovec, c_int, off64_t, c_int) -> ssize_t)(
             fd, v, cnt, off, flags
         )
@@ -413,6 +437,28 @@ pub unsafe extern "C" fn pwritev2(
                 d.file.sync_data().map_err(eno)?;
             }
             Ok(r)
+        },
+        kfs | k | {
+            match rwf_ok(flags) {
+                Err(e) => Some(Err(e)),
+                // An append is the kernel's (atomic); the others are hints or a sync.
+                Ok(()) if flags & libc::RWF_APPEND == 0 => {
+                    // SAFETY: the caller passes `cnt` iovecs.
+                    let r = k_writev(&k, unsafe { iov(v, cnt) }, (off != -1).then_some(off));
+                    if flags & (libc::RWF_DSYNC | libc::RWF_SYNC) != 0 && matches!(r, Some(Ok(_))) {
+                        if let Err(e) = k.sync() {
+                            return Some(Err(e));
+                        }
+                    }
+                    r
+                }
+                Ok(()) => {
+                    if let Err(e) = crate::shim::kfs::settle(fd) {
+                        return Some(Err(e));
+                    }
+                    None
+                }
+            }
         },
         real!(pwritev64v2: fn(c_int, *const libc::iovec, c_int, off64_t, c_int) -> ssize_t)(
             fd, v, cnt, off, flags
@@ -471,6 +517,12 @@ pub extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
         fd,
         -1,
         |d| lseek_impl(&d, off, whence),
+        kfs | k | {
+            match k.seek(off, whence) {
+                Some(r) => Some(r),
+                None => crate::shim::kfs::settle(fd).err().map(Err),
+            }
+        },
         real!(lseek64: fn(c_int, off64_t, c_int) -> off64_t)(fd, off, whence)
     )
 }
@@ -479,4 +531,80 @@ pub extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
 #[no_mangle]
 pub extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t {
     lseek(fd, off, whence)
+}
+
+// Kernel files served through the channel (`crate::shim::kfs`): `None` when the description
+// went back to the kernel meanwhile.
+
+fn k_read(k: &KDesc, buf: *mut c_void, n: usize, off: Option<i64>) -> Option<Result<ssize_t, i32>> {
+    // SAFETY: the caller passes `n` writable bytes.
+    let b = unsafe { slice_mut(buf, n) };
+    let r = match off.map(offset) {
+        Some(Err(e)) => return Some(Err(e)),
+        Some(Ok(o)) => k.read_at(b, o),
+        None => k.at_position(|at| k.read_at(b, at))?,
+    };
+    Some(r.map(|n| {
+        data_io(n, false);
+        n as ssize_t
+    }))
+}
+
+fn k_write(
+    k: &KDesc,
+    buf: *const c_void,
+    n: usize,
+    off: Option<i64>,
+) -> Option<Result<ssize_t, i32>> {
+    // SAFETY: the caller passes `n` readable bytes.
+    let b = unsafe { slice(buf, n) };
+    let r = match off.map(offset) {
+        Some(Err(e)) => return Some(Err(e)),
+        Some(Ok(o)) => k.write_at(b, o),
+        None => k.at_position(|at| k.write_at(b, at))?,
+    };
+    Some(r.map(|n| {
+        data_io(n, true);
+        n as ssize_t
+    }))
+}
+
+fn k_readv(
+    k: &KDesc,
+    v: Result<&[libc::iovec], i32>,
+    off: Option<i64>,
+) -> Option<Result<ssize_t, i32>> {
+    let v = match v {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let total: usize = v.iter().map(|i| i.iov_len).sum();
+    let mut tmp = vec![0u8; total];
+    let r = k_read(k, tmp.as_mut_ptr().cast(), total, off)?;
+    if let Ok(n) = r {
+        let n = n as usize;
+        let mut at = 0;
+        for i in v {
+            if at >= n {
+                break;
+            }
+            let c = i.iov_len.min(n - at);
+            // SAFETY: each iovec describes writable memory of the caller.
+            unsafe { slice_mut(i.iov_base, c) }.copy_from_slice(&tmp[at..at + c]);
+            at += c;
+        }
+    }
+    Some(r)
+}
+
+fn k_writev(
+    k: &KDesc,
+    v: Result<&[libc::iovec], i32>,
+    off: Option<i64>,
+) -> Option<Result<ssize_t, i32>> {
+    let data = match v {
+        Ok(v) => gather(v),
+        Err(e) => return Some(Err(e)),
+    };
+    k_write(k, data.as_ptr().cast(), data.len(), off)
 }

@@ -164,6 +164,9 @@ pub unsafe extern "C" fn mmap(
     off: off_t,
 ) -> *mut c_void {
     if hooked() && flags & libc::MAP_ANONYMOUS == 0 {
+        if let Err(e) = crate::shim::kfs::give_back(fd) {
+            return crate::shim::fail(libc::MAP_FAILED, e);
+        }
         if let Some(d) = fds::get(fd) {
             return run(libc::MAP_FAILED, || {
                 map_checks(&d, len, off)?;

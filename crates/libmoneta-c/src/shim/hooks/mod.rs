@@ -105,11 +105,50 @@ fn offset(off: i64) -> Result<u64, i32> {
     u64::try_from(off).map_err(|_| libc::EINVAL)
 }
 
+/// Routes a descriptor call: an nvfs descriptor runs `|$d| $body`. A kernel file served
+/// through the channel ([`crate::shim::kfs`]) runs `kfs |$k| $kbody` (which answers `None`
+/// when the file went back to the kernel meanwhile), or goes to the C library as it is with
+/// `kfs direct` (calls an `O_PATH` descriptor serves), or by default is first given back to
+/// the kernel. Anything else runs `$real`.
 macro_rules! with_fd {
     ($fd:expr, $failed:expr, |$d:ident| $body:expr, $real:expr) => {{
         if hooked() {
             if let Some($d) = fds::get($fd) {
                 return run($failed, || $body);
+            }
+            if crate::shim::kfs::has($fd) {
+                if let Err(e) = crate::shim::inside(|| crate::shim::kfs::settle($fd)) {
+                    return crate::shim::fail($failed, e);
+                }
+            }
+        }
+        #[allow(unused_unsafe)]
+        // SAFETY: forwarding the caller's arguments to the C library.
+        unsafe {
+            $real
+        }
+    }};
+    ($fd:expr, $failed:expr, |$d:ident| $body:expr, kfs direct, $real:expr) => {{
+        if hooked() {
+            if let Some($d) = fds::get($fd) {
+                return run($failed, || $body);
+            }
+        }
+        #[allow(unused_unsafe)]
+        // SAFETY: forwarding the caller's arguments to the C library.
+        unsafe {
+            $real
+        }
+    }};
+    ($fd:expr, $failed:expr, |$d:ident| $body:expr, kfs |$k:ident| $kbody:expr, $real:expr) => {{
+        if hooked() {
+            if let Some($d) = fds::get($fd) {
+                return run($failed, || $body);
+            }
+            if let Some($k) = crate::shim::kfs::get($fd) {
+                if let Some(r) = crate::shim::run_kfs($failed, || $kbody) {
+                    return r;
+                }
             }
         }
         #[allow(unused_unsafe)]
@@ -150,6 +189,11 @@ pub(super) unsafe fn route_pair(
         _ => None,
     };
     match (a, b) {
+        (Where::Moneta(_), _) | (_, Where::Moneta(_))
+            if conn().is_some_and(crate::shim::kfs::serves) =>
+        {
+            Pair::Host(None, None)
+        }
         (Where::Moneta(a), Where::Moneta(b)) => match conn() {
             Some(m) => Pair::Moneta(m, a, b),
             None => Pair::Fail(libc::EIO),

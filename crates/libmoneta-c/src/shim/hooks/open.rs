@@ -78,9 +78,14 @@ pub unsafe extern "C" fn moneta_shim_openat(
     }
     let path = host.as_ref().map_or(path, |c| c.as_ptr());
     // SAFETY: forwarding the caller's arguments (or the rewritten path).
-    unsafe {
+    let fd = unsafe {
         real!(openat64: fn(c_int, *const c_char, c_int, mode_t) -> c_int)(dirfd, path, flags, mode)
+    };
+    if fd >= 0 && crate::shim::kfs::serving() && hooked() {
+        // A file of the daemon's kernel file system: its data through the channel.
+        return crate::shim::kfs::adopt(fd, flags);
     }
+    fd
 }
 
 /// `creat(2)`.
@@ -136,6 +141,16 @@ pub extern "C" fn close(fd: c_int) -> c_int {
             return r;
         }
     }
+    if hooked() && crate::shim::kfs::has(fd) {
+        let k = crate::shim::kfs::forget(fd);
+        // SAFETY: forwarding.
+        let r = unsafe { real!(close: fn(c_int) -> c_int)(fd) };
+        let e = crate::shim::errno();
+        // The last descriptor of the description gives the file back to the daemon.
+        crate::shim::inside(|| drop(k));
+        crate::shim::set_errno(e);
+        return r;
+    }
     // SAFETY: forwarding.
     unsafe { real!(close: fn(c_int) -> c_int)(fd) }
 }
@@ -182,6 +197,12 @@ pub extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_in
         for (fd, _) in fds::all() {
             if (fd as c_uint) >= first && (fd as c_uint) <= last {
                 drop(fds::remove(fd));
+            }
+        }
+        for fd in crate::shim::kfs::numbers() {
+            if (fd as c_uint) >= first && (fd as c_uint) <= last {
+                let k = crate::shim::kfs::forget(fd);
+                crate::shim::inside(|| drop(k));
             }
         }
         let saved = crate::shim::errno();

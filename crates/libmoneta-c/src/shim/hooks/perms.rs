@@ -268,6 +268,9 @@ pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) 
 /// As `futimes(3)`.
 #[no_mangle]
 pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
+    if let Err(e) = crate::shim::kfs::give_back(fd) {
+        return crate::shim::fail(-1, e);
+    }
     if hooked() && fds::is_moneta(fd) {
         // SAFETY: per the caller.
         let ts = unsafe { tv_to_ts(tv) };

@@ -9,6 +9,7 @@ pub extern "C" fn fsync(fd: c_int) -> c_int {
         fd,
         -1,
         |d| d.file.sync_all().map(|_| 0).map_err(eno),
+        kfs | k | Some(k.sync()),
         real!(fsync: fn(c_int) -> c_int)(fd)
     )
 }
@@ -20,6 +21,7 @@ pub extern "C" fn fdatasync(fd: c_int) -> c_int {
         fd,
         -1,
         |d| d.file.sync_data().map(|_| 0).map_err(eno),
+        kfs | k | Some(k.sync()),
         real!(fdatasync: fn(c_int) -> c_int)(fd)
     )
 }
@@ -40,6 +42,14 @@ pub extern "C" fn sync_file_range(fd: c_int, off: off64_t, n: off64_t, flags: c_
             }
             Ok(0)
         },
+        kfs | k
+            | Some(if off < 0 || n < 0 || flags & !7 != 0 {
+                Err(libc::EINVAL)
+            } else if flags & libc::SYNC_FILE_RANGE_WAIT_AFTER != 0 {
+                k.sync()
+            } else {
+                Ok(0)
+            }),
         real!(sync_file_range: fn(c_int, off64_t, off64_t, c_uint) -> c_int)(fd, off, n, flags)
     )
 }
@@ -56,6 +66,7 @@ pub extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
             }
             d.file.set_len(offset(len)?).map(|_| 0).map_err(eno)
         },
+        kfs | k | Some(k.set_len(len)),
         real!(ftruncate64: fn(c_int, off64_t) -> c_int)(fd, len)
     )
 }
@@ -125,6 +136,7 @@ pub extern "C" fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c
         fd,
         -1,
         |d| fallocate_impl(&d, mode, off, len),
+        kfs | k | Some(k.allocate(mode, off, len)),
         real!(fallocate64: fn(c_int, c_int, off64_t, off64_t) -> c_int)(fd, mode, off, len)
     )
 }
@@ -142,6 +154,15 @@ pub extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int {
         if let Some(d) = fds::get(fd) {
             let saved = crate::shim::errno();
             let r = crate::shim::inside(|| fallocate_impl(&d, 0, off, len));
+            crate::shim::set_errno(saved);
+            return match r {
+                Ok(_) => 0,
+                Err(e) => e,
+            };
+        }
+        if let Some(k) = crate::shim::kfs::get(fd) {
+            let saved = crate::shim::errno();
+            let r = crate::shim::inside(|| k.allocate(0, off, len));
             crate::shim::set_errno(saved);
             return match r {
                 Ok(_) => 0,
@@ -180,6 +201,14 @@ pub extern "C" fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int
                 Err(e) => eno(e),
             };
         }
+        if crate::shim::kfs::has(fd) {
+            // Served through the channel: no page cache holds the file's pages to advise on.
+            return if !(0..=5).contains(&advice) || len < 0 || off < 0 {
+                libc::EINVAL
+            } else {
+                0
+            };
+        }
     }
     // SAFETY: forwarding.
     unsafe {
@@ -210,6 +239,14 @@ pub extern "C" fn readahead(fd: c_int, off: off64_t, n: size_t) -> ssize_t {
             d.file.will_need(off as u64, n as u64).map_err(eno)?;
             Ok(0)
         },
+        kfs | k
+            | Some(if off < 0 {
+                Err(libc::EINVAL)
+            } else if k.flags.load(Ordering::Relaxed) & libc::O_ACCMODE == libc::O_WRONLY {
+                Err(libc::EBADF)
+            } else {
+                Ok(0)
+            }),
         real!(readahead: fn(c_int, off64_t, size_t) -> ssize_t)(fd, off, n)
     )
 }

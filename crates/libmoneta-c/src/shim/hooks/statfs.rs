@@ -80,6 +80,7 @@ pub unsafe extern "C" fn fstatvfs(fd: c_int, out: *mut libc::statvfs) -> c_int {
             fill_statvfs(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
             Ok(0)
         },
+        kfs direct,
         real!(fstatvfs64: fn(c_int, *mut libc::statvfs) -> c_int)(fd, out)
     )
 }
@@ -143,6 +144,7 @@ pub unsafe extern "C" fn fstatfs(fd: c_int, out: *mut libc::statfs) -> c_int {
             fill_statfs(&s, unsafe { out.as_mut() }.ok_or(libc::EFAULT)?);
             Ok(0)
         },
+        kfs direct,
         real!(fstatfs64: fn(c_int, *mut libc::statfs) -> c_int)(fd, out)
     )
 }
