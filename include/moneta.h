@@ -2,7 +2,8 @@
  * moneta.h: the C interface of libmoneta, the user-space driver of the Moneta storage system.
  *
  * Errors: a call that returns int, ssize_t or int64_t returns -1 and sets errno; a call that
- * returns a pointer returns NULL and sets errno. Paths are paths inside nvfs, starting with "/".
+ * returns a pointer returns NULL and sets errno. Paths are paths inside nvfs, starting with "/" (the moneta_kernel_*
+ * calls take paths of the kernel's mount instead).
  * Link with -lmoneta.
  */
 
@@ -35,6 +36,9 @@ struct moneta_conn;
 
 // An open file.
 struct moneta_file;
+
+// A file of the ext4 or XFS file system a daemon started with `--kernel-fs` serves.
+struct moneta_kernel_file;
 
 // An asynchronous request.
 struct moneta_req;
@@ -253,6 +257,42 @@ int moneta_utimens(const struct moneta_conn *m, const char *path, const struct t
 
 // `statfs(2)` of nvfs.
 int moneta_statfs(const struct moneta_conn *m, struct moneta_statfs *out);
+
+// Which kernel file system the daemon serves (`monetad --kernel-fs`): 1 for ext4, 2 for
+// XFS, 0 when it serves nvfs or a raw array, -1 on error. With `mount` not NULL, the mount
+// point's path is written there, NUL-terminated (`ENAMETOOLONG` if `len` bytes cannot hold
+// it).
+int moneta_kernel_fs(const struct moneta_conn *m, char *mount, size_t len);
+
+// Opens `path`, a regular file of the daemon's kernel file system, through the kernel with
+// `open(2)` flags and mode (the kernel checks the caller's rights, creates and truncates), and
+// hands it to the daemon: its data then goes through the channel. `O_APPEND`, `O_PATH` and
+// `O_DIRECTORY` are `EINVAL`.
+struct moneta_kernel_file *moneta_kernel_open(const struct moneta_conn *m,
+                                              const char *path,
+                                              int flags,
+                                              uint32_t mode);
+
+// `pread(2)` on a kernel file.
+ssize_t moneta_kernel_pread(const struct moneta_kernel_file *f, void *buf, size_t n, int64_t off);
+
+// `pwrite(2)` on a kernel file (all of it, or -1).
+ssize_t moneta_kernel_pwrite(const struct moneta_kernel_file *f,
+                             const void *buf,
+                             size_t n,
+                             int64_t off);
+
+// The size of a kernel file, or -1.
+int64_t moneta_kernel_size(const struct moneta_kernel_file *f);
+
+// `ftruncate(2)` on a kernel file, through the kernel.
+int moneta_kernel_ftruncate(const struct moneta_kernel_file *f, int64_t len);
+
+// `fsync(2)` on a kernel file: what the channel wrote is made durable.
+int moneta_kernel_fsync(const struct moneta_kernel_file *f);
+
+// Closes a kernel file.
+int moneta_kernel_close(struct moneta_kernel_file *f);
 
 // Submits a read of `n` bytes at `off` into `buf`, which must stay valid until the request
 // is waited for or freed. Returns at once.

@@ -29,6 +29,7 @@ use crate::control::Control;
 use crate::ClientError;
 
 pub(crate) mod attrs;
+mod pipeline;
 pub(crate) mod reapers;
 mod tags;
 mod wait;

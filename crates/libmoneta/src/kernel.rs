@@ -321,10 +321,11 @@ impl KernelFile {
             let piece = &mut buf[done..];
             match route {
                 Some(Route::Channel(addr, n)) => {
-                    match self
-                        .channel()?
-                        .read(addr, &mut piece[..n as usize], Completion::Dma)
-                    {
+                    match self.channel()?.read_pipelined(
+                        addr,
+                        &mut piece[..n as usize],
+                        Completion::Dma,
+                    ) {
                         Ok(()) => done += n as usize,
                         Err(e) if record_gone(&e) => {
                             self.forget();
@@ -382,10 +383,11 @@ impl KernelFile {
             let piece = &data[done..];
             match route {
                 Some(Route::Channel(addr, n)) => {
-                    match self
-                        .channel()?
-                        .write(addr, &piece[..n as usize], Completion::Dma)
-                    {
+                    match self.channel()?.write_pipelined(
+                        addr,
+                        &piece[..n as usize],
+                        Completion::Dma,
+                    ) {
                         Ok(()) => {
                             self.wrote.store(true, Ordering::Relaxed);
                             done += n as usize

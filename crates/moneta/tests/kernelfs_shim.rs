@@ -386,3 +386,80 @@ os.close(fd)
     assert_eq!(&got[200..211], b"by the page");
     k.stop_and_check();
 }
+
+/// The C interface (`moneta_kernel_*` in `include/moneta.h`): a C program asks the daemon
+/// what it serves, opens a file of the mount, writes and reads it through the channel.
+#[test]
+fn the_c_interface_reads_and_writes_kernel_files() {
+    if !root() {
+        return;
+    }
+    let k = Kfs::start("xfs", "c");
+    let src = k.dir.join("use.c");
+    std::fs::write(
+        &src,
+        r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include "moneta.h"
+
+int main(int argc, char **argv) {
+    (void)argc;
+    struct moneta_conn *m = moneta_connect(argv[1]);
+    if (!m) { perror("connect"); return 1; }
+    char mount[4096];
+    int kind = moneta_kernel_fs(m, mount, sizeof mount);
+    if (kind != 2) { fprintf(stderr, "kind %d\n", kind); return 1; }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cfile", mount);
+    struct moneta_kernel_file *f = moneta_kernel_open(m, path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (!f) { perror("open"); return 1; }
+    if (moneta_kernel_open(m, path, O_RDWR | O_APPEND, 0) != NULL) return 1;
+    static unsigned char buf[300000], back[300000];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 7 + i / 300);
+    if (moneta_kernel_pwrite(f, buf, sizeof buf, 5000) != (long)sizeof buf) { perror("pwrite"); return 1; }
+    if (moneta_kernel_size(f) != 305000) return 1;
+    if (moneta_kernel_pread(f, back, sizeof back, 5000) != (long)sizeof back) { perror("pread"); return 1; }
+    if (memcmp(buf, back, sizeof buf) != 0) { fprintf(stderr, "differs\n"); return 1; }
+    if (moneta_kernel_fsync(f) != 0) return 1;
+    if (moneta_kernel_close(f) != 0) return 1;
+    moneta_disconnect(m);
+    printf("%s\n", path);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = k.dir.join("use");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include");
+    let o = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-I")
+        .arg(&include)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(bin_dir())
+        .arg("-lmoneta")
+        .arg(format!("-Wl,-rpath,{}", bin_dir().display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "cc: {}", text(&o));
+    let (r0, w0) = k.moved();
+    let o = Command::new(&exe).arg(&k.socket).output().unwrap();
+    assert!(o.status.success(), "the C program: {}", text(&o));
+    let (r1, w1) = k.moved();
+    assert!(
+        r1 - r0 >= 300_000 && w1 - w0 >= 300_000,
+        "not through the channel"
+    );
+    let got = std::fs::read(k.path("cfile")).unwrap();
+    assert_eq!(got.len(), 305_000);
+    assert!(got[..5000].iter().all(|&b| b == 0));
+    let want: Vec<u8> = (0..300_000usize).map(|i| (i * 7 + i / 300) as u8).collect();
+    assert!(got[5000..] == want[..], "the kernel reads other bytes");
+    k.stop_and_check();
+}

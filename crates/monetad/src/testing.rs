@@ -32,6 +32,15 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon and waits until it answers; panics if it cannot.
     pub fn start() -> Daemon {
+        Self::start_with(false)
+    }
+
+    /// Starts a daemon on a raw array (`--raw`: no file system; its owner grants records).
+    pub fn start_raw() -> Daemon {
+        Self::start_with(true)
+    }
+
+    fn start_with(raw: bool) -> Daemon {
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "moneta-inproc-{}-{}",
@@ -49,7 +58,7 @@ impl Daemon {
             device: moneta_device::DeviceConfig::default(),
             socket_mode: 0o600,
             shares: crate::server::Shares::for_channels(1024),
-            raw: false,
+            raw,
             kernel_fs: None,
             chunk_size: moneta_fs::layout::DEFAULT_CHUNK,
             durability: moneta_fs::Durability::Device,
