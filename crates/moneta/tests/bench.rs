@@ -409,6 +409,136 @@ fn kernel_odirect_paths_on_loop_devices() {
     assert_eq!(loop_backings(), loops_before);
 }
 
+/// Whether this process may make loop devices and mounts; without root a test that needs them
+/// says it skipped, and fails under `CI=true`, which must run it.
+fn root_or_skip(what: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    assert_ne!(
+        std::env::var("CI").as_deref(),
+        Ok("true"),
+        "{what} needs root, and CI must run it"
+    );
+    eprintln!("SKIPPED: {what} needs root (a loop device and a mount)");
+    false
+}
+
+/// Moneta-D's recycled file systems: a private `monetad --kernel-fs` for ext4 and another for
+/// XFS, the same files read and written through channels and through the kernel's mount, one
+/// path after the other (the channel path's second size follows the kernel's runs of the
+/// first, so it takes the files back from the kernel). Every channel byte is counted by the daemon (nothing fell back to the
+/// kernel), the daemons are stopped and their mounts and loop devices gone; a user without
+/// root is told the paths were skipped while the others run.
+#[test]
+fn kernel_fs_paths_through_channels_and_the_kernel() {
+    if !root_or_skip("the kernel-fs bench paths") {
+        return;
+    }
+    let paths = [
+        "moneta-kfs-ext4",
+        "kernel-kfs-ext4-odirect",
+        "kernel-kfs-ext4-buffered",
+        "moneta-kfs-xfs",
+        "kernel-kfs-xfs-odirect",
+        "kernel-kfs-xfs-buffered",
+    ];
+    let loops_before = loop_backings();
+    let mut args = vec![
+        "--op",
+        "randrw",
+        "--size",
+        "512,64K",
+        "--ops",
+        "150",
+        "--region",
+        "8M",
+        "--open-files",
+        "2",
+    ];
+    for p in paths {
+        args.extend(["--path", p]);
+    }
+    let recs = bench(&args);
+    assert_eq!(recs.len(), paths.len() * 2, "{recs:?}");
+    for p in paths {
+        for size in [512u64, 65536] {
+            let r = recs
+                .iter()
+                .find(|r| r["path"] == p && r["size"] == size)
+                .unwrap_or_else(|| panic!("no {p} {size} record in {recs:?}"));
+            assert_eq!(r["ops"], 150, "{r}");
+            assert_eq!(r["qd"], 1, "{r}");
+            assert_eq!(r["runs"], 1, "{r}");
+            assert_eq!(r["open_files"], 2, "{r}");
+            assert!(r["mib_s"].as_f64().unwrap() > 0.0, "{r}");
+            if p.starts_with("moneta-kfs") {
+                // Every byte of the run went through the channel, none through the kernel.
+                assert_eq!(r["channel_bytes"].as_u64(), Some(150 * size), "{r}");
+                assert!(r["device_cpu"].is_object(), "{r}");
+            } else {
+                assert!(r.get("channel_bytes").is_none(), "{r}");
+            }
+        }
+    }
+    // The daemons stopped: nothing of theirs is mounted, no loop device of theirs is left.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("moneta-bench-kfs-"), "{mounts}");
+    assert_eq!(loop_backings(), loops_before);
+
+    // Refused with the breakdown, whose stages these paths do not have.
+    let o = moneta(&["bench", "--path", "moneta-kfs-ext4", "--breakdown"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--breakdown"), "{}", text(&o));
+
+    // Another user: the kernel-fs paths are skipped with the reason, the others run; alone
+    // they fail with it.
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=1001", "--regid=1001", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_moneta"))
+            .args(args)
+            .current_dir("/")
+            .output()
+            .expect("run setpriv")
+    };
+    let o = as_user(&[
+        "bench",
+        "--json",
+        "--path",
+        "kernel-psync",
+        "--path",
+        "moneta-kfs-xfs",
+        "--size",
+        "4K",
+        "--ops",
+        "10",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("moneta-kfs-xfs skipped") && err.contains("needs root"),
+        "{err}"
+    );
+    let recs: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0]["path"], "kernel-psync");
+    let o = as_user(&["bench", "--path", "kernel-kfs-ext4-buffered", "--ops", "10"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("kernel-kfs-ext4-buffered skipped") && text(&o).contains("needs root"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// Backing files of the attached loop devices.
 fn loop_backings() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/sys/block")

@@ -151,6 +151,55 @@ fn the_tiny_report_runs_every_experiment() {
             "apps neither ran nor said why"
         );
     }
+    // Moneta-D's recycled file systems: both, through channels and the kernel, in the same
+    // run; without root the section says why it is absent (and CI, which runs as root, fails).
+    assert!(html.contains("id=\"kernel-fs\""));
+    if rustix::process::geteuid().is_root() {
+        let kfs = get("kernel-fs");
+        for fs in ["ext4", "xfs"] {
+            for p in [
+                format!("moneta-kfs-{fs}"),
+                format!("kernel-kfs-{fs}-odirect"),
+                format!("kernel-kfs-{fs}-buffered"),
+            ] {
+                for op in ["read", "write"] {
+                    assert!(
+                        kfs.iter().any(|r| r["path"] == p.as_str() && r["op"] == op),
+                        "kernel-fs: no {p} {op}"
+                    );
+                }
+            }
+        }
+        for r in kfs.iter().filter(|r| r["path"] == "moneta-kfs-ext4") {
+            assert_eq!(
+                r["channel_bytes"].as_u64(),
+                Some(300 * r["size"].as_u64().unwrap()),
+                "{r}"
+            );
+        }
+        let steps: Vec<&str> = kfs.iter().map(|r| r["step"].as_str().unwrap()).collect();
+        assert!(steps.contains(&"reads by size") && steps.contains(&"writes by size"));
+        assert!(html.contains("Moneta-D §5, Figure 7"));
+        assert!(html.contains("--path moneta-kfs-xfs"));
+        for png in [
+            "kernel-fs-read.png",
+            "kernel-fs-write.png",
+            "kernel-fs-latency-read.png",
+        ] {
+            assert!(is_png(&dir.join(png)), "{png}");
+        }
+    } else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "the kernel-fs experiment needs root, and CI must run it"
+        );
+        assert!(
+            html.contains("needs root"),
+            "kernel-fs absent without a reason"
+        );
+        eprintln!("SKIPPED: the kernel-fs experiment needs root (a loop device and a mount)");
+    }
     // The paper's figure is quoted, and the commands are there.
     assert!(html.contains("Moneta-D Figure 3"));
     assert!(html.contains("moneta bench --path moneta"));

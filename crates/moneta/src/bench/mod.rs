@@ -2,8 +2,11 @@
 //!
 //! Paths: `moneta` (files on nvfs through libmoneta, synchronous or `--qd` asynchronous),
 //! `moneta-raw` (raw commands through a channel on one file's extent: no file system on the
-//! way), `kernel-psync` (`pread`/`pwrite` on a file, by default in `/dev/shm`), `kernel-uring`
-//! and `kernel-uring-sqpoll` (io_uring on that file), `fuse` (`pread`/`pwrite` on a file under a
+//! way), `moneta-kfs-ext4`/`moneta-kfs-xfs` and `kernel-kfs-*` (files of ext4 or XFS made on
+//! the array by a private `monetad --kernel-fs`, through channels or through the kernel's
+//! mount: Moneta-D's recycled file system, [`kfs`]), `kernel-psync` (`pread`/`pwrite` on a
+//! file, by default in `/dev/shm`), `kernel-uring` and `kernel-uring-sqpoll` (io_uring on that
+//! file), `fuse` (`pread`/`pwrite` on a file under a
 //! `moneta mount` of the private daemon), and `perm-check` (the permission table's
 //! check alone, in process). Each configuration runs `--runs` times, paths alternating, after
 //! a discarded warm-up; the reported run is the median by p50 latency, with the spread of p50
@@ -14,6 +17,7 @@ pub mod breakdown;
 pub mod buffer;
 mod files;
 pub mod instructions;
+mod kfs;
 pub mod machine;
 pub mod modelfig;
 mod print;
@@ -66,6 +70,23 @@ pub enum Path {
     KernelOdirectExt4,
     /// The same on XFS.
     KernelOdirectXfs,
+    /// Files of ext4 made on the array by a private `monetad --kernel-fs ext4` (Moneta-D's
+    /// recycled file system), read and written through a channel (`libmoneta::KernelFile`):
+    /// the kernel checks the open, the data goes without a system call (needs root; the bench
+    /// starts the daemon, writes the files, and stops it, which unmounts).
+    MonetaKfsExt4,
+    /// The same on XFS (an array of at least 300 MiB).
+    MonetaKfsXfs,
+    /// Those ext4 files through the kernel's mount: pread/pwrite with `O_DIRECT` (aligned
+    /// buffers). Each run opens the files and closes them at its end, since a kernel open
+    /// takes them from the channels.
+    KernelKfsExt4Odirect,
+    /// Those ext4 files through the kernel's mount and its page cache: pread/pwrite.
+    KernelKfsExt4Buffered,
+    /// The XFS files through the kernel's mount with `O_DIRECT`.
+    KernelKfsXfsOdirect,
+    /// The XFS files through the kernel's mount and its page cache.
+    KernelKfsXfsBuffered,
     /// pread/pwrite on a file of nvfs through `moneta mount` (FUSE, direct I/O): the path of
     /// programs the shim does not reach. The bench mounts its daemon's file system and
     /// unmounts it at the end (needs /dev/fuse, and fusermount3 without root).
@@ -94,6 +115,12 @@ impl Path {
             Path::KernelPsync
                 | Path::KernelOdirectExt4
                 | Path::KernelOdirectXfs
+                | Path::MonetaKfsExt4
+                | Path::MonetaKfsXfs
+                | Path::KernelKfsExt4Odirect
+                | Path::KernelKfsExt4Buffered
+                | Path::KernelKfsXfsOdirect
+                | Path::KernelKfsXfsBuffered
                 | Path::Fuse
                 | Path::MonetaMmap
                 | Path::KernelMmap
@@ -113,6 +140,12 @@ impl Path {
             Path::KernelUringSqpoll => "kernel-uring-sqpoll",
             Path::KernelOdirectExt4 => "kernel-odirect-ext4",
             Path::KernelOdirectXfs => "kernel-odirect-xfs",
+            Path::MonetaKfsExt4 => "moneta-kfs-ext4",
+            Path::MonetaKfsXfs => "moneta-kfs-xfs",
+            Path::KernelKfsExt4Odirect => "kernel-kfs-ext4-odirect",
+            Path::KernelKfsExt4Buffered => "kernel-kfs-ext4-buffered",
+            Path::KernelKfsXfsOdirect => "kernel-kfs-xfs-odirect",
+            Path::KernelKfsXfsBuffered => "kernel-kfs-xfs-buffered",
             Path::Fuse => "fuse",
             Path::PermCheck => "perm-check",
             Path::Nvfs => "nvfs",
@@ -216,7 +249,8 @@ pub struct BenchArgs {
     /// Use the daemon at this socket (the bench works in a file it creates and removes, or, on
     /// a daemon started with --raw, grants itself an extent, which needs the daemon's user or
     /// root). Without it the bench starts a private daemon on a volatile array and stops it at
-    /// the end.
+    /// the end. The kernel-fs paths (moneta-kfs-*, kernel-kfs-*) always run on private daemons
+    /// of their own (`monetad --kernel-fs`).
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Print one JSON object per configuration instead of tables.
@@ -371,6 +405,7 @@ fn summarize(
             .model
             .map(|(b, e)| modelfig::figures(b, e, latest_wear.unwrap_or(e))),
         neighbour_mib_s: r.neighbour_mib_s,
+        channel_bytes: r.channel_bytes,
     }
 }
 
@@ -452,6 +487,7 @@ pub fn perm_check(records: u64, seed: u64) -> Record {
         model_parameters: None,
         model_figures: None,
         neighbour_mib_s: None,
+        channel_bytes: None,
     }
 }
 
@@ -547,6 +583,12 @@ fn validate(a: &BenchArgs, sizes: &[u64], slice: usize, paths: &[Path]) -> Resul
     if a.qd > 4096 {
         return Err("qd is at most 4096".into());
     }
+    if a.breakdown && paths.iter().any(|p| p.kfs_kind().is_some()) {
+        return Err(
+            "--breakdown times the moneta and the kernel's own paths, not the kernel-fs ones"
+                .into(),
+        );
+    }
     if a.breakdown && a.qd != 1 {
         return Err("--breakdown times requests one at a time: use it with --qd 1".into());
     }
@@ -622,12 +664,43 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         accuracy::run_accuracy(&a)?;
         return Ok(Vec::new());
     }
-    let io_paths: Vec<Path> = a
+    let mut io_paths: Vec<Path> = a
         .paths
         .iter()
         .copied()
         .filter(|p| *p != Path::PermCheck && *p != Path::Nvfs)
         .collect();
+    // The recycled file systems need root: without it their paths are skipped, saying why,
+    // and the others run; with nothing else to run the bench fails with the reason.
+    let mut skipped = Vec::new();
+    for kind in crate::loopfs::FsKind::ALL {
+        let wanted: Vec<Path> = io_paths
+            .iter()
+            .copied()
+            .filter(|p| p.kfs_kind() == Some(kind))
+            .collect();
+        if wanted.is_empty() {
+            continue;
+        }
+        if let Some(why) = kfs::unavailable(kind) {
+            io_paths.retain(|p| p.kfs_kind() != Some(kind));
+            let names: Vec<&str> = wanted.iter().map(|p| p.name()).collect();
+            skipped.push(format!("{} skipped: {why}", names.join(", ")));
+        }
+    }
+    if !skipped.is_empty() {
+        if io_paths.is_empty()
+            && !a
+                .paths
+                .iter()
+                .any(|p| matches!(p, Path::PermCheck | Path::Nvfs))
+        {
+            return Err(skipped.join("; "));
+        }
+        for s in &skipped {
+            eprintln!("moneta bench: {s}");
+        }
+    }
     if a.paths.contains(&Path::Nvfs) {
         crate::fsbench::run(a.files, a.json)?;
         if io_paths.is_empty() && !a.paths.contains(&Path::PermCheck) {
@@ -639,7 +712,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     }
     if a.qd != 1 && !io_paths.is_empty() && io_paths.iter().all(|p| p.synchronous()) {
         return Err(
-            "kernel-psync, kernel-odirect, fuse and the mmap paths are synchronous: use --threads, not --qd".into(),
+            "kernel-psync, kernel-odirect, the kernel-fs, fuse and the mmap paths are synchronous: \
+             use --threads, not --qd"
+                .into(),
         );
     }
     validate(&a, &sizes, moneta_abi::DEFAULT_SLICE_SIZE, &io_paths)?;
@@ -686,6 +761,29 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     ] {
         if io_paths.contains(&p) {
             odirect.push((p, kernel_files(&a, Some(kind))?));
+        }
+    }
+    // The recycled file systems' daemons and the channel path's files; declared before the
+    // targets, so that every handle and descriptor of a file is gone before its daemon stops
+    // and unmounts.
+    let mut kfs_daemons: Vec<kfs::KfsDaemon> = Vec::new();
+    for kind in crate::loopfs::FsKind::ALL {
+        if io_paths.iter().any(|p| p.kfs_kind() == Some(kind)) {
+            kfs_daemons.push(kfs::KfsDaemon::start(&a, kind)?);
+        }
+    }
+    let kfs_daemon = |p: Path| {
+        kfs_daemons
+            .iter()
+            .find(|d| Some(d.kind) == p.kfs_kind())
+            .expect("a daemon per file system")
+    };
+    let mut kfs_files = Vec::new();
+    for d in &kfs_daemons {
+        if io_paths.iter().any(|p| {
+            matches!(p, Path::MonetaKfsExt4 | Path::MonetaKfsXfs) && p.kfs_kind() == Some(d.kind)
+        }) {
+            kfs_files.push((d.kind, d.channel_files()?));
         }
     }
     // Declared before the targets, so that their descriptors close before it unmounts.
@@ -759,6 +857,27 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                     .1
                     .fds
                     .clone(),
+            },
+            Path::MonetaKfsExt4 | Path::MonetaKfsXfs => {
+                let d = kfs_daemon(p);
+                Target::KernelFs {
+                    files: kfs_files
+                        .iter()
+                        .find(|(k, _)| *k == d.kind)
+                        .expect("channel files")
+                        .1
+                        .clone(),
+                    daemon_pid: d.pid,
+                    socket: d.socket.clone(),
+                    per_file: a.region / a.open_files.max(1) as u64,
+                }
+            }
+            Path::KernelKfsExt4Odirect
+            | Path::KernelKfsExt4Buffered
+            | Path::KernelKfsXfsOdirect
+            | Path::KernelKfsXfsBuffered => Target::KernelReopen {
+                paths: kfs_daemon(p).files.clone(),
+                direct: matches!(p, Path::KernelKfsExt4Odirect | Path::KernelKfsXfsOdirect),
             },
             Path::KernelUring | Path::KernelUringSqpoll => Target::Uring {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
@@ -874,6 +993,9 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
         .map(|d| d.socket.clone());
     drop(targets);
     drop(moneta_files);
+    // Every handle first, then the daemons stop (and unmount).
+    drop(kfs_files);
+    drop(kfs_daemons);
     if let Some(socket) = files_left {
         // On the user's daemon: remove the bench's files.
         if let Ok(m) = libmoneta::Moneta::connect(&socket) {

@@ -110,6 +110,10 @@ pub struct Record {
     /// The `--neighbour`'s bandwidth in the reported run (MiB/s), beside it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub neighbour_mib_s: Option<f64>,
+    /// Bytes the daemon moved through channels in the reported run (the `moneta-kfs` paths:
+    /// `ops` x `size` when no request fell back to the kernel).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel_bytes: Option<u64>,
 }
 
 pub(crate) struct RunResult {
@@ -125,6 +129,8 @@ pub(crate) struct RunResult {
     pub(crate) model: Option<(modelfig::ModelSnap, modelfig::ModelSnap)>,
     /// The `--neighbour`'s bandwidth during the run (MiB/s), beside it.
     pub(crate) neighbour_mib_s: Option<f64>,
+    /// Bytes the daemon moved through channels during the run (the `moneta-kfs` paths).
+    pub(crate) channel_bytes: Option<u64>,
 }
 
 pub(crate) fn rusage_self() -> Cpu {

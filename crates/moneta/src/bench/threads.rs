@@ -114,6 +114,22 @@ pub(crate) enum Target {
     },
     /// Files mapped into memory: requests are loads and stores.
     Mapped(Arc<Maps>),
+    /// Files of a kernel file system on the array through a channel (`KernelFile`); before
+    /// each run a read every MiB takes their leases and records back.
+    KernelFs {
+        files: Arc<Vec<Arc<libmoneta::KernelFile>>>,
+        daemon_pid: u32,
+        /// The daemon's socket, for its byte counters.
+        socket: PathBuf,
+        /// Bytes of the region each file holds.
+        per_file: u64,
+    },
+    /// Those files through the kernel's mount, opened for each run and closed after it (an
+    /// open descriptor would keep them from the channels).
+    KernelReopen {
+        paths: Arc<Vec<PathBuf>>,
+        direct: bool,
+    },
 }
 
 /// Files mapped `MAP_SHARED`, read and write, pages populated: (address, length) each,
@@ -214,11 +230,37 @@ pub(crate) fn run_threads(
         flag: AtomicBool::new(false),
         limit,
     });
+    // The recycled file system's kernel paths hold their descriptors for this run only: they
+    // close when `reopened` goes, after the threads are joined.
+    let reopened;
+    let target = match target {
+        Target::KernelReopen { paths, direct } => {
+            reopened = Target::Kernel {
+                fds: super::kfs::open_kernel(paths, *direct)?,
+            };
+            &reopened
+        }
+        t => t,
+    };
+    let channel0 = match target {
+        Target::KernelFs {
+            files,
+            socket,
+            per_file,
+            ..
+        } => {
+            super::kfs::prime(files, *per_file)?;
+            let c = Control::connect(socket).map_err(|e| e.to_string())?;
+            let st = c.status().map_err(|e| e.to_string())?;
+            Some((c, st.bytes_read + st.bytes_written))
+        }
+        _ => None,
+    };
     let cpu0 = rusage_self();
     let dev0 = match target {
-        Target::Moneta { daemon_pid, .. } | Target::File { daemon_pid, .. } => {
-            proc_cpu(*daemon_pid)
-        }
+        Target::Moneta { daemon_pid, .. }
+        | Target::File { daemon_pid, .. }
+        | Target::KernelFs { daemon_pid, .. } => proc_cpu(*daemon_pid),
         _ => None,
     };
     let traced = match target {
@@ -271,6 +313,11 @@ pub(crate) fn run_threads(
                 let maps = maps.clone();
                 Box::new(move || mapped_thread(&a, size, &maps, t, &stop))
             }
+            Target::KernelFs { files, .. } => {
+                let files = files.clone();
+                Box::new(move || super::kfs::kfs_thread(&a, size, &files, t, &stop))
+            }
+            Target::KernelReopen { .. } => unreachable!("opened above"),
         };
         handles.push(std::thread::spawn(move || {
             let counter = count.then(instructions::Counter::start);
@@ -313,10 +360,20 @@ pub(crate) fn run_threads(
         None => None,
     };
     let device_cpu = match (target, dev0) {
-        (Target::Moneta { daemon_pid, .. } | Target::File { daemon_pid, .. }, Some(d0)) => {
-            proc_cpu(*daemon_pid).map(|d| sub(d, d0))
-        }
+        (
+            Target::Moneta { daemon_pid, .. }
+            | Target::File { daemon_pid, .. }
+            | Target::KernelFs { daemon_pid, .. },
+            Some(d0),
+        ) => proc_cpu(*daemon_pid).map(|d| sub(d, d0)),
         _ => None,
+    };
+    let channel_bytes = match channel0 {
+        Some((c, before)) => {
+            let st = c.status().map_err(|e| e.to_string())?;
+            Some((st.bytes_read + st.bytes_written).saturating_sub(before))
+        }
+        None => None,
     };
     Ok(RunResult {
         hist,
@@ -329,6 +386,7 @@ pub(crate) fn run_threads(
         instructions: counted,
         model: None,
         neighbour_mib_s: None,
+        channel_bytes,
     })
 }
 

@@ -24,6 +24,7 @@ pub(crate) enum Exp {
     Permissions,
     Async,
     Iops,
+    KernelFs,
     Apps,
     ArrayLatency,
     ArrayBandwidth,
@@ -41,6 +42,7 @@ pub(crate) fn all() -> Vec<Exp> {
         Exp::Permissions,
         Exp::Async,
         Exp::Iops,
+        Exp::KernelFs,
         Exp::ArrayLatency,
         Exp::ArrayBandwidth,
         Exp::Fairness,
@@ -101,6 +103,7 @@ impl Exp {
             Exp::Permissions => "permissions",
             Exp::Async => "async",
             Exp::Iops => "iops",
+            Exp::KernelFs => "kernel-fs",
             Exp::Apps => "apps",
             Exp::ArrayLatency => "array-latency",
             Exp::ArrayBandwidth => "array-bandwidth",
@@ -118,6 +121,9 @@ impl Exp {
             Exp::Permissions => "Permission-table pressure and extent merging",
             Exp::Async => "Asynchronous against synchronous requests",
             Exp::Iops => "Operations per second and instructions per operation",
+            Exp::KernelFs => {
+                "Recycled ext4 and XFS: the same files through channels and the kernel"
+            }
             Exp::Apps => "Applications",
             Exp::ArrayLatency => "The array's latency against its parallelism (modelled array)",
             Exp::ArrayBandwidth => "The array's bandwidth against request size (modelled array)",
@@ -323,6 +329,7 @@ impl Exp {
                     })
                     .collect()
             }
+            Exp::KernelFs => super::kernelfs::steps(set, env),
             Exp::Apps => vec![Step::Apps],
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::steps(self.id(), set)
@@ -377,6 +384,10 @@ impl Exp {
             apps_section(&recs, dir, &mut s)?;
             return Ok(s);
         }
+        if self == Exp::KernelFs && steps.is_empty() {
+            super::kernelfs::absent(env, &mut s);
+            return Ok(s);
+        }
         let data = bench_data(steps, outputs);
         let values: Vec<Value> = data
             .iter()
@@ -396,6 +407,7 @@ impl Exp {
             Exp::Permissions => permissions(&data, dir, &mut s)?,
             Exp::Async => asynchronous(&data, dir, &mut s)?,
             Exp::Iops => iops(&data, dir, &mut s)?,
+            Exp::KernelFs => super::kernelfs::present(&data, env, dir, &mut s)?,
             Exp::Apps => unreachable!("handled above"),
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::present(self.id(), &data, dir, &mut s)?

@@ -10,6 +10,7 @@
 mod array;
 mod experiments;
 pub mod html;
+mod kernelfs;
 mod paper;
 pub mod plot;
 
@@ -43,7 +44,8 @@ pub struct ReportArgs {
     #[arg(long, default_value = "moneta-report")]
     pub out: PathBuf,
     /// Only these experiments (comma-separated): breakdown, bandwidth, completion,
-    /// permissions, async, iops, array-latency, array-bandwidth, fairness, power, wear, apps.
+    /// permissions, async, iops, kernel-fs, array-latency, array-bandwidth, fairness, power,
+    /// wear, apps.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -114,12 +116,15 @@ impl Set {
 pub(crate) struct Env {
     /// ext4 on a loop device (root, tools), or why not.
     pub ext4: Result<(), String>,
+    /// XFS on a loop device, or why not.
+    pub xfs: Result<(), String>,
 }
 
 impl Env {
     fn probe() -> Env {
         Env {
             ext4: crate::loopfs::FsKind::Ext4.available(),
+            xfs: crate::loopfs::FsKind::Xfs.available(),
         }
     }
 }
@@ -294,7 +299,9 @@ fn intro(set: &Set) -> String {
          kernel-psync = pread/pwrite on tmpfs (the kernel's best case: page cache, no device); \
          kernel-uring = io_uring on that file; kernel-odirect-ext4/xfs = O_DIRECT on ext4 or \
          XFS on a loop device over a tmpfs file (the kernel's block path, the papers' \
-         baseline). The Moneta device is emulated by a daemon's polling thread, which uses one \
+         baseline); moneta-kfs-ext4/xfs = files of ext4 or XFS made on the array by monetad \
+         --kernel-fs, through a channel, and kernel-kfs-*-odirect/buffered = the same files \
+         through the kernel's mount. The Moneta device is emulated by a daemon's polling thread, which uses one \
          of the machine's cores while requests flow: the CPU columns count it."
     )
 }
@@ -446,7 +453,10 @@ mod tests {
 
     #[test]
     fn every_experiment_plans_bench_steps_that_parse() {
-        let env = Env { ext4: Ok(()) };
+        let env = Env {
+            ext4: Ok(()),
+            xfs: Ok(()),
+        };
         for kind in [SetArg::Tiny, SetArg::Quick, SetArg::Full] {
             let set = Set::new(kind);
             for e in experiments::all() {
