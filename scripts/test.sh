@@ -28,6 +28,10 @@ command -v mkfs.xfs >/dev/null || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.x
 # setpriv for the tests' other users.
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
+# moneta export serves through nbdkit; its tests use libnbd's and QEMU's NBD clients
+command -v nbdkit >/dev/null || need_apt+=(nbdkit)
+command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
+command -v qemu-img >/dev/null || need_apt+=(qemu-utils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" = 0 ] || sudo_cmd="sudo"

@@ -4,6 +4,7 @@ mod apps;
 mod bench;
 mod csvout;
 mod daemon;
+mod export;
 mod fsbench;
 mod image;
 mod loopfs;
@@ -81,6 +82,10 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Unmount a `moneta mount` (also one whose server was killed).
     Umount(mount::UmountArgs),
+    /// Serve a file of nvfs as an NBD export through nbdkit, for any NBD client (qemu-img,
+    /// nbdcopy, nbd-client; docs/export.md); prints its URI. In the background unless
+    /// --foreground.
+    Export(export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -143,6 +148,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(a),
         Cmd::Mount(a) => mount::mount(a),
         Cmd::Umount(a) => mount::umount(a),
+        Cmd::Export(a) => export::export(a),
         Cmd::Report(a) => report::run(a),
     };
     match r {

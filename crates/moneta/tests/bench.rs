@@ -396,6 +396,7 @@ fn kernel_odirect_paths_on_loop_devices() {
         assert!(text(&o).contains("needs root"), "{}", text(&o));
         return;
     }
+    let _loops = LOOP_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     let loops_before = loop_backings();
     let recs = bench(&args);
     assert_eq!(recs.len(), 4);
@@ -427,9 +428,9 @@ fn root_or_skip(what: &str) -> bool {
 /// Moneta-D's recycled file systems: a private `monetad --kernel-fs` for ext4 and another for
 /// XFS, the same files read and written through channels and through the kernel's mount, one
 /// path after the other (the channel path's second size follows the kernel's runs of the
-/// first, so it takes the files back from the kernel). Every channel byte is counted by the daemon (nothing fell back to the
-/// kernel), the daemons are stopped and their mounts and loop devices gone; a user without
-/// root is told the paths were skipped while the others run.
+/// first, so it takes the files back from the kernel). Every channel byte is counted by the
+/// daemon (nothing fell back to the kernel), the daemons are stopped and their mounts and loop
+/// devices gone; a user without root is told the paths were skipped while the others run.
 #[test]
 fn kernel_fs_paths_through_channels_and_the_kernel() {
     if !root_or_skip("the kernel-fs bench paths") {
@@ -443,6 +444,7 @@ fn kernel_fs_paths_through_channels_and_the_kernel() {
         "kernel-kfs-xfs-odirect",
         "kernel-kfs-xfs-buffered",
     ];
+    let _loops = LOOP_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     let loops_before = loop_backings();
     let mut args = vec![
         "--op",
@@ -540,6 +542,10 @@ fn kernel_fs_paths_through_channels_and_the_kernel() {
 }
 
 /// Backing files of the attached loop devices.
+/// Held by the tests that compare the machine's loop devices before and after their bench, so
+/// that one's devices are not counted as the other's leftovers.
+static LOOP_DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn loop_backings() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/sys/block")
         .map(|d| {

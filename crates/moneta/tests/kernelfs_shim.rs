@@ -297,6 +297,7 @@ fn programs_go_through_the_channel(kind: &'static str) {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("err= 0"), "fio: {}", text(&o));

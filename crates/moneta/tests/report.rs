@@ -200,6 +200,19 @@ fn the_tiny_report_runs_every_experiment() {
         );
         eprintln!("SKIPPED: the kernel-fs experiment needs root (a loop device and a mount)");
     }
+    // nvfs through the FUSE mount beside the channel path and tmpfs (CI installs fuse3).
+    assert!(html.contains("id=\"mount\""));
+    let mount = get("mount");
+    for p in ["fuse", "moneta", "kernel-psync"] {
+        for op in ["read", "write"] {
+            assert!(
+                mount.iter().any(|r| r["path"] == p && r["op"] == op),
+                "mount: no {p} {op}"
+            );
+        }
+    }
+    assert!(is_png(&dir.join("mount-latency-read.png")));
+    assert!(html.contains("through the mount"), "the mount's reading");
     // The paper's figure is quoted, and the commands are there.
     assert!(html.contains("Moneta-D Figure 3"));
     assert!(html.contains("moneta bench --path moneta"));

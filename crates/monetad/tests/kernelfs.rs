@@ -257,7 +257,15 @@ fn xfs_reads_and_writes_match_the_kernel() {
 /// A reader through the channel while the kernel truncates the file and gives its blocks to
 /// another: the reader sees the old bytes, the new ones or the end of the file, never the
 /// other file's bytes.
-fn truncate_races_a_reader(fs: &'static str) {
+/// How the kernel frees the file's blocks under the reader.
+#[derive(Clone, Copy)]
+enum Free {
+    Truncate,
+    /// `fallocate(PUNCH_HOLE)`: the file keeps its size, its blocks go.
+    Punch,
+}
+
+fn truncate_races_a_reader(fs: &'static str, free: Free) {
     let k = Kfs::start(fs);
     let p = k.path("victim");
     let len = 4 << 20;
@@ -288,7 +296,22 @@ fn truncate_races_a_reader(fs: &'static str) {
         // The kernel frees the blocks (the lease breaks first: records revoked) and another
         // file takes them.
         let v = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        v.set_len(0).unwrap();
+        match free {
+            Free::Truncate => v.set_len(0).unwrap(),
+            Free::Punch => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a plain system call on our descriptor.
+                let r = unsafe {
+                    libc::fallocate(
+                        v.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        0,
+                        len as i64,
+                    )
+                };
+                assert_eq!(r, 0, "punch: {}", std::io::Error::last_os_error());
+            }
+        }
         drop(v);
         let other = k.path(&format!("other{round}"));
         write_through_kernel(&other, &vec![b'C'; len]);
@@ -310,14 +333,28 @@ fn truncate_races_a_reader(fs: &'static str) {
 #[test]
 fn ext4_truncate_races_a_reader() {
     if root() {
-        truncate_races_a_reader("ext4");
+        truncate_races_a_reader("ext4", Free::Truncate);
     }
 }
 
 #[test]
 fn xfs_truncate_races_a_reader() {
     if root() {
-        truncate_races_a_reader("xfs");
+        truncate_races_a_reader("xfs", Free::Truncate);
+    }
+}
+
+#[test]
+fn ext4_hole_punch_races_a_reader() {
+    if root() {
+        truncate_races_a_reader("ext4", Free::Punch);
+    }
+}
+
+#[test]
+fn xfs_hole_punch_races_a_reader() {
+    if root() {
+        truncate_races_a_reader("xfs", Free::Punch);
     }
 }
 

@@ -25,6 +25,7 @@ pub(crate) enum Exp {
     Async,
     Iops,
     KernelFs,
+    Mount,
     Apps,
     ArrayLatency,
     ArrayBandwidth,
@@ -43,6 +44,7 @@ pub(crate) fn all() -> Vec<Exp> {
         Exp::Async,
         Exp::Iops,
         Exp::KernelFs,
+        Exp::Mount,
         Exp::ArrayLatency,
         Exp::ArrayBandwidth,
         Exp::Fairness,
@@ -104,6 +106,7 @@ impl Exp {
             Exp::Async => "async",
             Exp::Iops => "iops",
             Exp::KernelFs => "kernel-fs",
+            Exp::Mount => "mount",
             Exp::Apps => "apps",
             Exp::ArrayLatency => "array-latency",
             Exp::ArrayBandwidth => "array-bandwidth",
@@ -124,6 +127,7 @@ impl Exp {
             Exp::KernelFs => {
                 "Recycled ext4 and XFS: the same files through channels and the kernel"
             }
+            Exp::Mount => "nvfs for every program: the FUSE mount against the channel and tmpfs",
             Exp::Apps => "Applications",
             Exp::ArrayLatency => "The array's latency against its parallelism (modelled array)",
             Exp::ArrayBandwidth => "The array's bandwidth against request size (modelled array)",
@@ -330,6 +334,7 @@ impl Exp {
                     .collect()
             }
             Exp::KernelFs => super::kernelfs::steps(set, env),
+            Exp::Mount => super::mount::steps(set, env),
             Exp::Apps => vec![Step::Apps],
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::steps(self.id(), set)
@@ -388,6 +393,10 @@ impl Exp {
             super::kernelfs::absent(env, &mut s);
             return Ok(s);
         }
+        if self == Exp::Mount && steps.is_empty() {
+            super::mount::absent(env, &mut s);
+            return Ok(s);
+        }
         let data = bench_data(steps, outputs);
         let values: Vec<Value> = data
             .iter()
@@ -408,6 +417,7 @@ impl Exp {
             Exp::Async => asynchronous(&data, dir, &mut s)?,
             Exp::Iops => iops(&data, dir, &mut s)?,
             Exp::KernelFs => super::kernelfs::present(&data, env, dir, &mut s)?,
+            Exp::Mount => super::mount::present(&data, dir, &mut s)?,
             Exp::Apps => unreachable!("handled above"),
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::present(self.id(), &data, dir, &mut s)?

@@ -11,6 +11,7 @@ mod array;
 mod experiments;
 pub mod html;
 mod kernelfs;
+mod mount;
 mod paper;
 pub mod plot;
 
@@ -44,8 +45,8 @@ pub struct ReportArgs {
     #[arg(long, default_value = "moneta-report")]
     pub out: PathBuf,
     /// Only these experiments (comma-separated): breakdown, bandwidth, completion,
-    /// permissions, async, iops, kernel-fs, array-latency, array-bandwidth, fairness, power,
-    /// wear, apps.
+    /// permissions, async, iops, kernel-fs, mount, array-latency, array-bandwidth, fairness,
+    /// power, wear, apps.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -118,6 +119,8 @@ pub(crate) struct Env {
     pub ext4: Result<(), String>,
     /// XFS on a loop device, or why not.
     pub xfs: Result<(), String>,
+    /// FUSE mounts (`moneta mount`), or why not.
+    pub fuse: Result<(), String>,
 }
 
 impl Env {
@@ -125,6 +128,7 @@ impl Env {
         Env {
             ext4: crate::loopfs::FsKind::Ext4.available(),
             xfs: crate::loopfs::FsKind::Xfs.available(),
+            fuse: mount::available(),
         }
     }
 }
@@ -456,6 +460,7 @@ mod tests {
         let env = Env {
             ext4: Ok(()),
             xfs: Ok(()),
+            fuse: Ok(()),
         };
         for kind in [SetArg::Tiny, SetArg::Quick, SetArg::Full] {
             let set = Set::new(kind);

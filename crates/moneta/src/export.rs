@@ -1,0 +1,198 @@
+//! `moneta export`: a file of nvfs served as an NBD export, so that any NBD client
+//! (`qemu-img`, `nbdcopy`, `nbdinfo`, `nbdfuse`, the kernel's `nbd-client`, fio's `nbd`
+//! engine) reads and writes it unmodified (docs/export.md).
+//!
+//! The protocol is nbdkit's: this command runs `nbdkit` with the plugin `libmoneta_nbd.so`
+//! (crate `moneta-nbd`), which reads and writes the file through a channel of the daemon as
+//! the user who runs the command.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+/// Options of `moneta export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The nvfs path of the file to export (starting with /).
+    pub file: PathBuf,
+    /// The daemon's socket [default: $MONETA_SOCKET or the user's runtime directory].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Serve on this Unix socket instead of TCP (its permissions decide who may connect).
+    #[arg(long, conflicts_with_all = ["port", "ip"])]
+    pub unix: Option<PathBuf>,
+    /// TCP port [default: 10809, NBD's].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Address to listen on [default: 127.0.0.1]. Anyone who reaches the export may read (and
+    /// write) the file with your rights: open it wider only with TLS (`-- --tls=require
+    /// --tls-psk=FILE`).
+    #[arg(long)]
+    pub ip: Option<String>,
+    /// Serve the file read-only (otherwise writable when you may write it).
+    #[arg(long)]
+    pub readonly: bool,
+    /// Stay in the foreground (until interrupted) instead of serving in the background.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Write the server's process id here (a background export is stopped with `kill`).
+    #[arg(long)]
+    pub pidfile: Option<PathBuf>,
+    /// Further nbdkit options (see `nbdkit --help`), after `--`.
+    #[arg(last = true)]
+    pub extra: Vec<String>,
+}
+
+/// `libmoneta_nbd.so`: `$MONETA_NBD_PLUGIN`, else beside this executable, else in `../lib`.
+fn plugin() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("MONETA_NBD_PLUGIN").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = exe.parent().ok_or("no directory for this executable")?;
+    for cand in [
+        dir.join("libmoneta_nbd.so"),
+        dir.join("../lib/libmoneta_nbd.so"),
+    ] {
+        if cand.exists() {
+            return Ok(cand.canonicalize().unwrap_or(cand));
+        }
+    }
+    Err(format!(
+        "libmoneta_nbd.so not found beside {} (build it with `cargo build --release \
+         --workspace`, or set MONETA_NBD_PLUGIN)",
+        exe.display()
+    ))
+}
+
+/// `nbdkit` on `PATH`.
+fn nbdkit() -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("nbdkit"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "nbdkit is not installed: moneta export serves the file through nbdkit's NBD server \
+             (Debian: apt install nbdkit)"
+                .to_string()
+        })
+}
+
+/// Where the export is, as an NBD URI.
+fn uri(a: &ExportArgs) -> String {
+    match &a.unix {
+        Some(u) => format!("nbd+unix:///?socket={}", u.display()),
+        None => {
+            let ip = a.ip.as_deref().unwrap_or("127.0.0.1");
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.to_string()
+            };
+            format!("nbd://{host}:{}", a.port.unwrap_or(10809))
+        }
+    }
+}
+
+/// Runs the export (in the foreground, does not return on success).
+pub fn export(a: ExportArgs) -> Result<(), String> {
+    if !a.file.is_absolute() {
+        return Err(format!(
+            "{}: the file is an nvfs path, starting with /",
+            a.file.display()
+        ));
+    }
+    let plugin = plugin()?;
+    let nbdkit = nbdkit()?;
+    let socket = a
+        .socket
+        .clone()
+        .unwrap_or_else(libmoneta::paths::default_socket);
+    // The file must exist and be reachable now: a mistake is reported here, not to the
+    // first client.
+    let m = libmoneta::Moneta::connect(&socket).map_err(|e| e.to_string())?;
+    let f = m
+        .open_flags(&a.file, libc::O_RDONLY, 0)
+        .map_err(|e| format!("{}: {e}", a.file.display()))?;
+    let st = f.stat().map_err(|e| format!("{}: {e}", a.file.display()))?;
+    if st.mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{}: not a regular file", a.file.display()));
+    }
+    drop(f);
+    drop(m);
+    let mut c = Command::new(nbdkit);
+    match &a.unix {
+        Some(u) => {
+            c.arg("--unix").arg(u);
+        }
+        None => {
+            c.arg("--port")
+                .arg(a.port.unwrap_or(10809).to_string())
+                .arg("--ipaddr")
+                .arg(a.ip.as_deref().unwrap_or("127.0.0.1"));
+        }
+    }
+    if a.readonly {
+        c.arg("--readonly");
+    }
+    let pidfile = match (&a.pidfile, a.foreground) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => None,
+        (None, false) => {
+            Some(std::env::temp_dir().join(format!("moneta-export-{}.pid", std::process::id())))
+        }
+    };
+    if let Some(p) = &pidfile {
+        let _ = std::fs::remove_file(p);
+        c.arg("--pidfile").arg(p);
+    }
+    if a.foreground {
+        c.arg("--foreground");
+    }
+    c.args(&a.extra)
+        .arg(&plugin)
+        .arg(format!("file={}", a.file.display()))
+        .arg(format!("socket={}", socket.display()));
+    if a.foreground {
+        eprintln!("moneta: serving {} at {}", a.file.display(), uri(&a));
+        let e = c.exec();
+        return Err(format!("cannot run nbdkit: {e}"));
+    }
+    // nbdkit forks into the background once it listens, having written the pidfile.
+    let status = c.status().map_err(|e| format!("cannot run nbdkit: {e}"))?;
+    if !status.success() {
+        return Err(format!("nbdkit failed ({status})"));
+    }
+    let p = pidfile.expect("a pidfile in the background");
+    let pid = wait_pid(&p)?;
+    if a.pidfile.is_none() {
+        let _ = std::fs::remove_file(&p);
+    }
+    println!("{}", uri(&a));
+    eprintln!(
+        "moneta: serving {} at {} (nbdkit, pid {pid}; stop it with `kill {pid}`)",
+        a.file.display(),
+        uri(&a)
+    );
+    Ok(())
+}
+
+/// The process id nbdkit wrote into `p`.
+fn wait_pid(p: &Path) -> Result<i32, String> {
+    let t = Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            return Ok(pid);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err(format!("nbdkit wrote no process id into {}", p.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
