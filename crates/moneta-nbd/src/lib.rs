@@ -1,37 +1,69 @@
-//! An nbdkit plugin that serves one file of a Moneta daemon's nvfs as an NBD export, so that
-//! every NBD client (`qemu-img`, `nbdcopy`, `nbdinfo`, `nbdfuse`, the kernel's `nbd-client`,
-//! fio's `nbd` engine) reads and writes it unmodified. nbdkit speaks the protocol (newstyle
-//! negotiation, structured replies, several connections, TLS if asked); the plugin reads and
-//! writes through libmoneta's channel.
+//! An nbdkit plugin that serves a file of a Moneta daemon, or a range of a raw daemon's array,
+//! as an NBD export, so that every NBD client (`qemu-img`, `nbdcopy`, `nbdinfo`, `nbdfuse`, the
+//! kernel's `nbd-client`, fio's `nbd` engine) reads and writes it unmodified. nbdkit speaks the
+//! protocol (newstyle negotiation, structured replies, several connections, TLS if asked); the
+//! plugin reads and writes through libmoneta's channel.
 //!
 //! ```sh
 //! nbdkit libmoneta_nbd.so file=/nvfs/path [socket=/path/to/monetad.sock]
+//! nbdkit libmoneta_nbd.so file=/mnt/moneta/disk.img socket=...   # monetad --kernel-fs
+//! nbdkit libmoneta_nbd.so range=0:1G socket=...                   # monetad --raw, its owner
 //! ```
 //!
 //! `moneta export` runs it. The nbdkit process connects to the daemon as the user who runs
 //! it, so the export's rights are that user's rights on the file: a file the user may only
-//! read is exported read-only. FLUSH is an `fsync` of the file (durable as the daemon's
-//! durability level says); a write with FUA is followed by an `fdatasync`; several
-//! connections see each other's writes at once (they all go to the same array), so the export
-//! offers multi-connection. nvfs cannot punch holes: TRIM is not offered, and WRITE_ZEROES is
-//! written zeros (nbdkit's own emulation).
+//! read is exported read-only. On a daemon serving ext4 or XFS (`--kernel-fs`) the file is a
+//! path of its mount, opened through the kernel and handed to the daemon. A range of the array
+//! is for a raw daemon's own user (who may grant records), never under a file system. FLUSH
+//! is an `fsync` of the file (durable as the daemon's durability level says), or a FLUSH of the
+//! range; a write with FUA is followed by the same; several connections see each other's
+//! writes at once (they all go to the same array), so the export offers multi-connection.
+//! TRIM is not offered (no hole punching), and WRITE_ZEROES is written zeros (nbdkit's own
+//! emulation).
 
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use libmoneta::{ClientError, File, Moneta};
+use libmoneta::moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
+use libmoneta::moneta_abi::Completion;
+use libmoneta::{Channel, ClientError, File, KernelFile, Moneta};
 use nbdkit::{plugin, Error, Flags, FuaFlags, Result, Server, ThreadModel};
 
 /// The plugin's settings (`key=value` on nbdkit's command line).
 struct Settings {
     socket: Option<PathBuf>,
     file: Option<PathBuf>,
+    /// `range=START:LEN` (array bytes; `LEN` 0: to the end).
+    range: Option<(u64, u64)>,
 }
 
 static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     socket: None,
     file: None,
+    range: None,
 });
+
+/// A raw daemon's array range, granted to the plugin's channel once.
+struct Raw {
+    ch: Arc<Channel>,
+    start: u64,
+    len: u64,
+    write: bool,
+}
+
+static RAW: OnceLock<std::result::Result<Raw, (i32, String)>> = OnceLock::new();
+
+/// Parses a size with an optional K, M, G or T suffix (powers of 1024).
+fn size(s: &str) -> Option<u64> {
+    let (num, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        b'T' | b't' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
 
 /// The daemon connection, made at the first client (after nbdkit forks into the background).
 static CONN: OnceLock<Moneta> = OnceLock::new();
@@ -58,10 +90,73 @@ fn conn() -> Result<&'static Moneta> {
     Ok(CONN.get().expect("set above"))
 }
 
-/// One client connection: the file, opened for it.
+/// What one client connection reads and writes.
+enum Backend {
+    /// A file of nvfs, opened for the connection.
+    Nvfs(File),
+    /// A file of the daemon's ext4 or XFS, opened through the kernel for the connection.
+    Kernel(KernelFile),
+    /// The raw range.
+    Raw(&'static Raw),
+}
+
+/// One client connection.
 struct Export {
-    file: File,
+    backend: Backend,
     write: bool,
+}
+
+/// The raw range, granted the first time (to the whole plugin's channel).
+fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
+    let r = RAW.get_or_init(|| {
+        let socket = settings()
+            .socket
+            .clone()
+            .unwrap_or_else(libmoneta::paths::default_socket);
+        let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
+        // Never under a file system: the range would overwrite its metadata and files.
+        if m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_))) {
+            return Err((
+                libc::EINVAL,
+                "the daemon serves a file system: export its files (file=), not its array".into(),
+            ));
+        }
+        drop(m);
+        let ch = Channel::open(&socket).map_err(|e| (e.errno(), e.to_string()))?;
+        let size = ch.info().array_size;
+        let len = if len == 0 {
+            size.saturating_sub(start)
+        } else {
+            len
+        };
+        if len == 0 || start.checked_add(len).is_none_or(|e| e > size) {
+            return Err((
+                libc::EINVAL,
+                format!("range {start}+{len} is not inside the array ({size} bytes)"),
+            ));
+        }
+        let rights = if readonly {
+            RIGHT_READ
+        } else {
+            RIGHT_READ | RIGHT_WRITE
+        };
+        ch.control()
+            .grant(Grant {
+                channel: ch.id(),
+                rights,
+                start,
+                len,
+                file: 0,
+            })
+            .map_err(|e| (e.errno(), e.to_string()))?;
+        Ok(Raw {
+            ch: Arc::new(ch),
+            start,
+            len,
+            write: !readonly,
+        })
+    });
+    r.as_ref().map_err(|(e, m)| Error::new(*e, m.clone()))
 }
 
 impl Server for Export {
@@ -79,8 +174,10 @@ impl Server for Export {
 
     fn config_help() -> Option<&'static str> {
         Some(
-            "file=<PATH>     (required) the nvfs path of the file to export\n\
-             socket=<PATH>   the daemon's control socket (default: the user's)",
+            "file=<PATH>         the file to export: an nvfs path, or a path of the mount of a \
+             daemon with --kernel-fs\n\
+             range=<START:LEN>   or a range of a raw daemon's array (its own user only)\n\
+             socket=<PATH>       the daemon's control socket (default: the user's)",
         )
     }
 
@@ -91,14 +188,29 @@ impl Server for Export {
             "file" => {
                 return Err(Error::new(
                     libc::EINVAL,
-                    "file= takes an nvfs path, starting with /",
+                    "file= takes an absolute path, starting with /",
                 ))
             }
             "socket" => s.socket = Some(PathBuf::from(value)),
+            "range" => {
+                let parsed = value
+                    .split_once(':')
+                    .and_then(|(a, b)| Some((size(a)?, size(b)?)));
+                match parsed {
+                    Some(r) => s.range = Some(r),
+                    None => {
+                        return Err(Error::new(
+                            libc::EINVAL,
+                            "range= takes START:LEN in bytes (K, M, G, T suffixes; LEN 0: to \
+                             the end)",
+                        ))
+                    }
+                }
+            }
             _ => {
                 return Err(Error::new(
                     libc::EINVAL,
-                    format!("unknown parameter {key} (file=, socket=)"),
+                    format!("unknown parameter {key} (file=, range=, socket=)"),
                 ))
             }
         }
@@ -106,10 +218,14 @@ impl Server for Export {
     }
 
     fn config_complete() -> Result<()> {
-        if settings().file.is_none() {
-            return Err(Error::new(libc::EINVAL, "file=<nvfs path> is required"));
+        let s = settings();
+        match (&s.file, &s.range) {
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => Err(Error::new(
+                libc::EINVAL,
+                "give file=<path> or range=<START:LEN>, one of them",
+            )),
         }
-        Ok(())
     }
 
     fn thread_model() -> Result<ThreadModel> {
@@ -117,8 +233,22 @@ impl Server for Export {
     }
 
     fn open(readonly: bool) -> Result<Box<dyn Server>> {
+        let (file, range) = {
+            let s = settings();
+            (s.file.clone(), s.range)
+        };
+        if let Some((start, len)) = range {
+            let r = raw(start, len, readonly)?;
+            return Ok(Box::new(Export {
+                backend: Backend::Raw(r),
+                write: r.write && !readonly,
+            }));
+        }
+        let path = file.expect("checked by config_complete");
         let m = conn()?;
-        let path = settings().file.clone().expect("checked by config_complete");
+        if m.kernel_fs().map_err(err)?.is_some() {
+            return open_kernel(m, &path, readonly);
+        }
         let (file, write) = if readonly {
             (m.open_flags(&path, libc::O_RDONLY, 0).map_err(err)?, false)
         } else {
@@ -131,11 +261,18 @@ impl Server for Export {
                 Err(e) => return Err(err(e)),
             }
         };
-        Ok(Box::new(Export { file, write }))
+        Ok(Box::new(Export {
+            backend: Backend::Nvfs(file),
+            write,
+        }))
     }
 
     fn get_size(&self) -> Result<i64> {
-        Ok(self.file.len().map_err(err)? as i64)
+        Ok(match &self.backend {
+            Backend::Nvfs(f) => f.len().map_err(err)?,
+            Backend::Kernel(f) => f.len().map_err(err)?,
+            Backend::Raw(r) => r.len,
+        } as i64)
     }
 
     fn can_write(&self) -> Result<bool> {
@@ -161,10 +298,16 @@ impl Server for Export {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            let n = self
-                .file
-                .read_at(&mut buf[done..], offset + done as u64)
-                .map_err(err)?;
+            let at = offset + done as u64;
+            let n = match &self.backend {
+                Backend::Nvfs(f) => f.read_at(&mut buf[done..], at).map_err(err)?,
+                Backend::Kernel(f) => f.read_at(&mut buf[done..], at).map_err(err)?,
+                Backend::Raw(r) => {
+                    r.ch.read_pipelined(r.start + at, &mut buf[done..], Completion::Dma)
+                        .map_err(err)?;
+                    buf.len() - done
+                }
+            };
             if n == 0 {
                 // The file shrank under the export: what is past its end reads as zeros.
                 buf[done..].fill(0);
@@ -176,22 +319,68 @@ impl Server for Export {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            done += self
-                .file
-                .write_at(&buf[done..], offset + done as u64)
-                .map_err(err)?;
+        match &self.backend {
+            Backend::Nvfs(f) => {
+                let mut done = 0;
+                while done < buf.len() {
+                    done += f
+                        .write_at(&buf[done..], offset + done as u64)
+                        .map_err(err)?;
+                }
+            }
+            Backend::Kernel(f) => f.write_at(buf, offset).map_err(err)?,
+            Backend::Raw(r) => {
+                r.ch.write_pipelined(r.start + offset, buf, Completion::Dma)
+                    .map_err(err)?
+            }
         }
         if flags.contains(Flags::FUA) {
-            self.file.sync_data().map_err(err)?;
+            self.flush()?;
         }
         Ok(())
     }
 
     fn flush(&self) -> Result<()> {
-        self.file.sync_all().map_err(err)
+        match &self.backend {
+            Backend::Nvfs(f) => f.sync_all().map_err(err),
+            Backend::Kernel(f) => f.sync().map_err(err),
+            Backend::Raw(r) => r.ch.flush(r.start, r.len, Completion::Dma).map_err(err),
+        }
     }
+}
+
+/// A file of the daemon's kernel file system, opened through the kernel (which checks the
+/// user's rights) and handed to the daemon.
+fn open_kernel(m: &Moneta, path: &std::path::Path, readonly: bool) -> Result<Box<dyn Server>> {
+    use std::os::fd::OwnedFd;
+    let open = |flags: i32| -> std::io::Result<OwnedFd> {
+        Ok(std::fs::OpenOptions::new()
+            .read(true)
+            .write(flags == libc::O_RDWR)
+            .open(path)?
+            .into())
+    };
+    let (fd, write) = if readonly {
+        (open(libc::O_RDONLY)?, false)
+    } else {
+        match open(libc::O_RDWR) {
+            Ok(fd) => (fd, true),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS)
+                ) =>
+            {
+                (open(libc::O_RDONLY)?, false)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let file = KernelFile::adopt(m, fd).map_err(err)?;
+    Ok(Box::new(Export {
+        backend: Backend::Kernel(file),
+        write,
+    }))
 }
 
 /// nbdkit's entry point (`plugin_init`), made by the nbdkit crate.

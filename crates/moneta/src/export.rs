@@ -1,4 +1,5 @@
-//! `moneta export`: a file of nvfs served as an NBD export, so that any NBD client
+//! `moneta export`: a file of nvfs (or of a daemon's ext4 or XFS, or a range of a raw
+//! daemon's array) served as an NBD export, so that any NBD client
 //! (`qemu-img`, `nbdcopy`, `nbdinfo`, `nbdfuse`, the kernel's `nbd-client`, fio's `nbd`
 //! engine) reads and writes it unmodified (docs/export.md).
 //!
@@ -16,8 +17,14 @@ use clap::Args;
 /// Options of `moneta export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// The nvfs path of the file to export (starting with /).
-    pub file: PathBuf,
+    /// The file to export: an nvfs path (starting with /), or, on a daemon started with
+    /// --kernel-fs, a path of its mount.
+    #[arg(required_unless_present = "range", conflicts_with = "range")]
+    pub file: Option<PathBuf>,
+    /// Export a range of a raw daemon's array instead (`monetad --raw`; its own user or root):
+    /// START:LEN in bytes, K/M/G/T suffixes allowed, LEN 0 for the rest of the array.
+    #[arg(long)]
+    pub range: Option<String>,
     /// The daemon's socket [default: $MONETA_SOCKET or the user's runtime directory].
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -99,30 +106,44 @@ fn uri(a: &ExportArgs) -> String {
 
 /// Runs the export (in the foreground, does not return on success).
 pub fn export(a: ExportArgs) -> Result<(), String> {
-    if !a.file.is_absolute() {
-        return Err(format!(
-            "{}: the file is an nvfs path, starting with /",
-            a.file.display()
-        ));
-    }
     let plugin = plugin()?;
     let nbdkit = nbdkit()?;
     let socket = a
         .socket
         .clone()
         .unwrap_or_else(libmoneta::paths::default_socket);
-    // The file must exist and be reachable now: a mistake is reported here, not to the
-    // first client.
+    // What is exported must exist and be reachable now: a mistake is reported here, not to
+    // the first client.
     let m = libmoneta::Moneta::connect(&socket).map_err(|e| e.to_string())?;
-    let f = m
-        .open_flags(&a.file, libc::O_RDONLY, 0)
-        .map_err(|e| format!("{}: {e}", a.file.display()))?;
-    let st = f.stat().map_err(|e| format!("{}: {e}", a.file.display()))?;
-    if st.mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(format!("{}: not a regular file", a.file.display()));
-    }
-    drop(f);
+    let target = match (&a.file, &a.range) {
+        (Some(file), None) => {
+            if !file.is_absolute() {
+                return Err(format!(
+                    "{}: the file is an absolute path, starting with /",
+                    file.display()
+                ));
+            }
+            check_file(&m, file)?;
+            format!("file={}", file.display())
+        }
+        (None, Some(r)) => {
+            if m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_))) {
+                return Err(
+                    "the daemon serves a file system: export its files, not its array (--range \
+                     is for a daemon started with --raw)"
+                        .into(),
+                );
+            }
+            format!("range={r}")
+        }
+        _ => return Err("give a file or --range, one of them".into()),
+    };
     drop(m);
+    let what = a
+        .file
+        .as_ref()
+        .map(|f| f.display().to_string())
+        .unwrap_or_else(|| format!("range {}", a.range.as_deref().unwrap_or("")));
     let mut c = Command::new(nbdkit);
     match &a.unix {
         Some(u) => {
@@ -154,10 +175,10 @@ pub fn export(a: ExportArgs) -> Result<(), String> {
     }
     c.args(&a.extra)
         .arg(&plugin)
-        .arg(format!("file={}", a.file.display()))
+        .arg(target)
         .arg(format!("socket={}", socket.display()));
     if a.foreground {
-        eprintln!("moneta: serving {} at {}", a.file.display(), uri(&a));
+        eprintln!("moneta: serving {what} at {}", uri(&a));
         let e = c.exec();
         return Err(format!("cannot run nbdkit: {e}"));
     }
@@ -173,10 +194,39 @@ pub fn export(a: ExportArgs) -> Result<(), String> {
     }
     println!("{}", uri(&a));
     eprintln!(
-        "moneta: serving {} at {} (nbdkit, pid {pid}; stop it with `kill {pid}`)",
-        a.file.display(),
+        "moneta: serving {what} at {} (nbdkit, pid {pid}; stop it with `kill {pid}`)",
         uri(&a)
     );
+    Ok(())
+}
+
+/// A regular file the user may read: of nvfs, or of the kernel's mount on a daemon with
+/// `--kernel-fs`.
+fn check_file(m: &libmoneta::Moneta, file: &Path) -> Result<(), String> {
+    let name = file.display();
+    if let Some(k) = m.kernel_fs().map_err(|e| e.to_string())? {
+        let real = file.canonicalize().map_err(|e| format!("{name}: {e}"))?;
+        if !real.starts_with(&k.mount) {
+            return Err(format!(
+                "{name}: the daemon serves {} on {}: export a file there",
+                k.kind,
+                k.mount.display()
+            ));
+        }
+        let f = std::fs::File::open(&real).map_err(|e| format!("{name}: {e}"))?;
+        let md = f.metadata().map_err(|e| format!("{name}: {e}"))?;
+        if !md.is_file() {
+            return Err(format!("{name}: not a regular file"));
+        }
+        return Ok(());
+    }
+    let f = m
+        .open_flags(file, libc::O_RDONLY, 0)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let st = f.stat().map_err(|e| format!("{name}: {e}"))?;
+    if st.mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{name}: not a regular file"));
+    }
     Ok(())
 }
 

@@ -68,6 +68,11 @@ struct Setup {
 
 impl Setup {
     fn new(tag: &str) -> Setup {
+        Self::with(tag, &[])
+    }
+
+    /// With further monetad options.
+    fn with(tag: &str, monetad: &[&str]) -> Setup {
         let _ = plugin();
         let dir = std::env::temp_dir().join(format!("moneta-export-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -83,6 +88,7 @@ impl Setup {
             .args(["start", "--volatile", "--size", "256M", "--socket"])
             .arg(&socket)
             .args(["--", "--socket-mode", "666"])
+            .args(monetad)
             .output()
             .unwrap();
         assert!(o.status.success(), "moneta start: {}", text(&o));
@@ -98,7 +104,7 @@ impl Setup {
     }
 
     /// Starts `moneta export` on a Unix socket of the test's directory (as user `uid` if
-    /// given); returns the export's URI.
+    /// given); returns the export's URI. `file` empty: none (a `--range` in `extra`).
     fn export(&mut self, name: &str, file: &str, extra: &[&str], uid: Option<u32>) -> String {
         let sock = self.dir.join("nbd").join(format!("{name}.sock"));
         let pid = self.dir.join("nbd").join(format!("{name}.pid"));
@@ -122,7 +128,7 @@ impl Setup {
             .arg("--pidfile")
             .arg(&pid)
             .args(extra)
-            .arg(file)
+            .args((!file.is_empty()).then_some(file))
             .output()
             .unwrap();
         assert!(o.status.success(), "moneta export: {}", text(&o));
@@ -366,4 +372,53 @@ fn bad_exports_say_why() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(why), "{file}: {err}");
     }
+}
+
+/// A raw daemon's array, or a range of it, exported by its own user: two exports of
+/// overlapping ranges see the same bytes at the right places; a daemon with a file system
+/// refuses a range.
+#[test]
+fn ranges_of_a_raw_array() {
+    let mut s = Setup::with("raw", &["--raw"]);
+    let whole = s.export("whole", "", &["--range", "0:0"], None);
+    let o = run_ok("nbdinfo", &["--size", &whole]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        (256u64 << 20).to_string()
+    );
+    let part = s.export("part", "", &["--range", "1M:2M"], None);
+    let o = run_ok("nbdinfo", &["--size", &part]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        (2u64 << 20).to_string()
+    );
+    let p = |n: &str| s.dir.join(n).to_str().unwrap().to_string();
+    let data = pattern(9, 2 << 20);
+    std::fs::write(p("part.in"), &data).unwrap();
+    run_ok("nbdcopy", &[&p("part.in"), &part]);
+    run_ok("nbdcopy", &[&whole, &p("whole.out")]);
+    let all = std::fs::read(p("whole.out")).unwrap();
+    assert!(
+        all[1 << 20..3 << 20] == data[..],
+        "the range landed elsewhere"
+    );
+    // Past the range, nothing: it is only the range's.
+    assert!(all[3 << 20..4 << 20].iter().all(|&b| b == 0));
+
+    let nvfs = Setup::new("raw-nvfs");
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .arg("export")
+        .arg("--socket")
+        .arg(&nvfs.socket)
+        .arg("--unix")
+        .arg(nvfs.dir.join("nbd").join("x.sock"))
+        .args(["--range", "0:1M"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("serves a file system"),
+        "{}",
+        text(&o)
+    );
 }

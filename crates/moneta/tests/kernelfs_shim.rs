@@ -464,3 +464,81 @@ int main(int argc, char **argv) {
     assert!(got[5000..] == want[..], "the kernel reads other bytes");
     k.stop_and_check();
 }
+
+/// `moneta export` of a file of the daemon's ext4: NBD clients read and write it through the
+/// channel, and the kernel sees what they wrote.
+#[test]
+fn a_kernel_file_as_an_nbd_export() {
+    if !root() {
+        return;
+    }
+    let k = Kfs::start("ext4", "export");
+    let disk = k.path("disk.img");
+    let data = pattern(11, 4 << 20);
+    std::fs::write(&disk, &data).unwrap();
+    let sock = k.dir.join("nbd.sock");
+    let pid = k.dir.join("nbd.pid");
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .arg("export")
+        .arg("--socket")
+        .arg(&k.socket)
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--pidfile")
+        .arg(&pid)
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "moneta export: {}", text(&o));
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let (r0, _) = k.moved();
+    let out = k.dir.join("out.img");
+    let o = Command::new("nbdcopy")
+        .arg(&uri)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "nbdcopy: {}", text(&o));
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "nbdcopy read other bytes"
+    );
+    let (r1, w1) = k.moved();
+    assert!(
+        r1 - r0 >= data.len() as u64,
+        "the export did not read through the channel"
+    );
+    let more = pattern(12, 4 << 20);
+    let input = k.dir.join("in.img");
+    std::fs::write(&input, &more).unwrap();
+    let o = Command::new("nbdcopy")
+        .arg(&input)
+        .arg(&uri)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "nbdcopy: {}", text(&o));
+    let (_, w2) = k.moved();
+    assert!(
+        w2 - w1 >= more.len() as u64,
+        "the export did not write through the channel"
+    );
+    let p: i32 = std::fs::read_to_string(&pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: a plain system call.
+    unsafe { libc::kill(p, libc::SIGTERM) };
+    for _ in 0..500 {
+        // SAFETY: a plain system call (is it gone?).
+        if unsafe { libc::kill(p, 0) } != 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        std::fs::read(&disk).unwrap() == more,
+        "the kernel reads other bytes"
+    );
+    k.stop_and_check();
+}
