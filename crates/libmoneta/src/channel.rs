@@ -74,6 +74,8 @@ pub struct Channel {
     /// Threads spinning for a DMA completion now, and how many may (see [`Channel::wait`]).
     spinners: AtomicU32,
     max_spinners: u32,
+    /// Threads in [`Channel::wait`] now.
+    waiters: AtomicU32,
     /// How well spinning for DMA completions has paid lately (0 to [`SPIN_SCORE_MAX`]), and a
     /// count of waits that decides when to try again once it has not.
     spin_score: AtomicU32,
@@ -136,6 +138,7 @@ impl Channel {
             reapers: reapers::Reapers::new(),
             spinners: AtomicU32::new(0),
             max_spinners: spinner_limit(),
+            waiters: AtomicU32::new(0),
             wakeable: AtomicU64::new(0),
             spin_score: AtomicU32::new(SPIN_SCORE_MAX),
             spin_probe: AtomicU32::new(0),

@@ -31,6 +31,13 @@ impl Channel {
 
     /// Waits for `tag`'s command to complete, in the way `mode` says.
     pub fn wait(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let r = self.wait_counted(tag, mode);
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+
+    fn wait_counted(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
         let st = &self.slot(tag).status;
         let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
         match mode {
@@ -72,8 +79,16 @@ impl Channel {
                 // the device has work for a good while whichever completion comes first, and
                 // a spinning thread only delays the threads that would reap and issue it
                 // (with 64 threads on two CPUs, spinning doubled the worst request's time).
+                //
+                // Nor when more threads wait than there are CPUs for them and the poller: the
+                // device serves them at the same pace whichever way they wait (the mean wait
+                // is what is in flight over the device's rate), but a thread that spins and
+                // issues again at once keeps its CPU while the threads the device woke queue
+                // behind it, some of them for a hundred milliseconds; sleeping, they take
+                // turns.
                 let score = self.spin_score.load(Ordering::Relaxed);
                 let try_spin = !self.reapers.backlogged()
+                    && self.waiters.load(Ordering::Relaxed) <= self.max_spinners + 1
                     && (score > 0
                         || self
                             .spin_probe
