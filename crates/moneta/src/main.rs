@@ -82,9 +82,9 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Unmount a `moneta mount` (also one whose server was killed).
     Umount(mount::UmountArgs),
-    /// Serve a file of nvfs as an NBD export through nbdkit, for any NBD client (qemu-img,
-    /// nbdcopy, nbd-client; docs/export.md); prints its URI. In the background unless
-    /// --foreground.
+    /// Serve a file (of nvfs, or of a --kernel-fs daemon's mount) or a range of a raw
+    /// daemon's array as an NBD export through nbdkit, for any NBD client (qemu-img, nbdcopy,
+    /// nbd-client; docs/export.md); prints its URI. In the background unless --foreground.
     Export(export::ExportArgs),
 }
 
