@@ -239,7 +239,18 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let (media, fresh) = match &config.array {
         ArraySource::File(path, size) => {
             let fresh = !path.exists();
-            (MappedArray::open_file(path, *size)?, fresh)
+            let media = match MappedArray::open_file(path, *size) {
+                // A daemon killed while its kernel file system was mounted left the mount
+                // holding the array: free it, when nothing else uses it, and try again.
+                Err(moneta_device::MediaError::Busy(p))
+                    if config.kernel_fs.is_some()
+                        && kernelfs::release_stale(&p).map_err(DaemonError::Config)? =>
+                {
+                    MappedArray::open_file(path, *size)?
+                }
+                r => r?,
+            };
+            (media, fresh)
         }
         ArraySource::Volatile(size) => (MappedArray::volatile(*size)?, true),
     };

@@ -646,3 +646,44 @@ fn a_reader_cannot_keep_a_program_from_running() {
     assert_eq!(std::fs::read(&p).unwrap(), b"#!/bin/sh\necho RAN\n");
     k.stop_and_check();
 }
+
+/// A daemon killed with SIGKILL leaves its file system mounted, and the mount holds the array
+/// (no daemon could start on it). The next start takes the stale mount back, unless a program
+/// still uses it: then it says so and leaves the mount as it is.
+#[test]
+fn a_killed_daemons_mount_is_taken_back() {
+    if !root() {
+        return;
+    }
+    let mut k = Kfs::start("ext4");
+    write_through_kernel(&k.path("kept"), b"still here");
+    k.daemon.kill9();
+    assert!(
+        mounted(&k.mount),
+        "the killed daemon's mount is gone already"
+    );
+    // A program holds a file there: the start is refused with the reason.
+    let holder = std::fs::File::open(k.path("kept")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_monetad"))
+        .args(["--device", k.image.to_str().unwrap(), "--kernel-fs", "ext4"])
+        .arg("--kernel-fs-mount")
+        .arg(&k.mount)
+        .arg("--socket")
+        .arg(k.daemon.dir.0.join("again.sock"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started over a busy stale mount");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("by a daemon that was killed, and in use"),
+        "{err}"
+    );
+    assert!(mounted(&k.mount));
+    assert_eq!(std::fs::read(k.path("kept")).unwrap(), b"still here");
+    // Once it is closed, the daemon starts, taking the mount back.
+    drop(holder);
+    k.daemon.spawn();
+    k.daemon.control().ping().unwrap();
+    assert_eq!(std::fs::read(k.path("kept")).unwrap(), b"still here");
+    k.stop_and_check();
+}

@@ -218,6 +218,108 @@ impl KernelFs {
     }
 }
 
+/// Frees the backing file `image` from a daemon that was killed while its file system was
+/// mounted: the mount keeps the loop device, and the loop device the file (and the lock on it
+/// that a daemon takes), so no daemon could start on the array again. Only when no process has
+/// the file open (a live daemon would) and the loop devices over it are mounted nowhere busy:
+/// each such mount is unmounted (not lazily: a busy one is reported, since a second loop
+/// device over the same file would let two file systems write it), and the loop devices,
+/// which detach themselves once unmounted, are waited for. `Ok(false)`: nothing of the kind
+/// holds the file.
+pub fn release_stale(image: &Path) -> Result<bool, String> {
+    let image = std::fs::canonicalize(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let loops = loops_over(&image);
+    if loops.is_empty() || open_by_a_process(&image) {
+        return Ok(false);
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for (_, dev) in &loops {
+        // Field 3 of a mountinfo line is the device's major:minor, field 5 the mount point.
+        for line in mountinfo.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() > 4 && f[2] == dev {
+                let point = f[4].replace("\\040", " ");
+                tracing::warn!(
+                    "{} is still mounted on {point} by a daemon that was killed: unmounting it",
+                    image.display()
+                );
+                let c = std::ffi::CString::new(point.as_str()).map_err(|e| e.to_string())?;
+                // SAFETY: a NUL-terminated path.
+                if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(format!(
+                        "{} is still mounted on {point} by a daemon that was killed, and in use \
+                         there ({e}); unmount it once the programs using it are done (umount \
+                         {point}) and start again",
+                        image.display()
+                    ));
+                }
+            }
+        }
+    }
+    // Unmounted, each loop device detaches itself (autoclear) once its last user is gone.
+    for _ in 0..100 {
+        if loops_over(&image).is_empty() {
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "{} is still held by a loop device ({}); detach it (losetup -d) and start again",
+        image.display(),
+        loops
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// The loop devices whose backing file is `image`: (name, major:minor).
+fn loops_over(image: &Path) -> Vec<(String, String)> {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let want = image.as_os_str().to_string_lossy().into_owned();
+    dir.flatten()
+        .filter_map(|e| {
+            let b = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            (b.trim_end() == want).then_some(())?;
+            let dev = std::fs::read_to_string(e.path().join("dev")).ok()?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                dev.trim().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Whether a process has `image` open.
+fn open_by_a_process(image: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    for p in procs.flatten() {
+        if !p
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l == image) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// Whether `dir` is a mount point (its device differs from its parent's, or it is `/`).
 fn is_mount_point(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
