@@ -160,10 +160,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The kernel file system the daemon serves (`--kernel-fs`): its kind and mount point.
+fn kernel_fs(c: &Control) -> Result<Option<(&'static str, String)>, String> {
+    use moneta_abi::control::{ReplyBody, Request};
+    use moneta_abi::kfsproto::{KfsReply, KfsRequest, FS_XFS};
+    match c.call(&Request::Kfs(KfsRequest::Info)) {
+        Ok((ReplyBody::Kfs(KfsReply::Info { kind, mount }), _)) => Ok(Some((
+            if kind == FS_XFS { "xfs" } else { "ext4" },
+            String::from_utf8_lossy(&mount).into_owned(),
+        ))),
+        Ok(_) => Err("the daemon answered KFS_INFO with another reply".into()),
+        Err(libmoneta::ClientError::Refused {
+            errno: libc::EOPNOTSUPP,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn status(socket: &std::path::Path, json: bool) -> Result<(), String> {
     let c = Control::connect(socket).map_err(|e| e.to_string())?;
     let s = c.status().map_err(|e| e.to_string())?;
     let model = c.model().map_err(|e| e.to_string())?;
+    let kernel_fs = kernel_fs(&c)?;
     let names = moneta_abi::control::StatusReport::NAMES;
     let values = s.values();
     if json {
@@ -173,10 +192,19 @@ fn status(socket: &std::path::Path, json: bool) -> Result<(), String> {
             .map(|(n, v)| (n.to_string(), v.into()))
             .collect();
         map.insert("model".into(), modelview::json(&model));
+        if let Some((kind, mount)) = &kernel_fs {
+            map.insert(
+                "kernel_fs".into(),
+                serde_json::json!({"kind": kind, "mount": mount}),
+            );
+        }
         println!("{}", serde_json::Value::Object(map));
         return Ok(());
     }
     println!("monetad at {}", socket.display());
+    if let Some((kind, mount)) = &kernel_fs {
+        println!("  serves {kind} on {mount} (--kernel-fs)");
+    }
     for (n, v) in names.iter().zip(values) {
         println!("  {:<20} {v}", n.replace('_', " "));
     }

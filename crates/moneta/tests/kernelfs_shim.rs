@@ -207,6 +207,32 @@ fn s(p: &Path) -> &str {
 
 fn programs_go_through_the_channel(kind: &'static str) {
     let k = Kfs::start(kind, "programs");
+    // `moneta status` says what the daemon serves and where.
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .arg("status")
+        .arg("--socket")
+        .arg(&k.socket)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kernel_fs"]["kind"], kind, "{v}");
+    assert_eq!(
+        v["kernel_fs"]["mount"],
+        std::fs::canonicalize(&k.mount).unwrap().to_str().unwrap(),
+        "{v}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .arg("status")
+        .arg("--socket")
+        .arg(&k.socket)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("serves {kind} on ")),
+        "{}",
+        text(&o)
+    );
     let src = k.dir.join("src");
     let data = pattern(7, 3 << 20);
     std::fs::write(&src, &data).unwrap();
