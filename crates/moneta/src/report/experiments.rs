@@ -77,6 +77,54 @@ fn bench(label: impl Into<String>, args: &[&str], extra: &[String], set: &Set) -
     }
 }
 
+/// Two bench steps, random reads and random writes of each size in `sizes`, the `paths`
+/// alternating run by run in each.
+pub(super) fn reads_and_writes_by_size(paths: &[String], sizes: &[u64], set: &Set) -> Vec<Step> {
+    let mut args: Vec<String> = paths
+        .iter()
+        .flat_map(|p| ["--path".to_string(), p.clone()])
+        .collect();
+    args.extend(["--size".to_string(), sizes_arg(sizes)]);
+    ["read", "write"]
+        .iter()
+        .map(|op| bench(format!("{op}s by size"), &["--op", op], &args, set))
+        .collect()
+}
+
+/// A table with a row per (operation, size) of `recs` and a column per path, each cell
+/// `cell` of that path's record.
+pub(super) fn size_table(
+    recs: &[&Record],
+    paths: &[&str],
+    header: impl Fn(&str) -> String,
+    cell: impl Fn(&Record) -> String,
+) -> Table {
+    let mut keys: Vec<(Op, u64)> = Vec::new();
+    for r in recs {
+        if !keys.contains(&(r.op, r.size)) {
+            keys.push((r.op, r.size));
+        }
+    }
+    let mut head = vec!["op".to_string(), "size".to_string()];
+    head.extend(paths.iter().map(|p| header(p)));
+    let rows = keys
+        .iter()
+        .map(|&(op, size)| {
+            let mut row = vec![op_name(op).to_string(), size_name(size)];
+            for p in paths {
+                row.push(
+                    recs.iter()
+                        .find(|r| r.path == *p && r.op == op && r.size == size)
+                        .map(|r| cell(r))
+                        .unwrap_or_default(),
+                );
+            }
+            row
+        })
+        .collect();
+    Table { header: head, rows }
+}
+
 fn sizes_arg(sizes: &[u64]) -> String {
     sizes
         .iter()
@@ -702,7 +750,7 @@ fn breakdown(data: &[(String, &Record)], dir: &Path, s: &mut Section) -> Result<
 // ---- bandwidth --------------------------------------------------------------------------
 
 /// One line per path: `(x, y)` from the records of `op` that `keep` accepts.
-fn series_by_path(recs: &[&Record], op: Op, y: impl Fn(&Record) -> f64) -> Vec<Series> {
+pub(super) fn series_by_path(recs: &[&Record], op: Op, y: impl Fn(&Record) -> f64) -> Vec<Series> {
     let mut paths: Vec<&str> = Vec::new();
     for r in recs.iter().filter(|r| r.op == op) {
         if !paths.contains(&r.path) {

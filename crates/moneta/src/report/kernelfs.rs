@@ -5,9 +5,12 @@
 
 use std::path::Path;
 
-use super::experiments::{draw_chart, fmt_ns, num, op_name, size_chart, size_name};
-use super::html::{Section, Table};
-use super::plot::{Scale, Series};
+use super::experiments::{
+    draw_chart, fmt_ns, num, reads_and_writes_by_size, series_by_path, size_chart, size_name,
+    size_table,
+};
+use super::html::Section;
+use super::plot::Scale;
 use super::{Env, Set, SetArg, Step};
 use crate::bench::{Op, Record};
 
@@ -50,33 +53,17 @@ pub(super) fn steps(set: &Set, env: &Env) -> Vec<Step> {
     if ok.is_empty() {
         return Vec::new();
     }
-    let mut paths: Vec<String> = Vec::new();
-    for k in &ok {
-        for p in [
-            format!("moneta-kfs-{k}"),
-            format!("kernel-kfs-{k}-odirect"),
-            format!("kernel-kfs-{k}-buffered"),
-        ] {
-            paths.extend(["--path".to_string(), p]);
-        }
-    }
-    let s = sizes(set)
+    let paths: Vec<String> = ok
         .iter()
-        .map(|z| z.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    ["read", "write"]
-        .iter()
-        .map(|op| {
-            let mut args = paths.clone();
-            args.extend(["--op".into(), op.to_string(), "--size".into(), s.clone()]);
-            args.extend(set.timing());
-            Step::Bench {
-                label: format!("{op}s by size"),
-                args,
-            }
+        .flat_map(|k| {
+            [
+                format!("moneta-kfs-{k}"),
+                format!("kernel-kfs-{k}-odirect"),
+                format!("kernel-kfs-{k}-buffered"),
+            ]
         })
-        .collect()
+        .collect();
+    reads_and_writes_by_size(&paths, &sizes(set), set)
 }
 
 /// The section when the experiment could not run here at all.
@@ -99,27 +86,13 @@ pub(super) fn present(
             paths.push(r.path);
         }
     }
-    let series = |op: Op, y: &dyn Fn(&Record) -> f64| -> Vec<Series> {
-        paths
-            .iter()
-            .map(|p| Series {
-                label: p.to_string(),
-                points: recs
-                    .iter()
-                    .filter(|r| r.op == op && r.path == *p)
-                    .map(|r| (r.size as f64, y(r)))
-                    .collect(),
-                dashed: p.starts_with("kernel"),
-            })
-            .collect()
-    };
     for (op, name) in [(Op::Read, "read"), (Op::Write, "write")] {
         draw_chart(
             &size_chart(
                 &format!("ext4 and XFS on the array: bandwidth of one thread's {name}s"),
                 "MiB/s",
                 Scale::Log10,
-                series(op, &|r| r.mib_s),
+                series_by_path(&recs, op, |r| r.mib_s),
             ),
             dir,
             &format!("kernel-fs-{name}.png"),
@@ -130,43 +103,26 @@ pub(super) fn present(
                 &format!("ext4 and XFS on the array: median latency of {name}s"),
                 "p50 latency (ns)",
                 Scale::Log10,
-                series(op, &|r| r.lat_ns.p50 as f64),
+                series_by_path(&recs, op, |r| r.lat_ns.p50 as f64),
             ),
             dir,
             &format!("kernel-fs-latency-{name}.png"),
             s,
         )?;
     }
-    let mut header = vec!["op".to_string(), "size".to_string()];
-    header.extend(paths.iter().map(|p| format!("{p} MiB/s (p50)")));
-    let mut keys: Vec<(Op, u64)> = Vec::new();
-    for r in &recs {
-        if !keys.contains(&(r.op, r.size)) {
-            keys.push((r.op, r.size));
-        }
-    }
+    s.table = Some(size_table(
+        &recs,
+        &paths,
+        |p| format!("{p} MiB/s (p50)"),
+        |r| format!("{} ({})", num(r.mib_s), fmt_ns(r.lat_ns.p50 as f64)),
+    ));
     let find = |p: &str, op: Op, size: u64| {
         recs.iter()
             .find(|r| r.path == p && r.op == op && r.size == size)
             .copied()
     };
-    let rows = keys
-        .iter()
-        .map(|&(op, size)| {
-            let mut row = vec![op_name(op).to_string(), size_name(size)];
-            for p in &paths {
-                row.push(
-                    find(p, op, size)
-                        .map(|r| format!("{} ({})", num(r.mib_s), fmt_ns(r.lat_ns.p50 as f64)))
-                        .unwrap_or_default(),
-                );
-            }
-            row
-        })
-        .collect();
-    s.table = Some(Table { header, rows });
-    let small = keys.iter().map(|k| k.1).min().unwrap_or(0);
-    let large = keys.iter().map(|k| k.1).max().unwrap_or(0);
+    let small = recs.iter().map(|r| r.size).min().unwrap_or(0);
+    let large = recs.iter().map(|r| r.size).max().unwrap_or(0);
     let mut parts = Vec::new();
     for fs in ["ext4", "xfs"] {
         for (op, name) in [(Op::Read, "reads"), (Op::Write, "writes")] {

@@ -4,9 +4,12 @@
 
 use std::path::Path;
 
-use super::experiments::{draw_chart, fmt_ns, num, op_name, size_chart, size_name};
-use super::html::{Section, Table};
-use super::plot::{Scale, Series};
+use super::experiments::{
+    draw_chart, fmt_ns, num, op_name, reads_and_writes_by_size, series_by_path, size_chart,
+    size_name, size_table,
+};
+use super::html::Section;
+use super::plot::Scale;
 use super::{Env, Set, SetArg, Step};
 use crate::bench::{Op, Record};
 
@@ -40,26 +43,8 @@ pub(super) fn steps(set: &Set, env: &Env) -> Vec<Step> {
     if env.fuse.is_err() {
         return Vec::new();
     }
-    let s = sizes(set)
-        .iter()
-        .map(|z| z.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    ["read", "write"]
-        .iter()
-        .map(|op| {
-            let mut args: Vec<String> = PATHS
-                .iter()
-                .flat_map(|p| ["--path".to_string(), p.to_string()])
-                .collect();
-            args.extend(["--op".into(), op.to_string(), "--size".into(), s.clone()]);
-            args.extend(set.timing());
-            Step::Bench {
-                label: format!("{op}s by size"),
-                args,
-            }
-        })
-        .collect()
+    let paths: Vec<String> = PATHS.iter().map(|p| p.to_string()).collect();
+    reads_and_writes_by_size(&paths, sizes(set), set)
 }
 
 /// The section when the experiment could not run here.
@@ -82,18 +67,6 @@ pub(super) fn present(
             .copied()
     };
     for (op, name) in [(Op::Read, "read"), (Op::Write, "write")] {
-        let series = PATHS
-            .iter()
-            .map(|p| Series {
-                label: p.to_string(),
-                points: recs
-                    .iter()
-                    .filter(|r| r.op == op && r.path == *p)
-                    .map(|r| (r.size as f64, r.lat_ns.p50 as f64))
-                    .collect(),
-                dashed: p.starts_with("kernel"),
-            })
-            .collect();
         draw_chart(
             &size_chart(
                 &format!(
@@ -101,36 +74,25 @@ pub(super) fn present(
                 ),
                 "p50 latency (ns)",
                 Scale::Log10,
-                series,
+                series_by_path(&recs, op, |r| r.lat_ns.p50 as f64),
             ),
             dir,
             &format!("mount-latency-{name}.png"),
             s,
         )?;
     }
+    s.table = Some(size_table(
+        &recs,
+        &PATHS,
+        |p| format!("{p} p50 (MiB/s)"),
+        |r| format!("{} ({})", fmt_ns(r.lat_ns.p50 as f64), num(r.mib_s)),
+    ));
     let mut keys: Vec<(Op, u64)> = Vec::new();
     for r in &recs {
         if !keys.contains(&(r.op, r.size)) {
             keys.push((r.op, r.size));
         }
     }
-    let mut header = vec!["op".to_string(), "size".to_string()];
-    header.extend(PATHS.iter().map(|p| format!("{p} p50 (MiB/s)")));
-    let rows = keys
-        .iter()
-        .map(|&(op, size)| {
-            let mut row = vec![op_name(op).to_string(), size_name(size)];
-            for p in PATHS {
-                row.push(
-                    find(p, op, size)
-                        .map(|r| format!("{} ({})", fmt_ns(r.lat_ns.p50 as f64), num(r.mib_s)))
-                        .unwrap_or_default(),
-                );
-            }
-            row
-        })
-        .collect();
-    s.table = Some(Table { header, rows });
     let mut parts = Vec::new();
     for &(op, size) in &keys {
         if let (Some(f), Some(m), Some(k)) = (
