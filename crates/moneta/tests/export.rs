@@ -8,42 +8,13 @@
 //! The tools come from the distribution (`scripts/test.sh` installs nbdkit, libnbd-bin and
 //! qemu-utils); a missing one fails the test.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use common::{built, pattern, text};
 use libmoneta::{Moneta, OpenOptions};
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_moneta"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// `libmoneta_nbd.so` beside the binaries (built here when a partial `cargo test` did not).
-fn plugin() -> PathBuf {
-    let dir = bin_dir();
-    let so = dir.join("libmoneta_nbd.so");
-    if !so.exists() {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "moneta-nbd"]);
-        if dir.ends_with("release") {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "cargo build -p moneta-nbd");
-    }
-    assert!(so.exists(), "{} missing", so.display());
-    so
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn run(cmd: &str, args: &[&str]) -> Output {
     Command::new(cmd)
@@ -73,7 +44,7 @@ impl Setup {
 
     /// With further monetad options.
     fn with(tag: &str, monetad: &[&str]) -> Setup {
-        let _ = plugin();
+        let _ = built("libmoneta_nbd.so");
         let dir = std::env::temp_dir().join(format!("moneta-export-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -157,12 +128,6 @@ impl Drop for Setup {
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
-        .collect()
 }
 
 fn nvfs_file(m: &Moneta, path: &str, data: &[u8], mode: u32) {

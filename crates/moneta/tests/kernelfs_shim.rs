@@ -6,32 +6,13 @@
 //! or `xfs_repair -n` is clean afterwards. Needs root (a loop device and a mount); CI runs it
 //! as root.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_moneta"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// `libmoneta.so` beside the binaries (built here when a partial `cargo test` did not).
-fn library() -> PathBuf {
-    let dir = bin_dir();
-    let so = dir.join("libmoneta.so");
-    if !so.exists() {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "libmoneta-c", "-p", "monetad"]);
-        if dir.ends_with("release") {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "cargo build -p libmoneta-c");
-    }
-    assert!(so.exists(), "{} missing", so.display());
-    so
-}
+use common::{bin_dir, built, pattern, text};
 
 /// Whether the test can run; without root it says why (and fails under CI, which must run it).
 fn root() -> bool {
@@ -47,15 +28,6 @@ fn root() -> bool {
     false
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A daemon serving `kind` on a persistent array of its own; stopped at the end.
 struct Kfs {
     dir: PathBuf,
@@ -69,7 +41,7 @@ struct Kfs {
 impl Kfs {
     /// `tag` names the test's directory.
     fn start(kind: &'static str, tag: &str) -> Kfs {
-        let _ = library();
+        let _ = built("libmoneta.so");
         let dir = std::env::temp_dir().join(format!(
             "moneta-kfs-shim-{tag}-{kind}-{}",
             std::process::id()
@@ -193,12 +165,6 @@ impl Drop for Kfs {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
-        .collect()
 }
 
 fn s(p: &Path) -> &str {
