@@ -56,7 +56,9 @@ impl Channel {
         // Tags in flight, oldest first: (tag, piece).
         let mut ring: [(Tag, usize); MAX_INFLIGHT] = [(Tag(0), 0); MAX_INFLIGHT];
         let (mut head, mut inflight, mut held) = (0usize, 0usize, 0usize);
-        let mut spare: Vec<Tag> = Vec::with_capacity(MAX_INFLIGHT);
+        // Tags taken and free again (no allocation on the data path).
+        let mut spare: [Tag; MAX_INFLIGHT] = [Tag(0); MAX_INFLIGHT];
+        let mut nspare = 0usize;
         let mut fail: Option<ClientError> = None;
         let finish =
             |tag: Tag, i: usize, io: &mut Io<'_>, fail: &mut Option<ClientError>| match self
@@ -80,8 +82,9 @@ impl Channel {
             if fail.is_some() {
                 break;
             }
-            let tag = if let Some(t) = spare.pop() {
-                t
+            let tag = if nspare > 0 {
+                nspare -= 1;
+                spare[nspare]
             } else if held == 0 {
                 held += 1;
                 self.tag()
@@ -94,7 +97,8 @@ impl Channel {
                 inflight -= 1;
                 finish(t, j, &mut io, &mut fail);
                 if fail.is_some() {
-                    spare.push(t);
+                    spare[nspare] = t;
+                    nspare += 1;
                     break;
                 }
                 t
@@ -119,9 +123,10 @@ impl Channel {
             head = (head + 1) % MAX_INFLIGHT;
             inflight -= 1;
             finish(t, j, &mut io, &mut fail);
-            spare.push(t);
+            spare[nspare] = t;
+            nspare += 1;
         }
-        for t in spare {
+        for &t in &spare[..nspare] {
             self.release(t);
         }
         match fail {
