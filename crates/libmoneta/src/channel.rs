@@ -29,6 +29,7 @@ use crate::control::Control;
 use crate::ClientError;
 
 pub(crate) mod attrs;
+pub(crate) mod leases;
 mod pipeline;
 pub(crate) mod reapers;
 mod tags;
@@ -156,6 +157,7 @@ impl Channel {
                 "channel header does not carry this ABI's magic and version".into(),
             ));
         }
+        ch.want_leases();
         Ok(ch)
     }
 

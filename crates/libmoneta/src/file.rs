@@ -190,6 +190,16 @@ impl File {
         })
     }
 
+    /// Whether the file was opened for reading.
+    pub(crate) fn readable(&self) -> bool {
+        self.readable
+    }
+
+    /// Whether the file was opened for writing.
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
+    }
+
     /// The daemon's handle (on this process's connection).
     pub fn handle(&self) -> u64 {
         self.h().unwrap_or(0)

@@ -83,6 +83,14 @@ fn keeping() -> bool {
     switch("MONETA_KEEP_STATS", &WARNED, &SETTING)
 }
 
+/// `MONETA_LOCK_LEASES=off` asks the daemon for no lock leases (to compare); `on`, the
+/// default, takes them (docs/abi.md §3.8).
+pub(crate) fn leasing() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("MONETA_LOCK_LEASES", &WARNED, &SETTING)
+}
+
 impl Channel {
     /// A file-system call of this channel's connection: through the channel when the device
     /// may answer it there ([`FsRequest::on_channel`]), on the control socket otherwise and

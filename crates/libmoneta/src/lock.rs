@@ -44,6 +44,7 @@ use std::time::Duration;
 use moneta_abi::fsproto::{FsReply, FsRequest};
 pub use moneta_abi::fsproto::{LockCmd, LockKind, LockType};
 
+use crate::channel::leases::LeasedCall;
 use crate::file::File;
 use crate::ClientError;
 
@@ -92,6 +93,30 @@ impl File {
         wait: bool,
     ) -> Result<Option<LockInfo>, ClientError> {
         let handle = self.h()?;
+        if kind == LockKind::Posix {
+            // A lease answers what the daemon would, without asking it (docs/abi.md §3.8);
+            // a lock of a type the file was not opened for is the daemon's to refuse.
+            let call = match (cmd, ty) {
+                (LockCmd::Set, LockType::Unlock) => Some(LeasedCall::Set(None)),
+                (LockCmd::Set, LockType::Read) if self.readable() => {
+                    Some(LeasedCall::Set(Some(false)))
+                }
+                (LockCmd::Set, LockType::Write) if self.writable() => {
+                    Some(LeasedCall::Set(Some(true)))
+                }
+                (LockCmd::Test, LockType::Read | LockType::Write) => Some(LeasedCall::Test),
+                _ => None,
+            };
+            if let Some(call) = call {
+                if self
+                    .channel()
+                    .leased_lock(handle, call, start, len)
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+            }
+        }
         let reply = self.channel().fs(FsRequest::Lock {
             handle,
             kind,

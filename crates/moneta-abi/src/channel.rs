@@ -143,6 +143,10 @@ pub const FS_FSYNC_IS_ORDER: u32 = 1;
 /// [`CHANGES_OFFSET`]): a client may keep `STAT` answers as docs/abi.md §3.7 says.
 pub const FS_CHANGE_BOARD: u32 = 2;
 
+/// [`ChannelHeader::fs_flags`]: the daemon grants lock leases in the channel's lease area
+/// (offset [`crate::LEASE_OFFSET`], docs/abi.md §3.8) to a client that asks for them.
+pub const FS_LOCK_LEASES: u32 = 4;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

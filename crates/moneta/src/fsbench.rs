@@ -14,6 +14,9 @@
 //!   file, set and removed), `write-fsync` (fsync after a 4 KiB write through the channel).
 //! - `nvfs-kept`: `fstat` and `stat` as libmoneta makes them when nothing changed since it
 //!   last asked: answered from what it kept (docs/abi.md §3.7).
+//! - `nvfs-leased`: `lock-unlock` as libmoneta makes it on a file the process alone has
+//!   open: answered in the channel's lock lease (docs/abi.md §3.8); `referred` counts the
+//!   calls that asked the daemon all the same.
 //! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
 //!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
@@ -43,7 +46,8 @@ pub struct FsRecord {
     pub mean_ns: u64,
     /// Seconds for all of them.
     pub seconds: f64,
-    /// Channel lookups the device referred to the control socket (soft misses only).
+    /// Channel lookups the device referred to the control socket (soft misses); for
+    /// `nvfs-leased`, the lock calls that asked the daemon.
     pub referred: u64,
 }
 
@@ -215,6 +219,7 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     });
     out.last_mut().expect("pushed").ops = st.fs_calls;
     out.extend(kept_stats(&ch, n)?);
+    out.push(leased_locks(socket, n)?);
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
     out.extend(kernel_calls(&kdir, n).map_err(err)?);
@@ -324,6 +329,35 @@ fn kept_stats(ch: &Channel, n: usize) -> Result<Vec<FsRecord>, String> {
         record("nvfs-kept", "fstat", fst, 0.0),
         record("nvfs-kept", "stat", st, 0.0),
     ])
+}
+
+/// `lock-unlock` as libmoneta makes it (`File::lock`) on a file this process alone has open:
+/// answered in the channel's lock lease after the first (docs/abi.md §3.8). Records
+/// `nvfs-leased`.
+fn leased_locks(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
+    use libmoneta::{LockCmd, LockKind, LockType, Moneta, OpenOptions};
+    let m = Moneta::connect(socket).map_err(err)?;
+    let f = m
+        .open(
+            "/d1/d2/leased",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .map_err(err)?;
+    let leased = libmoneta::locks_leased();
+    let mut each = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (r, ns) = timed(|| -> Result<(), libmoneta::ClientError> {
+            f.lock(LockKind::Posix, LockCmd::Set, LockType::Write, 0, 0, false)?;
+            f.lock(LockKind::Posix, LockCmd::Set, LockType::Unlock, 0, 0, false)?;
+            Ok(())
+        });
+        r.map_err(err)?;
+        each.push(ns);
+    }
+    let mut r = record("nvfs-leased", "lock-unlock", each, 0.0);
+    // The calls that asked the daemon after all (the first, which brings the lease).
+    r.referred = (2 * n as u64).saturating_sub(libmoneta::locks_leased() - leased);
+    Ok(r)
 }
 
 /// A file-system call made one way or another.
@@ -574,9 +608,18 @@ fn print_table(recs: &[FsRecord]) {
         ]);
     }
     println!("{t}");
+    for r in recs.iter().filter(|r| r.path == "nvfs-leased") {
+        println!(
+            "{} {}: {} of {} lock calls asked the daemon (the rest answered in the lease)",
+            r.path,
+            r.op,
+            r.referred,
+            2 * r.ops
+        );
+    }
     for r in recs
         .iter()
-        .filter(|r| r.referred > 0 && r.op != "channel-calls")
+        .filter(|r| r.referred > 0 && r.op != "channel-calls" && r.path != "nvfs-leased")
     {
         println!(
             "{} {}: {} of {} channel lookups referred to the control socket",

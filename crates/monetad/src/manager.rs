@@ -50,11 +50,14 @@ use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
 mod fork;
+mod leases;
 mod quick;
 mod segments;
 mod wire;
 
 use fork::Bundles;
+use leases::Leases;
+pub use leases::RECALL_WAIT;
 use segments::{Segments, Store};
 use wire::*;
 
@@ -129,6 +132,8 @@ struct LockState {
     /// Per open-file-description id: the handles carrying it, in sessions and in bundles.
     ofds: HashMap<u64, usize>,
     next_ofd: u64,
+    /// Lock leases out in channels (`leases.rs`).
+    leases: Leases,
 }
 
 impl LockState {
@@ -488,6 +493,7 @@ impl Manager {
         // At the `device` level an fsync has nothing to make durable: clients answer it.
         device.set_fs_flags(
             moneta_abi::FS_CHANGE_BOARD
+                | moneta_abi::FS_LOCK_LEASES
                 | if fs.durability() == moneta_fs::Durability::Device {
                     moneta_abi::FS_FSYNC_IS_ORDER
                 } else {
@@ -631,6 +637,12 @@ impl Manager {
     /// Withdraws the session's handles from `OP_LOOKUP`: before its channel is closed, whose
     /// id another connection may get next.
     pub fn unpublish(&self, s: &mut Session) {
+        if let Some((channel, _)) = &s.published {
+            // The connection lives on: its locks come back to the table.
+            let channel = *channel;
+            self.recall_session(s.id);
+            Self::forget_channel(&mut self.locks(), channel);
+        }
         if let Some((channel, r)) = s.published.take() {
             lock_registry(&r).remove(&channel);
             // Another connection may get the id: it must not inherit these watches.
@@ -642,6 +654,12 @@ impl Manager {
     pub fn end_session(&self, s: &mut Session) {
         {
             let mut locks = self.locks();
+            for ino in locks.leases.of_session(s.id) {
+                self.drop_lease(&mut locks, ino);
+            }
+            if let Some((channel, _)) = &s.published {
+                Self::forget_channel(&mut locks, *channel);
+            }
             locks.table.release_owner(Owner::Session(s.id));
             for h in s.handles.values() {
                 locks.close_ofd(h.ofd);
@@ -899,8 +917,13 @@ impl Manager {
                 }
                 let mut fs = self.fs();
                 let o = fs.open(&cred, &path, flags as i32, mode).map_err(failure)?;
+                let ino = o.ino;
                 let reply = Self::opened(s, &mut self.locks(), o);
                 watch_opened(&mut fs, channel, &reply);
+                drop(fs);
+                // The file is open twice now, so no lease on it can be granted again: take
+                // back the one out, before the new handle can see the file's locks.
+                self.recall_waiting(ino);
                 Ok(reply)
             }
             FsRequest::Close { handle } => {
@@ -908,8 +931,10 @@ impl Manager {
                 let before = s.rights(h.ino);
                 s.remove(handle);
                 {
-                    // POSIX: closing any descriptor of a file drops the process's locks on it.
+                    // POSIX: closing any descriptor of a file drops the process's locks on it,
+                    // those in a lease too.
                     let mut locks = self.locks();
+                    self.drop_lease(&mut locks, h.ino);
                     locks.table.release(h.ino, Owner::Session(s.id));
                     locks.close_ofd(h.ofd);
                 }
@@ -1085,6 +1110,7 @@ impl Manager {
                 len,
             } => {
                 let h = Self::handle(s, handle)?;
+                self.recall_waiting(h.ino);
                 Self::lock(&mut self.locks(), s, &h, kind, cmd, ty, wait, start, len)
             }
             FsRequest::Statfs => Ok(statfs_reply(&self.fs())),

@@ -247,9 +247,11 @@ extern "C" fn report_at_exit() {
         String::new()
     } else {
         format!(
-            "; file-system calls: {} ({} of the stats answered by what was kept)",
+            "; file-system calls: {} ({} of the stats answered by what was kept); {} lock calls \
+             answered in leases",
             calls.join(", "),
-            libmoneta::stats_kept()
+            libmoneta::stats_kept(),
+            libmoneta::locks_leased()
         )
     };
     let text = format!(

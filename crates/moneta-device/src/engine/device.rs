@@ -197,9 +197,13 @@ impl Device {
             let (kick, client_kick) = rustix::pipe::pipe_with(
                 rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
             )?;
-            // The header again, for announcing retired pages beside the poller; it starts at
+            // The header again, for announcing retired pages beside the poller (and for the
+            // permission manager's lock leases); it starts at
             // the count so far (under the lock, so no announcement is missed).
-            let header = memmap2::MmapOptions::new().len(4096).map_raw(&memfd)?;
+            // Up to the tag slots: the lease area lies in the second page (docs/abi.md §3.8).
+            let header = memmap2::MmapOptions::new()
+                .len(moneta_abi::TAG_SLOTS_OFFSET)
+                .map_raw(&memfd)?;
             let writers = self.headers_lock.lock().expect("headers lock");
             let h = header_of(&header);
             h.retired
@@ -289,6 +293,15 @@ impl Device {
             };
             board[slot].fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// The lease area of channel `channel` (docs/abi.md §3.8), while the channel is open:
+    /// the permission manager grants and recalls lock leases there.
+    pub fn lease_area(&self, channel: u32) -> Option<LeaseAreaRef> {
+        self.headers
+            .load()
+            .get(&channel)
+            .map(|page| LeaseAreaRef { page: page.clone() })
     }
 
     /// What the headers of channels opened from now on say of the file system behind the
@@ -466,6 +479,28 @@ impl Drop for Device {
 }
 
 /// The channel header in a mapping of a channel's first page.
+/// A channel's lease area, kept mapped for as long as this lives (the channel may close
+/// meanwhile: the area is then memory nobody else reads).
+pub struct LeaseAreaRef {
+    page: Arc<memmap2::MmapRaw>,
+}
+
+impl LeaseAreaRef {
+    /// The area.
+    pub fn area(&self) -> &moneta_abi::LeaseArea {
+        // SAFETY: the mapping covers the channel up to the tag slots, which holds the lease
+        // area (checked at compile time in moneta_abi); the area holds only atomics, so a
+        // shared reference asserts nothing about what the client writes there.
+        unsafe {
+            &*self
+                .page
+                .as_ptr()
+                .add(moneta_abi::LEASE_OFFSET)
+                .cast::<moneta_abi::LeaseArea>()
+        }
+    }
+}
+
 fn header_of(page: &memmap2::MmapRaw) -> &moneta_abi::ChannelHeader {
     // SAFETY: a page-aligned mapping of at least one page, of which the header is the start;
     // the header holds only atomics, so a shared reference asserts nothing about what the

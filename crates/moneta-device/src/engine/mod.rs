@@ -21,6 +21,7 @@ mod issue;
 mod poller;
 mod timing;
 
+pub use device::LeaseAreaRef;
 pub use timing::{Lateness, LATE_NS};
 
 use std::os::fd::OwnedFd;

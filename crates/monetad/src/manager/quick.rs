@@ -75,8 +75,26 @@ impl Manager {
         {
             // Locks live apart from the file system: they need only the lock table.
             let mut locks = self.locks.try_lock().ok()?;
-            let result = Self::handle(&s, handle)
+            let h = Self::handle(&s, handle);
+            if let Ok(h) = &h {
+                // The daemon answers on the file: its lease (this process's, or a leftover
+                // of a closed channel) comes back first, or the call goes to the socket.
+                if !self.recall(&mut locks, h.ino, false) {
+                    return None;
+                }
+            }
+            let result = h
+                .clone()
                 .and_then(|h| Self::lock(&mut locks, &s, &h, kind, cmd, ty, wait, start, len));
+            if let (Ok(_), Ok(h), LockKind::Posix, LockCmd::Set) = (&result, &h, kind, cmd) {
+                // The open count is read under the file system's lock, which every open
+                // takes; when it is busy, no lease this time.
+                if let Ok(fs) = self.fs.try_lock() {
+                    let opens = fs.open_count(h.ino);
+                    drop(fs);
+                    self.try_grant(&mut locks, &s, channel, handle, h, opens);
+                }
+            }
             drop((locks, s));
             return Some(FsAnswer {
                 reply: encode_reply(op, seq, &result.map(ReplyBody::Fs)),
@@ -199,6 +217,16 @@ impl Manager {
                         }
                     }
                 }
+                if locks.leases.any() {
+                    // Another open of a leased file takes the lease back first; when its
+                    // holder is changing its locks, the socket waits for it.
+                    let follow = flags & libc::O_NOFOLLOW == 0;
+                    if let Ok(ino) = fs.lookup(&cred, &path, follow) {
+                        if !self.recall(locks, ino, false) {
+                            return None;
+                        }
+                    }
+                }
                 fs.open(&cred, &path, flags, mode)
                     .map(|o| {
                         let reply = Self::opened(s, locks, o);
@@ -211,6 +239,7 @@ impl Manager {
                 let h = Self::handle(s, handle)?;
                 let before = s.rights(h.ino);
                 s.remove(handle);
+                self.drop_lease(locks, h.ino);
                 locks.table.release(h.ino, Owner::Session(s.id));
                 locks.close_ofd(h.ofd);
                 if s.rights(h.ino) != before {
