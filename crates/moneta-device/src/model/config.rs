@@ -7,6 +7,9 @@ use std::fmt;
 
 pub use super::buffer::BufferPolicy;
 
+/// The slowest rate a configuration may give (GB/s): 1 KB/s.
+pub const MIN_RATE: f64 = 1e-6;
+
 /// How the scheduler orders transfers (Moneta §IV).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -270,13 +273,6 @@ impl ModelConfig {
 
     /// Checks that the parameters describe an array that can exist.
     pub fn validate(&self) -> Result<(), String> {
-        let pos = |v: f64, what: &str| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(format!("model: {what} must be a positive number, not {v}"))
-            }
-        };
         let nonneg = |v: f64, what: &str| {
             if v.is_finite() && v >= 0.0 {
                 Ok(())
@@ -284,9 +280,19 @@ impl ModelConfig {
                 Err(format!("model: {what} must not be negative, not {v}"))
             }
         };
-        pos(self.link_rate, "link_rate")?;
-        pos(self.ring_rate, "ring_rate")?;
-        pos(self.ctrl_rate, "ctrl_rate")?;
+        // Rates in GB/s, from 1 KB/s (a transfer time is then a 64-bit fixed-point product).
+        let rate = |v: f64, what: &str| {
+            if v.is_finite() && v >= MIN_RATE {
+                Ok(())
+            } else {
+                Err(format!(
+                    "model: {what} must be a rate of at least {MIN_RATE} GB/s (1 KB/s), not {v}"
+                ))
+            }
+        };
+        rate(self.link_rate, "link_rate")?;
+        rate(self.ring_rate, "ring_rate")?;
+        rate(self.ctrl_rate, "ctrl_rate")?;
         nonneg(self.link_overhead_ns, "link_overhead_ns")?;
         nonneg(self.read_ns, "read_ns")?;
         nonneg(self.write_ns, "write_ns")?;
@@ -336,7 +342,7 @@ impl ModelConfig {
                 return Err(format!("model: {what} must be 1 to 64, not {v}"));
             }
         }
-        pos(self.buffer_rate, "buffer_rate")?;
+        rate(self.buffer_rate, "buffer_rate")?;
         nonneg(self.buffer_ns, "buffer_ns")?;
         if !self.buffer_line.is_power_of_two()
             || self.buffer_line < 512

@@ -462,6 +462,9 @@ impl Model {
 
     /// The next transfer to issue: its queue, position and time.
     fn pick(&self) -> Option<(usize, usize, u64)> {
+        if self.queued == 0 {
+            return None;
+        }
         let nq = match self.cfg.policy {
             Policy::Fifo => 1,
             Policy::TwoQueue | Policy::RoundRobin => 2,
@@ -549,12 +552,12 @@ impl Model {
 
     /// Issues the next transfer of request `id` at `t`.
     fn issue(&mut self, id: usize, t: u64) {
-        self.prune(t);
         let (write, addr, len, reach) = {
             let r = &self.reqs[id];
             (r.s.write, r.next, self.next_len(r), r.s.reach)
         };
         let (ci, local) = self.place(addr);
+        self.prune(t);
         let end = if write {
             self.write_transfer(ci, local, len, t)
         } else if self.buffer.is_some() {
@@ -582,16 +585,15 @@ impl Model {
         r.done = r.done.max(end);
     }
 
-    /// Forgets what ended by `t` in every calendar.
+    /// Forgets what ended by `t` in the calendars every transfer may book; a controller's
+    /// is pruned when work is booked on it ([`Model::controller_work`]). No query ever looks
+    /// before the last decision, so pruning only bounds the calendars' length.
     fn prune(&mut self, t: u64) {
         self.ring.prune(t);
         self.link_up.prune(t);
         self.link_down.prune(t);
         for b in &mut self.buffers {
             b.prune(t);
-        }
-        for c in &mut self.ctrls {
-            c.core.prune(t);
         }
     }
 }

@@ -225,18 +225,24 @@ pub(super) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A transfer rate as picoseconds per byte in fixed point (32 fractional bits): the time of a
 /// transfer is one multiplication, with no floating-point rounding on the request's path.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Rate(u128);
+pub(super) struct Rate(u64);
 
 impl Rate {
     pub(super) fn new(gb_per_s: f64) -> Rate {
         let ps_per_byte = PS as f64 / gb_per_s;
-        Rate((ps_per_byte * (1u64 << 32) as f64).round() as u128)
+        // At most 2^52 for the slowest rate a configuration accepts (validated elsewhere);
+        // saturating for anything slower still.
+        Rate(
+            (ps_per_byte * (1u64 << 32) as f64)
+                .round()
+                .min(u64::MAX as f64) as u64,
+        )
     }
 
     /// Picoseconds to move `bytes` (rounded to the nearest).
     #[inline]
     pub(super) fn dur(self, bytes: u64) -> u64 {
-        let ps = (u128::from(bytes) * self.0 + (1 << 31)) >> 32;
+        let ps = (u128::from(bytes) * u128::from(self.0) + (1 << 31)) >> 32;
         u64::try_from(ps).unwrap_or(u64::MAX)
     }
 }

@@ -169,6 +169,7 @@ impl Model {
                 self.work.bits.buffer_read += n * 8;
             }
         }
+        self.ctrls[ci].core.prune(self.clock);
         let mut start = self.ctrls[ci].core.fit(ready, d);
         let wake = self.wake(ci, start);
         if wake > start {
