@@ -419,11 +419,18 @@ impl Model {
                 let id = *self.queues[q].front()?;
                 at(0, id)
             }
-            Policy::RoundRobin => self.queues[q]
-                .iter()
-                .enumerate()
-                .filter_map(|(pos, id)| at(pos, *id))
-                .min_by_key(|c| (c.2, c.0)),
+            Policy::RoundRobin => {
+                // The one that can issue first; the first in the queue of those that tie.
+                let mut best: Option<(usize, u64, u64)> = None;
+                for (pos, &id) in self.queues[q].iter().enumerate() {
+                    if let Some(c) = at(pos, id) {
+                        if best.is_none_or(|b| c.2 < b.2) {
+                            best = Some(c);
+                        }
+                    }
+                }
+                best
+            }
         }
     }
 
@@ -470,18 +477,24 @@ impl Model {
             Policy::TwoQueue | Policy::RoundRobin => 2,
         };
         // Decisions are made in time order: none before the last one.
-        let mut cands = [None; 2];
+        let mut cands: [Option<(usize, usize, u64, u64)>; 2] = [None; 2];
         for (q, c) in cands.iter_mut().enumerate().take(nq) {
             *c = self
                 .candidate(q)
                 .map(|(pos, ready, t)| (q, pos, ready.max(self.clock), t.max(self.clock)));
         }
-        let cands = cands.iter().flatten();
-        let first = cands.clone().min_by_key(|c| c.3)?;
+        // The one that can issue first (the first queue's when they tie).
+        let first = match cands {
+            [Some(a), Some(b)] if b.3 < a.3 => b,
+            [Some(a), _] => a,
+            [None, Some(b)] => b,
+            [None, None] => return None,
+        };
         // The two queues are taken in turn: after a transfer of one, the other goes next when
         // it has a request waiting by then, even if that one must wait for its resources.
         let other = cands
-            .clone()
+            .into_iter()
+            .flatten()
             .find(|c| c.0 != self.last_queue && c.0 != first.0 && c.2 <= first.3);
         let c = other.unwrap_or(first);
         Some((c.0, c.1, c.3))
@@ -532,13 +545,17 @@ impl Model {
                     self.queues[q].remove(pos);
                 }
                 self.queued -= 1;
-                let r = self.reqs.remove(id);
+                let (rid, rdone, channel, epoch) = {
+                    let r = &self.reqs[id];
+                    (r.s.id, r.done, r.s.channel, r.epoch)
+                };
+                self.reqs.release(id);
                 if self.ordered {
-                    if let Some(ord) = self.chans.get_mut(&r.s.channel) {
-                        ord.known(r.epoch, r.done);
+                    if let Some(ord) = self.chans.get_mut(&channel) {
+                        ord.known(epoch, rdone);
                     }
                 }
-                done(r.s.id, r.done.div_ceil(PS));
+                done(rid, rdone.div_ceil(PS));
                 if let Some(next) = self.backlog.pop_front() {
                     self.enqueue(next, t);
                 }

@@ -43,11 +43,12 @@ impl Slab {
         }
     }
 
-    pub(super) fn remove(&mut self, i: usize) -> Req {
-        let r = self.slots[i].take().expect("a queued slot holds a request");
-        self.free.push(i);
-        self.live -= 1;
-        r
+    /// Frees slot `i` (its request completed).
+    pub(super) fn release(&mut self, i: usize) {
+        if self.slots[i].take().is_some() {
+            self.free.push(i);
+            self.live -= 1;
+        }
     }
 }
 

@@ -7,6 +7,7 @@ impl Model {
     /// The earliest start at or after `from` for which a scheduler buffer is free over the
     /// span `stages` gives: `stages(x)` answers the span `(start, end)` the transfer's
     /// stages would take if they started at `x`. Returns (x, buffer, span).
+    #[inline(always)]
     pub(super) fn find_buffer(
         &self,
         from: u64,
@@ -99,6 +100,7 @@ impl Model {
     /// The controller's work on one transfer, booked from `ready`: opens, moves and (for
     /// writes) writes back each row; returns (start, when the data has left or entered the
     /// queue, end).
+    #[inline(always)]
     pub(super) fn controller_work(
         &mut self,
         ci: usize,
