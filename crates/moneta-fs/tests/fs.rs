@@ -436,6 +436,59 @@ fn unlinked_files_live_until_closed_and_space_is_reused() {
 }
 
 #[test]
+fn unlinked_files_closed_together_are_revoked_once_and_all_freed() {
+    let a = formatted(64 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    type Revocations = Arc<Mutex<Vec<Vec<(u64, u64)>>>>;
+    let calls: Revocations = Arc::default();
+    let c2 = calls.clone();
+    fs.set_revoker(Box::new(move |r| {
+        c2.lock().unwrap().push(r.to_vec());
+        Ok(())
+    }));
+    let free0 = fs.statfs().chunks_free;
+    // Enough files for several transactions' worth of frees, each held open and unlinked.
+    let n = 200u64;
+    let mut inos = Vec::new();
+    for i in 0..n {
+        let name = format!("/f{i}");
+        let o = fs.open(&root, name.as_bytes(), CREAT, 0o644).unwrap();
+        fs.extend(o.ino, 0, (1 + i % 3) * CHUNK, 8).unwrap();
+        fs.unlink(&root, name.as_bytes()).unwrap();
+        inos.push(o.ino);
+    }
+    // One still has a second handle: closing one of its two frees nothing yet.
+    fs.reopen(inos[0]).unwrap();
+    let held: u64 = 1;
+    let seq = fs.journal_seq();
+    let stray = 999_999;
+    inos.push(stray);
+    assert_eq!(fs.close_many(&inos).unwrap(), vec![stray]);
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "one revocation for all of them");
+    let revoked: u64 = calls[0].iter().map(|r| r.1).sum();
+    let sizes: u64 = (1..n).map(|i| (1 + i % 3) * CHUNK).sum();
+    assert_eq!(
+        revoked, sizes,
+        "every freed range, and only those, revoked first"
+    );
+    assert_eq!(fs.statfs().chunks_free, free0 - held);
+    assert!(
+        fs.journal_seq() > seq + 1,
+        "the frees took several transactions"
+    );
+    fs.close(inos[0]).unwrap();
+    assert_eq!(fs.statfs().chunks_free, free0);
+    let report = fs.check();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // After a remount nothing is left either.
+    drop(fs);
+    let fs = mount(&a);
+    assert_eq!(fs.statfs().chunks_free, free0);
+}
+
+#[test]
 fn an_image_persists_and_fsck_finds_damage() {
     let dir = std::env::temp_dir().join(format!("nvfs-persist-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -591,6 +644,52 @@ fn creates_and_extends_are_atomic_across_crashes() {
         |fs| {
             fs.stat(&root, b"/d/f", true)
                 .is_ok_and(|s| s.size == 3 * CHUNK || s.size == 0)
+        },
+    );
+}
+
+#[test]
+fn files_freed_together_are_freed_consistently_across_crashes() {
+    let root = Cred::root();
+    let names: [&[u8]; 3] = [b"/a", b"/b", b"/c"];
+    let sizes = [CHUNK, 3 * CHUNK, 2 * CHUNK];
+    crash_everywhere(
+        |fs| {
+            for (name, size) in names.iter().zip(sizes) {
+                let o = fs.open(&root, name, CREAT, 0o644).unwrap();
+                fs.extend(o.ino, 0, size, 4).unwrap();
+                fs.close(o.ino).unwrap();
+            }
+        },
+        |fs| {
+            let mut inos = Vec::new();
+            for name in names {
+                let Ok(o) = fs.open(&root, name, RW, 0) else {
+                    return;
+                };
+                if fs.unlink(&root, name).is_err() {
+                    return;
+                }
+                inos.push(o.ino);
+            }
+            let _ = fs.close_many(&inos);
+        },
+        // Every file is there whole or gone (a crash leaves the unlinked ones orphans, which
+        // the mount frees), and the free space counts exactly the ones still there.
+        |fs| {
+            let mut used = 0;
+            for (name, size) in names.iter().zip(sizes) {
+                match fs.stat(&root, name, true) {
+                    Ok(st) if st.size == size => used += size / CHUNK,
+                    Ok(_) => return false,
+                    Err(_) => {}
+                }
+            }
+            fs.statfs().chunks_free == fs.statfs().chunks - used
+        },
+        |fs| {
+            names.iter().all(|n| fs.stat(&root, n, true).is_err())
+                && fs.statfs().chunks_free == fs.statfs().chunks
         },
     );
 }
