@@ -553,6 +553,12 @@ impl FsRequest {
                 | FsRequest::Chmod { .. }
                 | FsRequest::Chown { .. }
                 | FsRequest::Lock { .. }
+                | FsRequest::Mkdir { .. }
+                | FsRequest::Rmdir { .. }
+                | FsRequest::Link { .. }
+                | FsRequest::Symlink { .. }
+                | FsRequest::Readlink { .. }
+                | FsRequest::Readdir { .. }
         )
     }
 

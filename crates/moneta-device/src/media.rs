@@ -275,6 +275,8 @@ pub struct MappedArray {
     /// Pages shown from other files ([`Media::overlay`]) and not detached since (counted in
     /// pages, since a detach may cover several pieces shown one by one).
     overlaid: std::sync::atomic::AtomicUsize,
+    /// Where: start → end of each run shown from another file (merged when they touch).
+    shown: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 impl Drop for MappedArray {
@@ -369,6 +371,7 @@ impl MappedArray {
             file,
             read_only: true,
             overlaid: Default::default(),
+            shown: Default::default(),
         })
     }
 
@@ -435,6 +438,7 @@ impl MappedArray {
             file,
             read_only: false,
             overlaid: Default::default(),
+            shown: Default::default(),
         })
     }
 
@@ -498,19 +502,29 @@ impl Media for MappedArray {
         if !self.persistent {
             return Ok(());
         }
-        if self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0 {
-            // Some ranges may be other files' pages: `msync` of the mapping writes back
-            // whichever file each page is, where the backing file's descriptor would not.
-            for &(addr, len) in ranges {
-                self.flush(addr, len)?;
-            }
-            return Ok(());
-        }
         let clip = |&(addr, len): &(u64, u64)| {
             let end = addr.saturating_add(len).min(self.size);
             (addr < end).then_some((addr, end - addr))
         };
-        let ranges: Vec<(u64, u64)> = ranges.iter().filter_map(clip).collect();
+        let mut ranges: Vec<(u64, u64)> = ranges.iter().filter_map(clip).collect();
+        if self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            // Ranges over other files' pages: `msync` of the mapping writes back whichever
+            // file each page is, where the backing file's descriptor would not. Only those
+            // (a mapped file's data): the rest, the metadata above all, share one flush.
+            let shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+            let over = |&(addr, len): &(u64, u64)| {
+                shown
+                    .range(..addr + len)
+                    .next_back()
+                    .is_some_and(|(_, &end)| end > addr)
+            };
+            let (theirs, ours): (Vec<_>, Vec<_>) = ranges.iter().partition(|r| over(r));
+            drop(shown);
+            for (addr, len) in theirs {
+                self.flush(addr, len)?;
+            }
+            ranges = ours;
+        }
         let Some((&(last, last_len), rest)) = ranges.split_last() else {
             return Ok(());
         };
@@ -589,6 +603,7 @@ impl Media for MappedArray {
         }
         self.overlaid
             .fetch_add((len / 4096) as usize, std::sync::atomic::Ordering::AcqRel);
+        self.mark_shown(addr, len, true);
         if !self.persistent {
             // The memfd's own pages there are no longer seen: give their memory back (at
             // best: they are unseen either way).
@@ -610,6 +625,7 @@ impl Media for MappedArray {
             std::sync::atomic::Ordering::Acquire,
             |n| Some(n.saturating_sub((len / 4096) as usize)),
         );
+        self.mark_shown(addr, len, false);
         if self.persistent {
             // As at `map`: no readahead on the backing file's pages.
             // SAFETY: advice on pages of our own mapping, checked in range by `remap`.
@@ -652,6 +668,38 @@ impl Media for MappedArray {
 const WILL_NEED_MAX: u64 = 256 << 10;
 
 impl MappedArray {
+    /// Records `[addr, addr + len)` as shown from another file (`on`) or as the array's own
+    /// pages again.
+    fn mark_shown(&self, addr: u64, len: u64, on: bool) {
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut start, mut end) = (addr, addr + len);
+        // Every run that overlaps or touches the range goes, its parts outside it kept (when
+        // the range is detached) or merged into it (when shown).
+        let touching: Vec<(u64, u64)> = shown
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &e)| e >= addr)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in touching {
+            shown.remove(&s);
+            if on {
+                start = start.min(s);
+                end = end.max(e);
+            } else {
+                if s < addr {
+                    shown.insert(s, addr);
+                }
+                if e > addr + len {
+                    shown.insert(addr + len, e);
+                }
+            }
+        }
+        if on {
+            shown.insert(start, end);
+        }
+    }
+
     /// Maps `len` bytes of `fd` from `off` over the array's pages at `addr`, in place.
     fn remap(&self, addr: u64, len: u64, fd: BorrowedFd<'_>, off: u64) -> io::Result<()> {
         assert!(!self.read_only, "remap of an array opened read-only");
@@ -777,6 +825,28 @@ fn zero_by_stores(m: &MappedArray, addr: u64, len: u64) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn shown_runs_merge_when_shown_and_split_when_detached() {
+        let a = MappedArray::volatile(1 << 20).unwrap();
+        let runs = |a: &MappedArray| {
+            a.shown
+                .lock()
+                .unwrap()
+                .clone()
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        a.mark_shown(0, 4096, true);
+        a.mark_shown(8192, 4096, true);
+        assert_eq!(runs(&a), [(0, 4096), (8192, 12288)]);
+        a.mark_shown(4096, 4096, true);
+        assert_eq!(runs(&a), [(0, 12288)]);
+        a.mark_shown(4096, 4096, false);
+        assert_eq!(runs(&a), [(0, 4096), (8192, 12288)]);
+        a.mark_shown(0, 65536, false);
+        assert!(runs(&a).is_empty());
+    }
     use super::*;
 
     #[test]
@@ -933,8 +1003,18 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&seg, &mut one, 808).unwrap();
         assert_eq!(one, [9]);
         assert_eq!(a.overlaid.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(
+            a.shown
+                .lock()
+                .unwrap()
+                .clone()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [(8192, 16384)]
+        );
         a.detach(8192, 8192).unwrap();
         assert_eq!(a.overlaid.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert!(a.shown.lock().unwrap().is_empty());
         // The array's own pages again (a volatile array's were given back: zeros).
         // SAFETY: as above.
         unsafe { a.read(8192, got.as_mut_ptr(), got.len()) };

@@ -1070,26 +1070,13 @@ impl Manager {
                 if !h.read {
                     return Err(fail(errno::EBADF, "the handle is not open for reading"));
                 }
-                let (list, mut end) = self.fs().readdir(h.ino, cookie, 1024).map_err(failure)?;
+                let (list, end) = self.fs().readdir(h.ino, cookie, 1024).map_err(failure)?;
                 // Fill the reply up to the message limit.
-                let mut room =
-                    moneta_abi::control::MAX_MESSAGE - moneta_abi::control::HEADER_LEN - 16;
-                let mut entries = Vec::new();
-                for d in list {
-                    let need = FsReply::dir_entry_len(&d.name);
-                    if need > room {
-                        end = false;
-                        break;
-                    }
-                    room -= need;
-                    entries.push(FsDirEntry {
-                        ino: d.ino,
-                        next: d.next,
-                        kind: d.kind,
-                        name: d.name,
-                    });
-                }
-                Ok(FsReply::Dir { entries, end })
+                Ok(dir_reply(
+                    list,
+                    end,
+                    moneta_abi::control::MAX_MESSAGE - moneta_abi::control::HEADER_LEN - 16,
+                ))
             }
             FsRequest::Fork => Err(fail(
                 errno::EPROTO,

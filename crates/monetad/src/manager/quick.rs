@@ -44,6 +44,9 @@ use super::*;
 const EXTENTS_OVERHEAD: usize = 128;
 /// Bytes of each extent in an extents reply.
 const EXTENT_BYTES: usize = 24;
+/// Bytes of a directory reply besides its entries (message header, result, count, end), with
+/// room to spare.
+const DIR_OVERHEAD: usize = 64;
 
 /// How long the releaser thread lets unlinked files gather before it frees them together.
 const RELEASE_GATHER: std::time::Duration = std::time::Duration::from_micros(500);
@@ -104,9 +107,8 @@ impl Manager {
                 ops: Vec::new(),
             });
         }
-        let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
         let mut ops = Vec::new();
-        let result = self.quick_call(&mut s, channel, req, max, &mut ops)?;
+        let result = self.quick_call(&mut s, channel, req, room, &mut ops)?;
         drop(s);
         let mut reply = encode_reply(op, seq, &result.clone().map(ReplyBody::Fs));
         if reply.len() > room {
@@ -138,7 +140,7 @@ impl Manager {
         s: &mut Session,
         channel: u32,
         req: FsRequest,
-        max: usize,
+        room: usize,
         ops: &mut Vec<TableOp>,
     ) -> Option<Result<FsReply, Failure>> {
         // The releaser's queue, the lock table (some calls need it), then the file system;
@@ -168,7 +170,7 @@ impl Manager {
             s,
             channel,
             req,
-            max,
+            room,
             ops,
             &mut released,
         );
@@ -197,11 +199,13 @@ impl Manager {
         s: &mut Session,
         channel: u32,
         req: FsRequest,
-        max: usize,
+        room: usize,
         ops: &mut Vec<TableOp>,
         released: &mut Vec<u64>,
     ) -> Option<Result<FsReply, Failure>> {
         let cred = s.cred.clone();
+        // Extents an answer may carry in the slice.
+        let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
         let r = match req {
             FsRequest::Open { flags, mode, path } => {
                 if s.handles.len() >= MAX_HANDLES {
@@ -342,8 +346,45 @@ impl Manager {
                 fs.chown(&cred, ino, opt(uid), opt(gid)).map_err(failure)?;
                 Ok(FsReply::Empty)
             })(),
+            // The name space: none of these frees space (a directory, a name and a link
+            // target take records, not chunks), and the file system refuses in quick mode
+            // anything that would flush or revoke.
+            FsRequest::Mkdir { mode, path } => fs
+                .mkdir(&cred, &path, mode)
+                .map(|st| FsReply::Stat(wire_stat(&st)))
+                .map_err(failure),
+            FsRequest::Rmdir { path } => fs
+                .rmdir(&cred, &path)
+                .map(|()| FsReply::Empty)
+                .map_err(failure),
+            FsRequest::Link { from, to } => fs
+                .link(&cred, &from, &to)
+                .map(|st| FsReply::Stat(wire_stat(&st)))
+                .map_err(failure),
+            FsRequest::Symlink { target, path } => fs
+                .symlink(&cred, &target, &path)
+                .map(|st| FsReply::Stat(wire_stat(&st)))
+                .map_err(failure),
+            FsRequest::Readlink { path } => fs
+                .readlink(&cred, &path)
+                .map(FsReply::Bytes)
+                .map_err(failure),
+            FsRequest::Readdir { handle, cookie } => (|| {
+                let h = Self::handle(s, handle)?;
+                if !h.read {
+                    return Err(fail(errno::EBADF, "the handle is not open for reading"));
+                }
+                let (list, end) = fs.readdir(h.ino, cookie, 1024).map_err(failure)?;
+                Ok(dir_reply(list, end, room.saturating_sub(DIR_OVERHEAD)))
+            })(),
             _ => return None,
         };
+        if let Ok(FsReply::Dir { entries, end }) = &r {
+            if entries.is_empty() && !end {
+                // Not one entry fits this channel's slice: the socket's message holds it.
+                return None;
+            }
+        }
         Some(r)
     }
 

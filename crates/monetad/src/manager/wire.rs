@@ -119,3 +119,24 @@ pub(super) fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
             .collect(),
     }
 }
+
+/// A directory reply of the entries of `list` that fit in `room` bytes of payload (`end`
+/// only if all of them did and the directory has no more).
+pub(super) fn dir_reply(list: Vec<moneta_fs::DirEntry>, mut end: bool, mut room: usize) -> FsReply {
+    let mut entries = Vec::new();
+    for d in list {
+        let need = FsReply::dir_entry_len(&d.name);
+        if need > room {
+            end = false;
+            break;
+        }
+        room -= need;
+        entries.push(FsDirEntry {
+            ino: d.ino,
+            next: d.next,
+            kind: d.kind,
+            name: d.name,
+        });
+    }
+    FsReply::Dir { entries, end }
+}
