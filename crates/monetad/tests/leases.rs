@@ -332,3 +332,24 @@ fn a_holder_that_stalls_or_scribbles_is_seized_after_a_bounded_wait() {
     set(&fb2, Posix, Write, 0, 40).unwrap();
     drop(fa);
 }
+
+#[test]
+fn a_lease_too_small_for_the_locks_gives_them_all_back() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let fa = a.open("/many", &rw()).unwrap();
+    // Eleven disjoint locks, of types in turn: the list holds ten, so the last one asks the
+    // daemon, which takes the lease back first and keeps them all in its table.
+    for i in 0..11u64 {
+        let ty = if i % 2 == 0 { Write } else { Read };
+        set(&fa, Posix, ty, i * 10, 5).unwrap();
+    }
+    let b = Moneta::connect(&d.socket).unwrap();
+    let fb = b.open("/many", &rw()).unwrap();
+    for i in 0..11u64 {
+        let ty = if i % 2 == 0 { Write } else { Read };
+        assert_eq!(test(&fb, Write, i * 10, 5), held(ty, i * 10, 5), "lock {i}");
+        assert_eq!(test(&fb, Write, i * 10 + 5, 5), None);
+    }
+}
