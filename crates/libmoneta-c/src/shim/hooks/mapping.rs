@@ -30,6 +30,10 @@ fn refuse_map(path: &[u8]) {
     });
 }
 
+/// Private mappings up to this length are copies ([`map_private_copy`]); longer ones map the
+/// file's own pages, copy-on-write.
+const PRIVATE_COPY_MAX: size_t = 1 << 20;
+
 /// A private mapping of a Moneta file: anonymous memory holding a copy of the file's bytes
 /// from `off` (zeros past the end), with the protection asked for. `MAP_PRIVATE` promises
 /// no more: the process's own stores stay its own, and POSIX leaves unspecified whether
@@ -146,10 +150,11 @@ fn map_pages(
     Ok(Some(p))
 }
 
-/// `mmap(2)`: a mapping of a Moneta file maps the file's own pages ([`map_pages`]); where
-/// the array hands none out (one with data checksums), a private mapping is a copy
-/// ([`map_private_copy`]) and a shared one fails with `ENODEV` (as for a file system without
-/// `mmap`); anonymous and other mappings go to the C library.
+/// `mmap(2)`: a private mapping of a Moneta file up to [`PRIVATE_COPY_MAX`] is a copy
+/// ([`map_private_copy`]); any other maps the file's own pages ([`map_pages`]); where the
+/// array hands none out (one with data checksums), a longer private mapping is a copy too and
+/// a shared one fails with `ENODEV` (as for a file system without `mmap`); anonymous and
+/// other mappings go to the C library.
 ///
 /// # Safety
 ///
@@ -170,6 +175,12 @@ pub unsafe extern "C" fn mmap(
         if let Some(d) = fds::get(fd) {
             return run(libc::MAP_FAILED, || {
                 map_checks(&d, len, off)?;
+                if flags & 3 == libc::MAP_PRIVATE && len <= PRIVATE_COPY_MAX {
+                    // A read through the channel costs less than the file's own pages, which
+                    // the daemon moves into a segment of their own (a host file at the
+                    // `host` level): what git and the loader map is small and private.
+                    return map_private_copy(&d, addr, len, prot, flags, off);
+                }
                 if let Some(p) = map_pages(&d, addr, len, prot, flags, off)? {
                     regions::add(p as usize, len, off as u64, &d);
                     return Ok(p);
