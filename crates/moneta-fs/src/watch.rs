@@ -15,6 +15,36 @@
 //! it fires as it goes, so what depended on it is asked again rather than trusted forever.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes keys the daemon chooses, never a client (observers are channel ids; a slot is one of
+/// 256): a rotation and a multiplication per word. Inodes are keyed by the standard hasher,
+/// since a name's key follows from a name a client picks.
+#[derive(Default)]
+struct Small(u64);
+
+impl Hasher for Small {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u16(&mut self, x: u16) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        // The rotation brings the well-mixed high bits of what came before to the low ones.
+        self.0 = (self.0.rotate_left(32) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type SmallHash = BuildHasherDefault<Small>;
 
 /// Where fired watches go: `(observer, slot)` once for each.
 pub trait ChangeSink: Send + Sync {
@@ -52,9 +82,9 @@ pub(crate) fn name_key(dir: u64, name: &[u8]) -> u64 {
 pub(crate) struct Watches {
     /// Per inode: the (observer, slot) pairs watching it (a set: the root's search is watched
     /// by every path any client asked about).
-    by_ino: HashMap<u64, HashSet<(u32, u16)>>,
+    by_ino: HashMap<u64, HashSet<(u32, u16), SmallHash>>,
     /// Per observer: its watches, oldest first (some may have fired already).
-    by_observer: HashMap<u32, VecDeque<(u64, u16)>>,
+    by_observer: HashMap<u32, VecDeque<(u64, u16)>, SmallHash>,
 }
 
 impl Watches {
@@ -66,15 +96,15 @@ impl Watches {
         inos: &[u64],
         sink: Option<&dyn ChangeSink>,
     ) {
+        let mine = self.by_observer.entry(observer).or_default();
         for &ino in inos {
             if !self.by_ino.entry(ino).or_default().insert((observer, slot)) {
                 continue;
             }
-            let mine = self.by_observer.entry(observer).or_default();
             mine.push_back((ino, slot));
             if mine.len() > MAX_WATCHES {
                 let (old, old_slot) = mine.pop_front().expect("not empty");
-                if self.unwatch_one(old, observer, old_slot) {
+                if Self::unwatch_one(&mut self.by_ino, old, observer, old_slot) {
                     if let Some(s) = sink {
                         s.changed(observer, old_slot);
                     }
@@ -84,13 +114,18 @@ impl Watches {
     }
 
     /// Removes `observer`'s watch of `ino` in `slot`; whether there was one.
-    fn unwatch_one(&mut self, ino: u64, observer: u32, slot: u16) -> bool {
-        let Some(on) = self.by_ino.get_mut(&ino) else {
+    fn unwatch_one(
+        by_ino: &mut HashMap<u64, HashSet<(u32, u16), SmallHash>>,
+        ino: u64,
+        observer: u32,
+        slot: u16,
+    ) -> bool {
+        let Some(on) = by_ino.get_mut(&ino) else {
             return false;
         };
         let removed = on.remove(&(observer, slot));
         if on.is_empty() {
-            self.by_ino.remove(&ino);
+            by_ino.remove(&ino);
         }
         removed
     }
@@ -110,13 +145,13 @@ impl Watches {
             return;
         };
         for (ino, slot) in mine {
-            self.unwatch_one(ino, observer, slot);
+            Self::unwatch_one(&mut self.by_ino, ino, observer, slot);
         }
     }
 
     /// Watches held, all observers together.
     pub(crate) fn len(&self) -> usize {
-        self.by_ino.values().map(HashSet::len).sum()
+        self.by_ino.values().map(|on| on.len()).sum()
     }
 }
 
