@@ -9,11 +9,11 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use libmoneta::{File, LockCmd, LockInfo, LockKind, LockType, Moneta, OpenOptions};
+use libmoneta::{File, LockCmd, LockInfo, LockKind, LockType, Moneta};
 use moneta_abi::control::errno;
 use moneta_abi::{
     lease_parts, lease_word, LeaseArea, LEASE_BUSY, LEASE_GONE, LEASE_HELD, LEASE_OFFSET,
@@ -23,23 +23,6 @@ use rustix::mm::{MapFlags, ProtFlags};
 
 use LockKind::{Ofd, Posix};
 use LockType::{Read, Unlock, Write};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn rw() -> OpenOptions {
-    let mut o = OpenOptions::new();
-    o.read(true).write(true).create(true);
-    o
-}
-
-fn set(f: &File, kind: LockKind, ty: LockType, start: u64, len: u64) -> Result<(), i32> {
-    f.lock(kind, LockCmd::Set, ty, start, len, false)
-        .map(|r| assert_eq!(r, None))
-        .map_err(|e| e.errno())
-}
 
 fn test(f: &File, ty: LockType, start: u64, len: u64) -> Option<LockInfo> {
     f.lock(Posix, LockCmd::Test, ty, start, len, false)

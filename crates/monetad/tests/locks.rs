@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -20,24 +19,6 @@ use monetad::locks::{MAX_LOCKS_PER_FILE, MAX_LOCKS_PER_OWNER};
 
 use LockKind::{Flock, Ofd, Posix};
 use LockType::{Read, Unlock, Write};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn rw() -> OpenOptions {
-    let mut o = OpenOptions::new();
-    o.read(true).write(true).create(true);
-    o
-}
-
-/// A non-waiting set; the errno on failure.
-fn set(f: &File, kind: LockKind, ty: LockType, start: u64, len: u64) -> Result<(), i32> {
-    f.lock(kind, LockCmd::Set, ty, start, len, false)
-        .map(|r| assert_eq!(r, None))
-        .map_err(|e| e.errno())
-}
 
 /// A waiting set (one try); the errno on failure.
 fn set_waiting(f: &File, kind: LockKind, ty: LockType, start: u64, len: u64) -> Result<(), i32> {

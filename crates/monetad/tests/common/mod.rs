@@ -302,3 +302,30 @@ pub fn file_read(ch: &Channel, handle: u64) -> Result<Vec<u8>, libmoneta::Client
     }
     Ok(out)
 }
+
+/// Serializes the tests of one binary that must not overlap (a fork copies every open file
+/// of the process; a count is one number for the whole process).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Open for reading and writing, created if missing.
+pub fn rw() -> libmoneta::OpenOptions {
+    let mut o = libmoneta::OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+/// A non-waiting lock set; the errno on failure.
+pub fn set(
+    f: &libmoneta::File,
+    kind: libmoneta::LockKind,
+    ty: libmoneta::LockType,
+    start: u64,
+    len: u64,
+) -> Result<(), i32> {
+    f.lock(kind, libmoneta::LockCmd::Set, ty, start, len, false)
+        .map(|r| assert_eq!(r, None))
+        .map_err(|e| e.errno())
+}
