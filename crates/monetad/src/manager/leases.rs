@@ -39,6 +39,19 @@ use super::*;
 /// list that was current before the change.
 pub const RECALL_WAIT: Duration = Duration::from_millis(100);
 
+/// Moves a slot's word from `w` to the same list with state `code`; whether it was still `w`.
+fn swap_code(slot: &LeaseSlot, w: u32, code: u32) -> bool {
+    let (_, list, len) = lease_parts(w);
+    slot.state
+        .compare_exchange(
+            w,
+            lease_word(code, list as u32, len as u32),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+}
+
 /// Looks at a slot's word a recall makes at most before it counts the client as stalled.
 const RECALL_TRIES: usize = 16;
 
@@ -213,35 +226,16 @@ impl Manager {
             }
             let (code, list, len) = lease_parts(w);
             match code {
-                LEASE_HELD => {
-                    let gone = lease_word(LEASE_GONE, list as u32, len as u32);
-                    if slot
-                        .state
-                        .compare_exchange(w, gone, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        break (list, len, false);
-                    }
-                }
+                LEASE_HELD if swap_code(slot, w, LEASE_GONE) => break (list, len, false),
                 LEASE_BUSY => {
-                    let recall = lease_word(LEASE_RECALL, list as u32, len as u32);
                     // Either the client finishes first (and the next look sees it) or it
                     // finds the recall when it finishes.
-                    let _ =
-                        slot.state
-                            .compare_exchange(w, recall, Ordering::AcqRel, Ordering::Acquire);
+                    swap_code(slot, w, LEASE_RECALL);
                 }
                 LEASE_RECALL if !seize => return false,
-                LEASE_RECALL => {
-                    let seized = lease_word(LEASE_SEIZED, list as u32, len as u32);
-                    if slot
-                        .state
-                        .compare_exchange(w, seized, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        break (list, len, true);
-                    }
-                }
+                LEASE_RECALL if swap_code(slot, w, LEASE_SEIZED) => break (list, len, true),
+                // The word moved under the swap: look again.
+                LEASE_HELD | LEASE_RECALL => {}
                 // Given back (or written by the client as if it were): the list it names.
                 _ => {
                     slot.state.store(
