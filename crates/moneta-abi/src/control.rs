@@ -313,7 +313,8 @@ status_report! {
 /// The array model's report ([`OP_MODEL`]): after the result word, a byte count (u32), four
 /// reserved bytes, then that many bytes of UTF-8 text, one `key value` pair per line (the key
 /// has no spaces; the value is the rest of the line). Keys are dotted paths (`energy.total_j`,
-/// `controllers.0.utilisation`); `model none` alone means the daemon runs without a model.
+/// `controllers.0.utilisation`); `model none` means the daemon runs without a model. `members.N.*`
+/// keys after the model's describe the links to other members (docs/distributed.md).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModelReport {
     /// The pairs, in the daemon's order.

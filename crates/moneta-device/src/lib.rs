@@ -16,6 +16,7 @@ pub mod integrity;
 pub mod media;
 pub mod model;
 pub mod permission;
+pub mod remote;
 pub mod retag;
 pub mod scheduler;
 

@@ -66,8 +66,36 @@ fn arrays(v: Value) -> Value {
     }
 }
 
-/// The report as the lines `moneta status` prints after the counters.
+/// The report as the lines `moneta status` prints after the counters: the model's, then the
+/// other members' links.
 pub fn text(r: &ModelReport) -> String {
+    let mut out = array_text(r);
+    let mut i = 0;
+    while let Some(uri) = r.get(&format!("members.{i}.uri")) {
+        let g = |n: &str| r.get(&format!("members.{i}.{n}")).unwrap_or("?");
+        let n = |n: &str| g(n).parse::<u64>().unwrap_or(0);
+        out += &format!(
+            "member {i}: [{:#x}, {:#x}) at {uri}: {}, {} requests ({} in flight, {} failed), \
+             {} bytes, {} connections\n",
+            n("start"),
+            n("start") + n("len"),
+            g("state"),
+            g("requests"),
+            g("in_flight"),
+            g("failures"),
+            g("bytes"),
+            g("connects"),
+        );
+        let e = g("last_error");
+        if !e.is_empty() && e != "?" {
+            out += &format!("  {:<20} {e}\n", "last error");
+        }
+        i += 1;
+    }
+    out
+}
+
+fn array_text(r: &ModelReport) -> String {
     let g = |k: &str| r.get(k).unwrap_or("?");
     let name = g("model");
     if name == "none" {

@@ -207,6 +207,16 @@ pub struct Args {
     /// `policy=fifo`, `read_ns=1000`); `moneta status` lists them all.
     #[arg(long = "model-set", value_name = "NAME=VALUE")]
     pub model_set: Vec<String>,
+    /// A range of the address space another member holds, START:LEN=URI (repeatable; needs
+    /// --raw): commands on `[START, START+LEN)` go over an NBD link to the member's export at
+    /// URI, address START there being 0. The ranges lie past the array. `nbds://` with
+    /// `?tls-psk-file=FILE` authenticates the link with a pre-shared key (docs/distributed.md).
+    #[arg(long = "member", value_name = "START:LEN=URI")]
+    pub members: Vec<String>,
+    /// Milliseconds a forwarded request waits for its member before the link is declared
+    /// failed and its requests fail [default: 5000].
+    #[arg(long)]
+    pub member_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -240,6 +250,9 @@ struct FileConfig {
     poller_cpu: Option<toml::Value>,
     /// A preset's name, or a table: `preset` (default `pcm`), `seed`, and any parameter.
     model: Option<toml::Value>,
+    /// `START:LEN=URI` strings, as `--member`.
+    members: Option<Vec<String>>,
+    member_timeout_ms: Option<u64>,
 }
 
 /// The model the flags and the file ask for, and its address-randomization seed.
@@ -443,6 +456,27 @@ impl Config {
             wear_base: None,
             // From the file system's superblock, once it is mounted (`run`).
             integrity: None,
+            members: {
+                let timeout = args
+                    .member_timeout_ms
+                    .or(file.member_timeout_ms)
+                    .map(Duration::from_millis)
+                    .unwrap_or(moneta_device::remote::DEFAULT_TIMEOUT);
+                let given = if args.members.is_empty() {
+                    file.members.clone().unwrap_or_default()
+                } else {
+                    args.members.clone()
+                };
+                given
+                    .iter()
+                    .map(|m| {
+                        moneta_device::remote::MemberConfig::parse(m, parse_size).map(|mut m| {
+                            m.timeout = timeout;
+                            m
+                        })
+                    })
+                    .collect::<Result<Vec<_>, String>>()?
+            },
         };
         let mut device = device;
         (device.model, device.model_seed) =
@@ -529,6 +563,13 @@ impl Config {
         if kernel_fs.is_some() && raw {
             return Err("--kernel-fs and --raw exclude each other".into());
         }
+        if !device.members.is_empty() && !raw {
+            return Err(
+                "--member needs --raw: the other members' ranges are served as a raw device \
+                 (a file system over them is not built)"
+                    .into(),
+            );
+        }
         let kernel_fs = kernel_fs.map(|k| {
             let mount = args
                 .kernel_fs_mount
@@ -602,6 +643,29 @@ mod tests {
         };
         assert!(Config::resolve(&bad).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn members_need_a_raw_device_and_a_uri() {
+        let member = |m: &[&str], raw: bool| {
+            Config::resolve(&Args {
+                volatile: true,
+                size: Some(64 << 20),
+                raw,
+                members: m.iter().map(|s| s.to_string()).collect(),
+                member_timeout_ms: Some(250),
+                ..Default::default()
+            })
+        };
+        let c = member(&["64M:1G=nbds://h/?tls-psk-file=/k"], true).unwrap();
+        assert_eq!(c.device.members.len(), 1);
+        assert_eq!(c.device.members[0].start, 64 << 20);
+        assert_eq!(c.device.members[0].len, 1 << 30);
+        assert_eq!(c.device.members[0].timeout, Duration::from_millis(250));
+        assert!(member(&["64M:1G=nbd://h"], false)
+            .unwrap_err()
+            .contains("--raw"));
+        assert!(member(&["64M:1G"], true).is_err());
     }
 
     #[test]

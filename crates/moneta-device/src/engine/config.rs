@@ -47,6 +47,9 @@ pub struct DeviceConfig {
     /// Data checksums to check on reads and keep on writes (the file system's table), or
     /// `None`.
     pub integrity: Option<IntegrityConfig>,
+    /// Ranges of the address space other members hold, past the array (see
+    /// [`crate::remote`]); commands on them are forwarded over NBD links.
+    pub members: Vec<crate::remote::MemberConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -69,6 +72,7 @@ impl Default for DeviceConfig {
             model_seed: 0x6d6f_6e65_7461,
             wear_base: None,
             integrity: None,
+            members: Vec::new(),
         }
     }
 }

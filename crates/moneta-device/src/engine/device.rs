@@ -39,6 +39,29 @@ impl Device {
         let (post_tx, post_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let array_size = media.size();
+        let space_size = crate::remote::check_members(&config.members, array_size)
+            .map_err(DeviceError::Config)?;
+        let remote = if config.members.is_empty() {
+            None
+        } else {
+            crate::remote::nbd::available().map_err(DeviceError::Config)?;
+            let (done_tx, done_rx) = mpsc::channel();
+            let links = config
+                .members
+                .iter()
+                .map(|m| crate::remote::Link::spawn(m.clone(), done_tx.clone(), waker.try_clone()?))
+                .collect::<std::io::Result<Vec<_>>>()?;
+            Some(forward::Remote::new(links, done_rx))
+        };
+        let links = remote
+            .as_ref()
+            .map(|r| {
+                r.links
+                    .iter()
+                    .map(|l| (l.config.clone(), l.stats.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let persistent = media.persistent();
         let media = Arc::new(media);
         let model = match &config.model {
@@ -101,6 +124,8 @@ impl Device {
             next_flush: 0,
             flush_jobs,
             flush_done,
+            remote,
+            space_size,
             now: 0,
             last_busy: 0,
             file_budget: FILE_CALLS_PER_PASS_NS,
@@ -128,6 +153,8 @@ impl Device {
             free_ids: Mutex::new((0..config.max_channels as u32).collect()),
             config,
             array_size,
+            space_size,
+            links,
             persistent,
             started: Instant::now(),
             thread: Mutex::new(Some(thread)),
@@ -146,6 +173,17 @@ impl Device {
     /// Bytes in the array.
     pub fn array_size(&self) -> u64 {
         self.array_size
+    }
+
+    /// The end of the address space: the array's size, or past it the end of the last range
+    /// another member holds.
+    pub fn space_size(&self) -> u64 {
+        self.space_size
+    }
+
+    /// The other members and their links' counters.
+    pub fn links(&self) -> &[(crate::remote::MemberConfig, Arc<crate::remote::LinkStats>)] {
+        &self.links
     }
 
     fn call(&self, make: impl FnOnce(Ack) -> Control) -> Result<(), DeviceError> {
@@ -188,7 +226,7 @@ impl Device {
             let (mem, memfd) = ChannelMem::create(
                 id,
                 self.config.geometry,
-                self.array_size,
+                self.space_size,
                 self.config.poller_cpu,
             )?;
             // A pipe, not an eventfd: the client's end is its own open file description, so
@@ -231,7 +269,7 @@ impl Device {
                     slice_size: self.config.geometry.slice_size as u32,
                     dma_offset: moneta_abi::DMA_OFFSET as u64,
                     dma_size: self.config.geometry.dma_size as u64,
-                    array_size: self.array_size,
+                    array_size: self.space_size,
                     channel_size: moneta_abi::channel_size(self.config.geometry.dma_size) as u64,
                 },
             })
@@ -318,11 +356,11 @@ impl Device {
             | TableOp::RemoveRange { start, len, .. }
             | TableOp::RemoveRangeAll { start, len } = *op
             {
-                if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                if start.checked_add(len).is_none_or(|e| e > self.space_size) {
                     return Err(DeviceError::OutOfRange {
                         start,
                         len,
-                        size: self.array_size,
+                        size: self.space_size,
                     });
                 }
             }
@@ -340,11 +378,11 @@ impl Device {
         for op in &ops {
             match *op {
                 TableOp::Insert { start, len, .. } => {
-                    if start.checked_add(len).is_none_or(|e| e > self.array_size) {
+                    if start.checked_add(len).is_none_or(|e| e > self.space_size) {
                         return Err(DeviceError::OutOfRange {
                             start,
                             len,
-                            size: self.array_size,
+                            size: self.space_size,
                         });
                     }
                 }
@@ -401,9 +439,33 @@ impl Device {
         rx.recv().ok().flatten()
     }
 
-    /// The model's report as `key value` pairs ([`crate::model::report`]); `model none` alone
-    /// without a model.
+    /// The model's report as `key value` pairs ([`crate::model::report`]), `model none`
+    /// without a model; then, when other members hold ranges, each one's link
+    /// (`members.N.range`, `.uri`, `.state`, counters, `.last_error`).
     pub fn model_report(&self) -> Vec<(String, String)> {
+        let mut p = self.array_report();
+        for (i, (m, s)) in self.links.iter().enumerate() {
+            let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+            let k = |n: &str| format!("members.{i}.{n}");
+            p.extend([
+                (k("start"), m.start.to_string()),
+                (k("len"), m.len.to_string()),
+                (k("uri"), m.uri.clone()),
+                (k("state"), s.state().name().to_string()),
+                (k("requests"), g(&s.requests)),
+                (k("bytes"), g(&s.bytes)),
+                (k("failures"), g(&s.failures)),
+                (k("in_flight"), g(&s.in_flight)),
+                (k("connects"), g(&s.connects)),
+                (k("export_size"), g(&s.remote_size)),
+                (k("timeout_ms"), m.timeout.as_millis().to_string()),
+                (k("last_error"), s.last_error().replace('\n', " ")),
+            ]);
+        }
+        p
+    }
+
+    fn array_report(&self) -> Vec<(String, String)> {
         match (self.config.model.as_ref(), self.model_stats()) {
             (Some(cfg), Some((stats, late))) => {
                 let mut p = crate::model::report::pairs(cfg, &stats);

@@ -68,7 +68,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             return;
         }
-        let cmd = match validate(&words, tag, ch.mem.geometry(), self.media.size()) {
+        let cmd = match validate(&words, tag, ch.mem.geometry(), self.space_size) {
             Ok(cmd) => cmd,
             Err(r) => {
                 self.publish_completion(id, tag as u8, r.completion, r.status, &r.cmd, 0, now);

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use moneta_abi::Opcode;
 
+use super::forward::Place;
 use super::poller::drain_posts;
 use super::*;
 use crate::clock::Clock;
@@ -74,6 +75,28 @@ impl<M: Media, C: Clock> Poller<M, C> {
             checked = check(&self.table);
         }
         let t_checked = if traced { self.clock.now_ns() } else { 0 };
+        if checked.is_ok() && matches!(cmd.opcode, Opcode::Read | Opcode::Write | Opcode::WillNeed)
+        {
+            if let Some(remote) = &self.remote {
+                match remote.place(self.media.size(), &cmd) {
+                    Place::Local => {}
+                    Place::Member(member, offset) => {
+                        let issued = Issued {
+                            channel: p.channel,
+                            tag: p.tag,
+                            phys,
+                            cmd,
+                            t0: p.t0,
+                            status: Status::Ok,
+                            moved: 0,
+                        };
+                        self.forward(issued, member, offset);
+                        return;
+                    }
+                    Place::Nowhere => checked = Err(Status::OutOfRange),
+                }
+            }
+        }
         let status = match checked {
             Ok(()) => {
                 if matches!(cmd.opcode, Opcode::Read | Opcode::Write) && cmd.len > MOVE_PIECE {
@@ -235,6 +258,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// scheduler, moving its data, or a flush waiting for others.
     fn channel_in_flight(&self, id: u32, fence: u64) -> bool {
         self.sched.any_before(fence, |r| r.channel == id)
+            || self.forwarding(id)
             || self
                 .moving
                 .iter()
@@ -253,6 +277,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let (fence, ch) = (self.flush_wait[i].0, self.flush_wait[i].1.channel);
             let earlier_flush = self.flush_wait[..i].iter().any(|(_, f)| f.channel == ch);
             let busy = self.sched.any_before(fence, |r| r.channel == ch)
+                || self.forwarding(ch)
                 || self
                     .moving
                     .iter()
@@ -425,6 +450,22 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if status == Status::Ok && r.cmd.opcode == Opcode::Flush {
             self.local.flushes += 1;
             let queued_behind = self.flushing.iter().any(|(_, f)| f.channel == r.channel);
+            if r.cmd.len > 0 {
+                // A FLUSH of a range another member holds is that member's to do.
+                if let Some(remote) = &self.remote {
+                    match remote.place(self.media.size(), &r.cmd) {
+                        Place::Local => {}
+                        Place::Member(member, offset) => {
+                            self.forward(r, member, offset);
+                            return;
+                        }
+                        Place::Nowhere => {
+                            self.publish_end(r, Status::OutOfRange);
+                            return;
+                        }
+                    }
+                }
+            }
             if r.cmd.len > 0 || queued_behind {
                 // msync can take milliseconds: it runs on the flusher thread, in order, and the
                 // request keeps its physical tag until it is done.

@@ -15,6 +15,7 @@
 mod completion;
 mod config;
 mod device;
+mod forward;
 mod idle;
 mod intake;
 mod issue;
@@ -299,6 +300,10 @@ pub struct Device {
     shared: Arc<Shared>,
     config: DeviceConfig,
     array_size: u64,
+    /// The end of the address space (past the array when other members hold ranges).
+    space_size: u64,
+    /// The links to the other members, for `status`.
+    links: Vec<(crate::remote::MemberConfig, Arc<crate::remote::LinkStats>)>,
     persistent: bool,
     /// Free channel ids, reused oldest-freed first so a dead client's id is not handed to the
     /// next connection at once.
@@ -434,6 +439,10 @@ struct Poller<M, C> {
     next_flush: u64,
     flush_jobs: FlushJobs,
     flush_done: FlushDone,
+    /// The other members' links, when the address space has any (see `forward`).
+    remote: Option<forward::Remote>,
+    /// The end of the address space: the array's size, or the end of the last member's range.
+    space_size: u64,
     /// The clock as last read.
     now: u64,
     /// The clock at the last busy pass.

@@ -1,0 +1,136 @@
+//! Forwarding: requests whose range another member holds (see [`crate::remote`]) go, once the
+//! permission table has allowed them, to that member's link; the answer comes back here and
+//! completes the request like any other.
+//!
+//! A forwarded request keeps its physical tag and a reserved place in the scheduler's issue
+//! order until the member answers, so a revocation waits for it as for a local request
+//! (revocation before reuse), a FLUSH of its channel waits for it, and its channel is not
+//! removed under it. The array's timing model is the local array's: forwarded requests take
+//! the member's time, not the model's.
+
+use std::sync::mpsc;
+
+use moneta_abi::Opcode;
+
+use super::*;
+use crate::clock::Clock;
+use crate::media::Media;
+use crate::remote::link::{Job, Op};
+pub(super) use crate::remote::Place;
+use crate::remote::{locate, Link, MemberConfig};
+
+/// The poller's side of the members.
+pub(super) struct Remote {
+    pub links: Vec<Link>,
+    configs: Vec<MemberConfig>,
+    done: mpsc::Receiver<(u64, bool)>,
+    /// Requests at a member: (token, reserved place, request).
+    pub pending: Vec<(u64, u64, Issued)>,
+    next: u64,
+}
+
+impl Remote {
+    pub fn new(links: Vec<Link>, done: mpsc::Receiver<(u64, bool)>) -> Remote {
+        Remote {
+            configs: links.iter().map(|l| l.config.clone()).collect(),
+            links,
+            done,
+            pending: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// Where `cmd`'s range lies.
+    pub fn place(&self, array_size: u64, cmd: &Decoded) -> Place {
+        locate(&self.configs, array_size, cmd.addr, cmd.len.max(1))
+    }
+
+    /// Whether a request of channel `id` is at a member.
+    pub fn holds(&self, id: u32) -> bool {
+        self.pending.iter().any(|(_, _, r)| r.channel == id)
+    }
+}
+
+impl<M: Media, C: Clock> Poller<M, C> {
+    /// Sends a checked request to member `member`, at address `offset` there. It completes
+    /// when the member answers ([`Poller::collect_forwards`]).
+    pub(super) fn forward(&mut self, issued: Issued, member: usize, offset: u64) {
+        let op = match issued.cmd.opcode {
+            Opcode::Read => Op::Read,
+            Opcode::Write => Op::Write,
+            Opcode::Flush => Op::Flush,
+            // A hint moves nothing: it completes at once.
+            _ => {
+                self.publish_end(issued, Status::Ok);
+                return;
+            }
+        };
+        let buf = match op {
+            Op::Flush => std::ptr::null_mut(),
+            _ => {
+                let ch = self.channels[issued.channel as usize]
+                    .as_ref()
+                    .expect("a request's channel stays until it completes");
+                let dma_off = u64::from(issued.tag) * ch.mem.geometry().slice_size as u64;
+                ch.mem
+                    .dma(dma_off, issued.cmd.len)
+                    .expect("validated at intake")
+            }
+        };
+        let seq = self.sched.reserve();
+        let remote = self.remote.as_mut().expect("a member placed the request");
+        let token = remote.next;
+        remote.next += 1;
+        let job = Job {
+            token,
+            op,
+            buf,
+            len: issued.cmd.len as usize,
+            offset,
+        };
+        if remote.links[member].send(job) {
+            remote.pending.push((token, seq, issued));
+        } else {
+            self.sched.forget(seq);
+            self.publish_end(issued, Status::MediaError);
+        }
+    }
+
+    /// Completes the requests the members have answered.
+    pub(super) fn collect_forwards(&mut self) -> bool {
+        let Some(remote) = self.remote.as_mut() else {
+            return false;
+        };
+        if remote.pending.is_empty() {
+            return false;
+        }
+        let mut answered = Vec::new();
+        while let Ok((token, ok)) = remote.done.try_recv() {
+            if let Some(i) = remote.pending.iter().position(|p| p.0 == token) {
+                let (_, seq, r) = remote.pending.swap_remove(i);
+                answered.push((seq, r, ok));
+            }
+        }
+        let any = !answered.is_empty();
+        for (seq, r, ok) in answered {
+            self.sched.forget(seq);
+            if ok {
+                match r.cmd.opcode {
+                    Opcode::Read => self.local.bytes_read += r.cmd.len,
+                    Opcode::Write => self.local.bytes_written += r.cmd.len,
+                    _ => {}
+                }
+            }
+            if ok && r.cmd.opcode == Opcode::Flush {
+                self.local.flushes += 1;
+            }
+            self.publish_end(r, if ok { Status::Ok } else { Status::MediaError });
+        }
+        any
+    }
+
+    /// Whether a request of channel `id` is at a member.
+    pub(super) fn forwarding(&self, id: u32) -> bool {
+        self.remote.as_ref().is_some_and(|r| r.holds(id))
+    }
+}
