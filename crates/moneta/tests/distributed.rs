@@ -1,0 +1,372 @@
+//! Devices joined over the network (docs/distributed.md): a device whose address space holds a
+//! range of another member forwards the commands on it, checked against its own permission
+//! table, over an NBD link authenticated by a pre-shared key (TLS-PSK) to the member's export
+//! (`moneta export --range` of a raw daemon, which is an ordinary NBD server), and completes them
+//! through the same channel. Everything runs on loopback: two daemons, the member's nbdkit, the
+//! channels of real client processes' libraries.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::time::{Duration, Instant};
+
+use common::{built, pattern, text};
+use libmoneta::{Channel, ClientError, Tag};
+use moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
+use moneta_abi::{Command, Completion, Opcode, Status};
+
+const MIB: u64 = 1 << 20;
+/// The member's range in the forwarding device's address space: past its 64 MiB array.
+const REMOTE: u64 = 64 * MIB;
+
+struct Cluster {
+    dir: PathBuf,
+    /// The device the clients use, which forwards.
+    a: PathBuf,
+    /// The member holding the remote range.
+    b: PathBuf,
+    port: u16,
+    export_pid: Option<i32>,
+}
+
+fn moneta(args: &[&str]) -> std::process::Output {
+    Process::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn start(socket: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "start",
+        "--volatile",
+        "--size",
+        "64M",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--",
+        "--raw",
+    ];
+    args.extend_from_slice(extra);
+    let o = moneta(&args);
+    assert!(o.status.success(), "moneta start: {}", text(&o));
+}
+
+/// A key file as nbdkit and libnbd read it: `user:hex`.
+fn key_file(path: &Path, seed: u8) {
+    let hex: String = pattern(seed, 32)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::fs::write(path, format!("member:{hex}\n")).unwrap();
+}
+
+impl Cluster {
+    /// Member B and its export on a loopback port with TLS-PSK; device A joined to it with the
+    /// key in `a_key` (the right one unless a test says otherwise).
+    fn new(tag: &str, port: u16, a_key_seed: u8) -> Cluster {
+        let _ = built("libmoneta_nbd.so");
+        let dir = std::env::temp_dir().join(format!("moneta-dist-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        key_file(&dir.join("b.psk"), 7);
+        key_file(&dir.join("a.psk"), a_key_seed);
+        let b = dir.join("b.sock");
+        start(&b, &[]);
+        let mut c = Cluster {
+            a: dir.join("a.sock"),
+            b,
+            dir,
+            port,
+            export_pid: None,
+        };
+        c.export();
+        let member = format!(
+            "64M:64M=nbds://member@127.0.0.1:{port}/?tls-psk-file={}",
+            c.dir.join("a.psk").display()
+        );
+        start(&c.a, &["--member", &member, "--member-timeout-ms", "1000"]);
+        c
+    }
+
+    /// Waits until member 0's link has been up (or, without the key, has failed).
+    fn settled(self) -> Cluster {
+        let t = Instant::now();
+        while self.member("connects") == "0" && self.member("last_error").is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the link never settled"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self
+    }
+
+    /// Starts B's export of its whole array.
+    fn export(&mut self) {
+        let pid = self.dir.join("export.pid");
+        let psk = format!("--tls-psk={}", self.dir.join("b.psk").display());
+        let o = moneta(&[
+            "export",
+            "--socket",
+            self.b.to_str().unwrap(),
+            "--range",
+            "0:0",
+            "--port",
+            &self.port.to_string(),
+            "--pidfile",
+            pid.to_str().unwrap(),
+            "--",
+            "--tls=require",
+            &psk,
+        ]);
+        assert!(o.status.success(), "moneta export: {}", text(&o));
+        self.export_pid = Some(
+            std::fs::read_to_string(&pid)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap(),
+        );
+    }
+
+    fn stop_export(&mut self) {
+        if let Some(p) = self.export_pid.take() {
+            // SAFETY: signalling a process this test started.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+            let t = Instant::now();
+            // SAFETY: as above; signal 0 only checks for the process.
+            while unsafe { libc::kill(p, 0) } == 0 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// A channel on `socket` granted reads and writes of `[0, len)`.
+    fn channel(socket: &Path, len: u64) -> Channel {
+        let ch = Channel::open(socket).unwrap();
+        ch.control()
+            .grant(Grant {
+                channel: ch.id(),
+                rights: RIGHT_READ | RIGHT_WRITE,
+                start: 0,
+                len,
+                file: 0,
+            })
+            .unwrap();
+        ch
+    }
+
+    fn member(&self, key: &str) -> String {
+        let m = libmoneta::control::Control::connect(&self.a)
+            .unwrap()
+            .model()
+            .unwrap();
+        m.get(&format!("members.0.{key}")).unwrap_or("").to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_export();
+        for s in [&self.a, &self.b] {
+            let _ = moneta(&["stop", "--socket", s.to_str().unwrap()]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cmd(op: Opcode, addr: u64, len: u64) -> Command {
+    Command::new(op, Completion::Dma, addr, len, 0)
+}
+
+fn status_of(r: Result<(), ClientError>) -> Status {
+    match r {
+        Ok(()) => Status::Ok,
+        Err(ClientError::Status(s)) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Bytes written through the forwarding device land at the member's address, the member's own
+/// writes are read through the device, many commands are in flight at once, a flush reaches
+/// the member, and the permission table decides before anything is forwarded.
+#[test]
+fn a_members_range_is_read_and_written_through_the_local_channel() {
+    let c = Cluster::new("rw", 10931, 7).settled();
+    let a = Cluster::channel(&c.a, 128 * MIB);
+    let b = Cluster::channel(&c.b, 64 * MIB);
+    assert_eq!(a.info().array_size, 128 * MIB);
+
+    // A's write at REMOTE + 4 KiB is B's at 4 KiB; A's local 4 KiB is another place.
+    let one = pattern(1, 8192);
+    a.write(REMOTE + 4096, &one, Completion::Dma).unwrap();
+    let mut back = vec![0u8; 8192];
+    b.read(4096, &mut back, Completion::Dma).unwrap();
+    assert_eq!(
+        back, one,
+        "the member holds the bytes at the range's offset"
+    );
+    a.read(REMOTE + 4096, &mut back, Completion::Sleep).unwrap();
+    assert_eq!(back, one);
+    a.read(4096, &mut back, Completion::Dma).unwrap();
+    assert_eq!(back, vec![0u8; 8192], "the local array is untouched");
+    // The other way round.
+    let two = pattern(2, 4096);
+    b.write(MIB, &two, Completion::Dma).unwrap();
+    let mut got = vec![0u8; 4096];
+    a.read(REMOTE + MIB, &mut got, Completion::Forward).unwrap();
+    assert_eq!(got, two);
+
+    // 32 commands at once on 32 tags, each its own piece of the range.
+    let slice = a.slice_size() as u64;
+    let tags: Vec<Tag> = (0..32).map(|_| a.tag()).collect();
+    for (i, &t) in tags.iter().enumerate() {
+        a.write_dma(t, 0, &pattern(10 + i as u8, slice as usize));
+        a.prepare(
+            t,
+            &cmd(Opcode::Write, REMOTE + 8 * MIB + i as u64 * slice, slice),
+        );
+    }
+    a.ring(tags.iter().fold(0, |m, t| m | 1u64 << t.0));
+    for &t in &tags {
+        assert_eq!(a.wait(t, Completion::Dma).unwrap().status, Status::Ok);
+        a.release(t);
+    }
+    let mut all = vec![0u8; 32 * slice as usize];
+    b.read(8 * MIB, &mut all, Completion::Dma).unwrap();
+    for (i, piece) in all.chunks(slice as usize).enumerate() {
+        assert_eq!(piece, pattern(10 + i as u8, slice as usize), "piece {i}");
+    }
+    assert!(a.flush(REMOTE, MIB, Completion::Dma).is_ok());
+
+    // Refused here, never forwarded: no record, a record that does not allow it, a range
+    // across the array's end and the member's range, and past the address space.
+    let forwarded: u64 = c.member("requests").parse().unwrap();
+    let c2 = Channel::open(&c.a).unwrap();
+    c2.control()
+        .grant(Grant {
+            channel: c2.id(),
+            rights: RIGHT_READ,
+            start: REMOTE,
+            len: MIB,
+            file: 0,
+        })
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        status_of(c2.read(REMOTE + 2 * MIB, &mut buf, Completion::Dma)),
+        Status::PermissionMiss
+    );
+    assert_eq!(
+        status_of(c2.write(REMOTE, &buf, Completion::Dma)),
+        Status::PermissionDenied
+    );
+    assert_eq!(
+        status_of(a.read(REMOTE - 2048, &mut buf, Completion::Dma)),
+        Status::OutOfRange
+    );
+    assert_eq!(
+        status_of(a.read(128 * MIB, &mut buf, Completion::Dma)),
+        Status::OutOfRange
+    );
+    assert_eq!(c.member("requests").parse::<u64>().unwrap(), forwarded);
+    // What c2 may read it reads.
+    c2.read(REMOTE + 4096, &mut buf, Completion::Dma).unwrap();
+    assert_eq!(buf, one[..4096]);
+
+    assert_eq!(c.member("state"), "up");
+    assert_eq!(c.member("failures"), "0");
+    let o = moneta(&["status", "--socket", c.a.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("member 0: [0x4000000, 0x8000000) at nbds://member@127.0.0.1:10931/"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A host without the key reaches nothing: the export refuses a client without TLS, and a
+/// device configured with the wrong key keeps its link down, failing the range's commands at
+/// once with a media error while its own array serves.
+#[test]
+fn a_host_without_the_key_cannot_reach_the_member() {
+    let c = Cluster::new("key", 10932, 99).settled();
+    let o = Process::new("nbdinfo")
+        .arg(format!("nbd://127.0.0.1:{}", c.port))
+        .output()
+        .expect("nbdinfo (scripts/test.sh installs libnbd-bin)");
+    assert!(!o.status.success(), "nbdinfo without the key: {}", text(&o));
+    let a = Cluster::channel(&c.a, 128 * MIB);
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    assert_eq!(
+        status_of(a.read(REMOTE, &mut buf, Completion::Dma)),
+        Status::MediaError
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_ne!(c.member("state"), "up");
+    assert!(c.member("last_error").contains("cannot reach member"));
+    assert_eq!(c.member("connects"), "0");
+    a.write(0, &pattern(3, 4096), Completion::Dma).unwrap();
+    a.read(0, &mut buf, Completion::Dma).unwrap();
+    assert_eq!(buf, pattern(3, 4096));
+}
+
+/// A member that stops answering fails the commands waiting for it within the configured
+/// timeout (1 s here), one that goes away fails them at once, the local array keeps serving
+/// meanwhile, and when the member is back the link is made again.
+#[test]
+fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
+    let mut c = Cluster::new("fail", 10933, 7).settled();
+    let a = Cluster::channel(&c.a, 128 * MIB);
+    let data = pattern(4, 4096);
+    a.write(REMOTE, &data, Completion::Dma).unwrap();
+
+    // Stopped (SIGSTOP): the connection stays open, no answer comes.
+    let pid = c.export_pid.unwrap();
+    // SAFETY: signalling the export this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    assert_eq!(
+        status_of(a.read(REMOTE, &mut buf, Completion::Dma)),
+        Status::MediaError
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "failed after {took:?}"
+    );
+    assert!(c.member("last_error").contains("no answer within"));
+    a.write(4096, &data, Completion::Dma).unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+
+    // Gone: refused at once, until it is back on its port.
+    c.stop_export();
+    let t = Instant::now();
+    while status_of(a.read(REMOTE, &mut buf, Completion::Dma)) == Status::Ok {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the link never failed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(t.elapsed() < Duration::from_secs(3));
+    c.export();
+    let t = Instant::now();
+    while status_of(a.read(REMOTE, &mut buf, Completion::Dma)) != Status::Ok {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the link never came back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        buf, data,
+        "the member kept what was written before it failed"
+    );
+    assert_eq!(c.member("state"), "up");
+    assert!(c.member("connects").parse::<u64>().unwrap() >= 2);
+}
