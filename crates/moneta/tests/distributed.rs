@@ -2,8 +2,12 @@
 //! range of another member forwards the commands on it, checked against its own permission
 //! table, over an NBD link authenticated by a pre-shared key (TLS-PSK) to the member's export
 //! (`moneta export --range` of a raw daemon, which is an ordinary NBD server), and completes them
-//! through the same channel. Everything runs on loopback: two daemons, the member's nbdkit, the
-//! channels of real client processes' libraries.
+//! through the same channel.
+//!
+//! Each test makes two hosts on this machine: two network namespaces joined by a veth pair with
+//! addresses of the test's own, a daemon in each, the member's nbdkit listening on its host's
+//! address. That needs root (CI runs it so); without root the hosts share the loopback network,
+//! and under `CI=true` that is a failure.
 
 mod common;
 
@@ -20,7 +24,94 @@ const MIB: u64 = 1 << 20;
 /// The member's range in the forwarding device's address space: past its 64 MiB array.
 const REMOTE: u64 = 64 * MIB;
 
+/// Two hosts' networks: a namespace each, joined by a veth pair (root), or both on loopback.
+struct Net {
+    /// The namespaces of hosts A and B, when made.
+    spaces: Option<[String; 2]>,
+    /// B's address, where A reaches its export.
+    b_addr: String,
+}
+
+fn ip(args: &[&str]) {
+    let o = Process::new("ip")
+        .args(args)
+        .output()
+        .expect("ip (iproute2)");
+    assert!(o.status.success(), "ip {args:?}: {}", text(&o));
+}
+
+impl Net {
+    fn new(n: u8) -> Net {
+        if !rustix::process::geteuid().is_root() {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "the network namespaces of the distributed tests need root, and CI must run them"
+            );
+            eprintln!("not root: both hosts on the loopback network");
+            return Net {
+                spaces: None,
+                b_addr: "127.0.0.1".into(),
+            };
+        }
+        let pid = std::process::id();
+        let spaces = [format!("moneta-a{n}-{pid}"), format!("moneta-b{n}-{pid}")];
+        let veth = [
+            format!("mva{n}-{}", pid % 100_000),
+            format!("mvb{n}-{}", pid % 100_000),
+        ];
+        for s in &spaces {
+            ip(&["netns", "add", s]);
+        }
+        ip(&[
+            "link", "add", &veth[0], "netns", &spaces[0], "type", "veth", "peer", "name", &veth[1],
+            "netns", &spaces[1],
+        ]);
+        for (i, (s, v)) in spaces.iter().zip(&veth).enumerate() {
+            let addr = format!("10.213.{n}.{}/24", i + 1);
+            ip(&["-n", s, "addr", "add", &addr, "dev", v]);
+            ip(&["-n", s, "link", "set", v, "up"]);
+            ip(&["-n", s, "link", "set", "lo", "up"]);
+        }
+        Net {
+            b_addr: format!("10.213.{n}.2"),
+            spaces: Some(spaces),
+        }
+    }
+
+    /// `moneta ARGS` on host `h` (0: A, 1: B).
+    fn moneta(&self, h: usize, args: &[&str]) -> std::process::Output {
+        self.run(h, env!("CARGO_BIN_EXE_moneta"), args)
+    }
+
+    /// A program on host `h`.
+    fn run(&self, h: usize, program: &str, args: &[&str]) -> std::process::Output {
+        let mut c = match &self.spaces {
+            Some(s) => {
+                let mut c = Process::new("ip");
+                c.args(["netns", "exec", &s[h], program]);
+                c
+            }
+            None => Process::new(program),
+        };
+        c.args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} (scripts/test.sh installs it): {e}"))
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if let Some(spaces) = &self.spaces {
+            for s in spaces {
+                let _ = Process::new("ip").args(["netns", "del", s]).output();
+            }
+        }
+    }
+}
+
 struct Cluster {
+    net: Net,
     dir: PathBuf,
     /// The device the clients use, which forwards.
     a: PathBuf,
@@ -37,7 +128,7 @@ fn moneta(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn start(socket: &Path, extra: &[&str]) {
+fn start(net: &Net, host: usize, socket: &Path, extra: &[&str]) {
     let mut args = vec![
         "start",
         "--volatile",
@@ -49,7 +140,7 @@ fn start(socket: &Path, extra: &[&str]) {
         "--raw",
     ];
     args.extend_from_slice(extra);
-    let o = moneta(&args);
+    let o = net.moneta(host, &args);
     assert!(o.status.success(), "moneta start: {}", text(&o));
 }
 
@@ -65,7 +156,9 @@ fn key_file(path: &Path, seed: u8) {
 impl Cluster {
     /// Member B and its export on a loopback port with TLS-PSK; device A joined to it with the
     /// key in `a_key` (the right one unless a test says otherwise).
-    fn new(tag: &str, port: u16, a_key_seed: u8) -> Cluster {
+    fn new(tag: &str, n: u8, a_key_seed: u8) -> Cluster {
+        let net = Net::new(n);
+        let port = 10930 + u16::from(n);
         let _ = built("libmoneta_nbd.so");
         let dir = std::env::temp_dir().join(format!("moneta-dist-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -73,8 +166,9 @@ impl Cluster {
         key_file(&dir.join("b.psk"), 7);
         key_file(&dir.join("a.psk"), a_key_seed);
         let b = dir.join("b.sock");
-        start(&b, &[]);
+        start(&net, 1, &b, &[]);
         let mut c = Cluster {
+            net,
             a: dir.join("a.sock"),
             b,
             dir,
@@ -83,20 +177,31 @@ impl Cluster {
         };
         c.export();
         let member = format!(
-            "64M:64M=nbds://member@127.0.0.1:{port}/?tls-psk-file={}",
+            "64M:64M=nbds://member@{}:{port}/?tls-psk-file={}",
+            c.net.b_addr,
             c.dir.join("a.psk").display()
         );
-        start(&c.a, &["--member", &member, "--member-timeout-ms", "1000"]);
+        start(
+            &c.net,
+            0,
+            &c.a,
+            &["--member", &member, "--member-timeout-ms", "1000"],
+        );
         c
     }
 
-    /// Waits until member 0's link has been up (or, without the key, has failed).
-    fn settled(self) -> Cluster {
+    /// Waits until member 0's link is up (`up`), or has failed to come up (the wrong key).
+    fn settled(self, up: bool) -> Cluster {
         let t = Instant::now();
-        while self.member("connects") == "0" && self.member("last_error").is_empty() {
+        while if up {
+            self.member("state") != "up"
+        } else {
+            self.member("last_error").is_empty()
+        } {
             assert!(
                 t.elapsed() < Duration::from_secs(10),
-                "the link never settled"
+                "the link never settled: {}",
+                self.member("last_error")
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -107,20 +212,25 @@ impl Cluster {
     fn export(&mut self) {
         let pid = self.dir.join("export.pid");
         let psk = format!("--tls-psk={}", self.dir.join("b.psk").display());
-        let o = moneta(&[
-            "export",
-            "--socket",
-            self.b.to_str().unwrap(),
-            "--range",
-            "0:0",
-            "--port",
-            &self.port.to_string(),
-            "--pidfile",
-            pid.to_str().unwrap(),
-            "--",
-            "--tls=require",
-            &psk,
-        ]);
+        let o = self.net.moneta(
+            1,
+            &[
+                "export",
+                "--socket",
+                self.b.to_str().unwrap(),
+                "--range",
+                "0:0",
+                "--ip",
+                &self.net.b_addr,
+                "--port",
+                &self.port.to_string(),
+                "--pidfile",
+                pid.to_str().unwrap(),
+                "--",
+                "--tls=require",
+                &psk,
+            ],
+        );
         assert!(o.status.success(), "moneta export: {}", text(&o));
         self.export_pid = Some(
             std::fs::read_to_string(&pid)
@@ -177,6 +287,13 @@ impl Drop for Cluster {
     }
 }
 
+/// What the writers of the failure test put in slot `i`.
+fn slot(i: u64) -> Vec<u8> {
+    let mut v = pattern(i as u8, 4096);
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
 fn cmd(op: Opcode, addr: u64, len: u64) -> Command {
     Command::new(op, Completion::Dma, addr, len, 0)
 }
@@ -194,7 +311,7 @@ fn status_of(r: Result<(), ClientError>) -> Status {
 /// the member, and the permission table decides before anything is forwarded.
 #[test]
 fn a_members_range_is_read_and_written_through_the_local_channel() {
-    let c = Cluster::new("rw", 10931, 7).settled();
+    let c = Cluster::new("rw", 1, 7).settled(true);
     let a = Cluster::channel(&c.a, 128 * MIB);
     let b = Cluster::channel(&c.b, 64 * MIB);
     assert_eq!(a.info().array_size, 128 * MIB);
@@ -280,7 +397,10 @@ fn a_members_range_is_read_and_written_through_the_local_channel() {
     assert_eq!(c.member("failures"), "0");
     let o = moneta(&["status", "--socket", c.a.to_str().unwrap()]);
     assert!(
-        text(&o).contains("member 0: [0x4000000, 0x8000000) at nbds://member@127.0.0.1:10931/"),
+        text(&o).contains(&format!(
+            "member 0: [0x4000000, 0x8000000) at nbds://member@{}:{}/",
+            c.net.b_addr, c.port
+        )),
         "{}",
         text(&o)
     );
@@ -291,11 +411,12 @@ fn a_members_range_is_read_and_written_through_the_local_channel() {
 /// once with a media error while its own array serves.
 #[test]
 fn a_host_without_the_key_cannot_reach_the_member() {
-    let c = Cluster::new("key", 10932, 99).settled();
-    let o = Process::new("nbdinfo")
-        .arg(format!("nbd://127.0.0.1:{}", c.port))
-        .output()
-        .expect("nbdinfo (scripts/test.sh installs libnbd-bin)");
+    let c = Cluster::new("key", 2, 99).settled(false);
+    let o = c.net.run(
+        0,
+        "nbdinfo",
+        &[&format!("nbd://{}:{}", c.net.b_addr, c.port)],
+    );
     assert!(!o.status.success(), "nbdinfo without the key: {}", text(&o));
     let a = Cluster::channel(&c.a, 128 * MIB);
     let mut buf = vec![0u8; 4096];
@@ -318,7 +439,7 @@ fn a_host_without_the_key_cannot_reach_the_member() {
 /// meanwhile, and when the member is back the link is made again.
 #[test]
 fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
-    let mut c = Cluster::new("fail", 10933, 7).settled();
+    let mut c = Cluster::new("fail", 3, 7).settled(true);
     let a = Cluster::channel(&c.a, 128 * MIB);
     let data = pattern(4, 4096);
     a.write(REMOTE, &data, Completion::Dma).unwrap();
@@ -343,17 +464,60 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
 
-    // Gone: refused at once, until it is back on its port.
-    c.stop_export();
+    // Killed while writes are in flight: each write fails or is acknowledged, none hangs, and
+    // every acknowledged one is at the member when it is back. Slot i of 4 KiB holds
+    // pattern(i) once written.
     let t = Instant::now();
-    while status_of(a.read(REMOTE, &mut buf, Completion::Dma)) == Status::Ok {
+    while status_of(a.read(REMOTE, &mut buf, Completion::Dma)) != Status::Ok {
         assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the link never failed"
+            t.elapsed() < Duration::from_secs(10),
+            "the link never came back after SIGCONT"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(t.elapsed() < Duration::from_secs(3));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let acked = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let (a, stop) = (&a, &stop);
+                s.spawn(move || {
+                    let mut acked = Vec::new();
+                    let mut failed = 0;
+                    let mut i = w;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 4000 {
+                        let t = Instant::now();
+                        let at = REMOTE + 16 * MIB + i * 4096;
+                        match status_of(a.write(at, &slot(i), Completion::Dma)) {
+                            Status::Ok => acked.push(i),
+                            Status::MediaError => failed += 1,
+                            other => panic!("write {i}: {other:?}"),
+                        }
+                        assert!(t.elapsed() < Duration::from_secs(3), "a write hung");
+                        i += 4;
+                    }
+                    (acked, failed)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        c.stop_export();
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let r: Vec<(Vec<u64>, u32)> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert!(
+            r.iter().map(|x| x.1).sum::<u32>() > 0,
+            "no write saw the member fail"
+        );
+        r.into_iter().flat_map(|x| x.0).collect::<Vec<u64>>()
+    });
+    assert!(!acked.is_empty());
+    // Gone: refused at once, until it is back on its port.
+    let t = Instant::now();
+    assert_eq!(
+        status_of(a.read(REMOTE, &mut buf, Completion::Dma)),
+        Status::MediaError
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
     c.export();
     let t = Instant::now();
     while status_of(a.read(REMOTE, &mut buf, Completion::Dma)) != Status::Ok {
@@ -367,6 +531,12 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
         buf, data,
         "the member kept what was written before it failed"
     );
+    let b = Cluster::channel(&c.b, 64 * MIB);
+    for i in acked {
+        b.read(16 * MIB + i * 4096, &mut buf, Completion::Dma)
+            .unwrap();
+        assert_eq!(buf, slot(i), "acknowledged write {i} lost");
+    }
     assert_eq!(c.member("state"), "up");
     assert!(c.member("connects").parse::<u64>().unwrap() >= 2);
 }
