@@ -754,3 +754,43 @@ fn the_dram_buffer_with_read_ahead_and_hints() {
     assert!(!o.status.success());
     assert!(text(&o).contains("give a model"), "{}", text(&o));
 }
+
+/// Paper 003's Figure 3b: a member's range through the forwarding device, the same bytes
+/// through an NBD client, and the device's own array, for reads and writes; the bench's
+/// daemons and export are gone afterwards.
+#[test]
+fn remote_access_through_forwarding_an_nbd_client_and_locally() {
+    for op in ["read", "write"] {
+        let recs = bench(&[
+            "--path", "remote", "--op", op, "--size", "4K,64K", "--ops", "50", "--region", "8M",
+        ]);
+        assert_eq!(recs.len(), 6, "{recs:?}");
+        for size in [4096, 65536] {
+            for t in ["local", "forwarded", "nbd-client"] {
+                let r = recs
+                    .iter()
+                    .find(|r| r["size"] == size && r["transport"] == t)
+                    .unwrap_or_else(|| panic!("no {t} {size} in {recs:?}"));
+                assert_eq!(r["op"], op, "{r}");
+                assert_eq!(r["ops"], 50, "{r}");
+                assert!(r["p50_ns"].as_u64().unwrap() > 0, "{r}");
+                if t != "local" {
+                    // A trip over the network takes longer than the array's own copy.
+                    assert!(r["added_ns"].as_u64().unwrap() > 0, "{r}");
+                }
+            }
+        }
+    }
+    let left = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("moneta-bench-remote-")
+        });
+    assert!(!left, "the remote bench left its directory behind");
+    let o = moneta(&["bench", "--path", "remote", "--op", "randrw"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("read or write"), "{}", text(&o));
+}

@@ -255,6 +255,48 @@ impl Conn {
         last_error(self.lib)
     }
 
+    /// Drives the connection until it is ready, or until command `cookie` (when given) has
+    /// completed: `Ok` when it succeeded. For callers that wait for one thing at a time (a
+    /// measurement, a tool); the device's links never block.
+    pub fn wait(&self, cookie: Option<u64>) -> Result<(), String> {
+        loop {
+            if let Some(c) = cookie {
+                // SAFETY: live handle; `c` is a cookie of this handle.
+                match unsafe { (self.lib.aio_command_completed)(self.h, c) } {
+                    1 => return Ok(()),
+                    -1 => return Err(last_error(self.lib)),
+                    _ => {}
+                }
+            } else if self.ready() {
+                return Ok(());
+            }
+            if self.broken() {
+                return Err(last_error(self.lib));
+            }
+            let (fd, dir) = self.poll_want();
+            let mut flags = rustix::event::PollFlags::empty();
+            if dir & DIRECTION_READ != 0 {
+                flags |= rustix::event::PollFlags::IN;
+            }
+            if dir & DIRECTION_WRITE != 0 {
+                flags |= rustix::event::PollFlags::OUT;
+            }
+            // SAFETY: the socket stays open while the handle lives.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let mut fds = [rustix::event::PollFd::from_borrowed_fd(sock, flags)];
+            rustix::event::poll(&mut fds, None).map_err(|e| e.to_string())?;
+            let r = fds[0].revents();
+            self.notify(
+                r.intersects(
+                    rustix::event::PollFlags::IN
+                        | rustix::event::PollFlags::HUP
+                        | rustix::event::PollFlags::ERR,
+                ),
+                r.contains(rustix::event::PollFlags::OUT),
+            );
+        }
+    }
+
     /// Whether the connection has failed or closed.
     pub fn broken(&self) -> bool {
         // SAFETY: live handle.

@@ -22,6 +22,7 @@ pub mod machine;
 pub mod modelfig;
 mod print;
 mod record;
+pub mod remote;
 mod setup;
 mod threads;
 mod uring;
@@ -105,6 +106,11 @@ pub enum Path {
     /// and strided reads at queue depth 1 with no buffer, a buffer filled on misses, read-ahead
     /// within the file's extent, the reader's hints (`File::will_need`), and both.
     DramBuffer,
+    /// Paper 003's Figure 3b (private daemons): a member's range read or written through a
+    /// channel (the device forwards over its NBD link, TLS-PSK on loopback) against the same
+    /// bytes through a user-space NBD client (libnbd) and against the device's own array, at
+    /// queue depth 1 for each `--size` (docs/distributed.md)
+    Remote,
 }
 
 impl Path {
@@ -151,6 +157,7 @@ impl Path {
             Path::Nvfs => "nvfs",
             Path::ModelAccuracy => "model-accuracy",
             Path::DramBuffer => "dram-buffer",
+            Path::Remote => "remote",
         }
     }
 }
@@ -650,6 +657,13 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
     } else {
         vec![a.op]
     };
+    if a.paths.contains(&Path::Remote) {
+        if a.paths.len() > 1 {
+            return Err("--path remote runs on its own".into());
+        }
+        remote::run_remote(&a)?;
+        return Ok(Vec::new());
+    }
     if a.paths.contains(&Path::DramBuffer) {
         if a.paths.len() > 1 {
             return Err("--path dram-buffer runs on its own".into());
@@ -883,7 +897,11 @@ pub fn run(mut a: BenchArgs) -> Result<Vec<Record>, String> {
                 fds: kernel.as_ref().expect("kernel file").fds.clone(),
                 sqpoll: p == Path::KernelUringSqpoll,
             },
-            Path::PermCheck | Path::Nvfs | Path::ModelAccuracy | Path::DramBuffer => {
+            Path::PermCheck
+            | Path::Nvfs
+            | Path::ModelAccuracy
+            | Path::DramBuffer
+            | Path::Remote => {
                 unreachable!("not an I/O path")
             }
         };
