@@ -448,8 +448,42 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
     let pid = c.export_pid.unwrap();
     // SAFETY: signalling the export this test started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Meanwhile all 64 tags of another channel wait for the member, more than the device's
+    // physical tags: another channel's local reads go on at their pace all the same.
+    let stalled = Channel::open(&c.a).unwrap();
+    stalled
+        .control()
+        .grant(Grant {
+            channel: stalled.id(),
+            rights: RIGHT_READ,
+            start: REMOTE,
+            len: MIB,
+            file: 0,
+        })
+        .unwrap();
+    let tags: Vec<Tag> = (0..64).map(|_| stalled.tag()).collect();
+    for &tag in &tags {
+        stalled.prepare(
+            tag,
+            &cmd(Opcode::Read, REMOTE + u64::from(tag.0) * 4096, 4096),
+        );
+    }
+    stalled.ring(u64::MAX);
     let mut buf = vec![0u8; 4096];
     let t = Instant::now();
+    let mut local_reads = 0;
+    while t.elapsed() < Duration::from_millis(500) {
+        let r = Instant::now();
+        a.read(4096 * (local_reads % 64), &mut buf, Completion::Dma)
+            .unwrap();
+        assert!(
+            r.elapsed() < Duration::from_millis(200),
+            "a local read waited {:?} behind the stalled member",
+            r.elapsed()
+        );
+        local_reads += 1;
+    }
+    assert!(local_reads > 100, "{local_reads} local reads in 0.5 s");
     assert_eq!(
         status_of(a.read(REMOTE, &mut buf, Completion::Dma)),
         Status::MediaError
@@ -459,6 +493,13 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(3),
         "failed after {took:?}"
     );
+    for &tag in &tags {
+        assert_eq!(
+            stalled.wait(tag, Completion::Dma).unwrap().status,
+            Status::MediaError
+        );
+        stalled.release(tag);
+    }
     assert!(c.member("last_error").contains("no answer within"));
     a.write(4096, &data, Completion::Dma).unwrap();
     // SAFETY: as above.

@@ -20,7 +20,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
             (Status::Ok, Opcode::Read | Opcode::Write) => r.cmd.len,
             _ => 0,
         };
-        self.retag.release(r.phys);
+        if r.phys != NO_PHYS {
+            self.retag.release(r.phys);
+        }
         if let Some(ch) = self.channels[r.channel as usize].as_mut() {
             ch.in_flight &= !(1u64 << r.tag);
             // A channel is quiet from its last completion on, not from its last doorbell: a

@@ -2,10 +2,12 @@
 //! permission table has allowed them, to that member's link; the answer comes back here and
 //! completes the request like any other.
 //!
-//! A forwarded request keeps its physical tag and a reserved place in the scheduler's issue
-//! order until the member answers, so a revocation waits for it as for a local request
-//! (revocation before reuse), a FLUSH of its channel waits for it, and its channel is not
-//! removed under it. The array's timing model is the local array's: forwarded requests take
+//! A forwarded request keeps a reserved place in the scheduler's issue order until the member
+//! answers, so a revocation waits for it as for a local request (revocation before reuse), a
+//! FLUSH of its channel waits for it, and its channel is not removed under it. It gives its
+//! physical tag back when it leaves for the link: the physical tags are the local array's
+//! request slots, and a member that is slow to answer must not hold them from every other
+//! channel's local requests. The array's timing model is the local array's: forwarded requests take
 //! the member's time, not the model's.
 
 use std::sync::mpsc;
@@ -54,7 +56,7 @@ impl Remote {
 impl<M: Media, C: Clock> Poller<M, C> {
     /// Sends a checked request to member `member`, at address `offset` there. It completes
     /// when the member answers ([`Poller::collect_forwards`]).
-    pub(super) fn forward(&mut self, issued: Issued, member: usize, offset: u64) {
+    pub(super) fn forward(&mut self, mut issued: Issued, member: usize, offset: u64) {
         let op = match issued.cmd.opcode {
             Opcode::Read => Op::Read,
             Opcode::Write => Op::Write,
@@ -78,6 +80,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         };
         let seq = self.sched.reserve();
+        if issued.phys != NO_PHYS {
+            self.retag.release(issued.phys);
+            issued.phys = NO_PHYS;
+        }
         let remote = self.remote.as_mut().expect("a member placed the request");
         let token = remote.next;
         remote.next += 1;
@@ -120,9 +126,6 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     Opcode::Write => self.local.bytes_written += r.cmd.len,
                     _ => {}
                 }
-            }
-            if ok && r.cmd.opcode == Opcode::Flush {
-                self.local.flushes += 1;
             }
             self.publish_end(r, if ok { Status::Ok } else { Status::MediaError });
         }

@@ -81,16 +81,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 match remote.place(self.media.size(), &cmd) {
                     Place::Local => {}
                     Place::Member(member, offset) => {
-                        let issued = Issued {
-                            channel: p.channel,
-                            tag: p.tag,
-                            phys,
-                            cmd,
-                            t0: p.t0,
-                            status: Status::Ok,
-                            moved: 0,
-                        };
-                        self.forward(issued, member, offset);
+                        self.forward(Issued::new(&p, phys, Status::Ok), member, offset);
                         return;
                     }
                     Place::Nowhere => checked = Err(Status::OutOfRange),
@@ -103,15 +94,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     // A large request moves a piece per pass, taking turns with the other
                     // channels' requests (Moneta §IV: round-robin in bounded pieces).
                     self.moving.push(Moving {
-                        issued: Issued {
-                            channel: p.channel,
-                            tag: p.tag,
-                            phys,
-                            cmd,
-                            t0: p.t0,
-                            status: Status::Ok,
-                            moved: 0,
-                        },
+                        issued: Issued::new(&p, phys, Status::Ok),
                         done: 0,
                         seq: self.sched.reserve(),
                         traced,
@@ -142,13 +125,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
             0
         };
         let issued = Issued {
-            channel: p.channel,
-            tag: p.tag,
-            phys,
-            cmd,
-            t0: p.t0,
-            status,
             moved,
+            ..Issued::new(&p, phys, status)
         };
         if cmd.opcode == Opcode::Flush && self.channel_in_flight(p.channel, self.sched.fence()) {
             // A FLUSH completes after every earlier request of its channel (and after its

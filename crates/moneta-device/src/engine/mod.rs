@@ -376,12 +376,31 @@ struct Pending {
 struct Issued {
     channel: u32,
     tag: u8,
+    /// Its physical tag, or [`NO_PHYS`] once given back (a request at another member).
     phys: u16,
     cmd: Decoded,
     t0: u64,
     status: Status,
     /// When the data had moved (traced reads and writes only; else 0).
     moved: u64,
+}
+
+/// [`Issued::phys`] of a request that holds no physical tag.
+const NO_PHYS: u16 = u16::MAX;
+
+impl Issued {
+    /// Request `p`, holding physical tag `phys`, checked with `status`.
+    fn new(p: &Pending, phys: u16, status: Status) -> Issued {
+        Issued {
+            channel: p.channel,
+            tag: p.tag,
+            phys,
+            cmd: p.cmd,
+            t0: p.t0,
+            status,
+            moved: 0,
+        }
+    }
 }
 
 /// A large read or write whose data moves a piece per pass (see `Poller::dispatch`).
