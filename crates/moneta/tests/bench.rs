@@ -1,6 +1,8 @@
 //! `moneta bench` in tiny configurations: its accounting against known workloads, the stage
 //! breakdown, table pressure, several files, zero-copy, split requests and CSV.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -760,6 +762,8 @@ fn the_dram_buffer_with_read_ahead_and_hints() {
 /// daemons and export are gone afterwards.
 #[test]
 fn remote_access_through_forwarding_an_nbd_client_and_locally() {
+    // The member's export loads the NBD plugin.
+    let _ = common::built("libmoneta_nbd.so");
     for op in ["read", "write"] {
         let recs = bench(&[
             "--path", "remote", "--op", op, "--size", "4K,64K", "--ops", "50", "--region", "8M",
