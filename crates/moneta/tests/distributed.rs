@@ -581,3 +581,72 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
     assert_eq!(c.member("state"), "up");
     assert!(c.member("connects").parse::<u64>().unwrap() >= 2);
 }
+
+/// Any NBD server can stand in for a member: here nbdkit's `file` plugin serving a plain file
+/// on a Unix socket, with no Moneta behind it. The device's writes are in the file at the
+/// range's offset, and bytes put in the file are read through the device.
+#[test]
+fn any_nbd_server_stands_in_for_a_member() {
+    let dir = std::env::temp_dir().join(format!("moneta-dist-plain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("member.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let sock = dir.join("nbd.sock");
+    let pid = dir.join("nbdkit.pid");
+    let o = Process::new("nbdkit")
+        .arg("--unix")
+        .arg(&sock)
+        .arg("--pidfile")
+        .arg(&pid)
+        .arg("file")
+        .arg(&image)
+        .output()
+        .expect("nbdkit (scripts/test.sh installs it)");
+    assert!(o.status.success(), "nbdkit: {}", text(&o));
+    let t = Instant::now();
+    while !pid.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "nbdkit never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let net = Net {
+        spaces: None,
+        b_addr: String::new(),
+    };
+    let a = dir.join("a.sock");
+    let member = format!("64M:64M=nbd+unix:///?socket={}", sock.display());
+    start(&net, 0, &a, &["--member", &member]);
+    let ch = Cluster::channel(&a, 128 * MIB);
+    let data = pattern(9, 8192);
+    // The first write may come while the link still connects: it waits for the connection.
+    ch.write(REMOTE + 3 * MIB, &data, Completion::Dma).unwrap();
+    let file = std::fs::read(&image).unwrap();
+    assert_eq!(&file[3 << 20..(3 << 20) + 8192], &data[..]);
+    use std::os::unix::fs::FileExt;
+    let other = pattern(10, 4096);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap()
+        .write_all_at(&other, 5 << 20)
+        .unwrap();
+    let mut back = vec![0u8; 4096];
+    ch.read(REMOTE + 5 * MIB, &mut back, Completion::Dma)
+        .unwrap();
+    assert_eq!(back, other);
+    let _ = moneta(&["stop", "--socket", a.to_str().unwrap()]);
+    if let Some(p) = std::fs::read_to_string(&pid)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        // SAFETY: signalling the server this test started.
+        unsafe { libc::kill(p, libc::SIGTERM) };
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
