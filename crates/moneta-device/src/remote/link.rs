@@ -111,8 +111,14 @@ impl LinkStats {
             .clone()
     }
 
+    /// A failure of the link itself: logged and recorded.
     fn failed(&self, why: String) {
         tracing::warn!("{why}");
+        self.record(why);
+    }
+
+    /// A failure to show in `status`.
+    fn record(&self, why: String) {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = why;
     }
 }
@@ -392,8 +398,10 @@ impl Thread {
             if let Some(i) = self.in_flight.iter().position(|f| f.0 == cookie) {
                 let (_, token, len, _) = self.in_flight.swap_remove(i);
                 if let Err(e) = &r {
+                    // Recorded, not logged: a client may ask for requests the member refuses
+                    // as often as it likes.
                     self.stats
-                        .failed(format!("member {}: a request failed: {e}", self.config.uri));
+                        .record(format!("member {}: a request failed: {e}", self.config.uri));
                 } else {
                     self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
                 }

@@ -274,6 +274,9 @@ impl Conn {
                 return Err(last_error(self.lib));
             }
             let (fd, dir) = self.poll_want();
+            if fd < 0 {
+                return Err("the connection has no socket".into());
+            }
             let mut flags = rustix::event::PollFlags::empty();
             if dir & DIRECTION_READ != 0 {
                 flags |= rustix::event::PollFlags::IN;
