@@ -39,7 +39,7 @@ use std::collections::VecDeque;
 pub use buffer::{BufferPolicy, BufferStats};
 use buffer::{Fill, LineBuffer};
 pub use config::{ModelConfig, Policy, Power, PRESETS};
-use parts::{Calendar, ChanOrder, Divisor, Epoch, IdMap, Rate, Req, Slab};
+use parts::{Calendar, ChanOrder, Divisor, Epoch, IdMap, Pow2, Rate, Req, Slab};
 use startgap::StartGap;
 pub use stats::{ControllerStats, ControllerWear, Energy, ModelStats, Wear};
 use wear::{Rows, WearFile};
@@ -119,6 +119,15 @@ struct Work {
     bits: Bits,
 }
 
+/// A scheduler buffer a write's next transfer would get: the request's slot, the buffer and the
+/// span from the DMA's start to the ring's end.
+#[derive(Debug, Clone, Copy)]
+struct WriteFit {
+    slot: usize,
+    buffer: usize,
+    span: (u64, u64),
+}
+
 /// The model of one array.
 #[derive(Debug)]
 pub struct Model {
@@ -129,12 +138,12 @@ pub struct Model {
     ring_ps: Rate,
     ctrl_ps: Rate,
     /// The stripe, the number of controllers, the row and the banks of a controller.
-    stripe: Divisor,
+    stripe: Pow2,
     ctrl_count: Divisor,
-    row: Divisor,
+    row: Pow2,
     banks: Divisor,
     /// The largest transfer: a stripe, or less.
-    piece: Divisor,
+    piece: Pow2,
     link_overhead: u64,
     read_lat: u64,
     write_lat: u64,
@@ -178,6 +187,9 @@ pub struct Model {
     /// (`Some(None)`: nothing queued); `None` once something it depends on has changed: a
     /// transfer issued, or a request arrived that the policy could take first.
     next_cache: Option<Option<(usize, usize, u64)>>,
+    /// The scheduler buffer the last write looked at by [`Model::gate`] would get, kept until
+    /// anything is booked: its issue then takes it as found.
+    write_fit: std::cell::Cell<Option<WriteFit>>,
     /// The DRAM buffer in front of the array, if the configuration has one.
     buffer: Option<LineBuffer>,
     /// Its latency and rate.
@@ -224,11 +236,11 @@ impl Model {
             link_ps: Rate::new(cfg.link_rate),
             ring_ps: Rate::new(cfg.ring_rate),
             ctrl_ps: Rate::new(cfg.ctrl_rate),
-            stripe: Divisor::new(cfg.stripe),
+            stripe: Pow2::new(cfg.stripe),
             ctrl_count: Divisor::new(c),
-            row: Divisor::new(cfg.row),
+            row: Pow2::new(cfg.row),
             banks: Divisor::new(cfg.banks_per_controller() as u64),
-            piece: Divisor::new(cfg.transfer_max.min(cfg.stripe)),
+            piece: Pow2::new(cfg.transfer_max.min(cfg.stripe)),
             link_overhead: (cfg.link_overhead_ns * PS as f64).round() as u64,
             read_lat: (cfg.read_ns * PS as f64).round() as u64,
             write_lat: (cfg.write_ns * PS as f64).round() as u64,
@@ -256,6 +268,7 @@ impl Model {
             seed,
             wear_file: None,
             next_cache: None,
+            write_fit: std::cell::Cell::new(None),
             buffer: (cfg.buffer > 0)
                 .then(|| LineBuffer::new(cfg.buffer, cfg.buffer_line, cfg.buffer_policy)),
             buffer_lat: (cfg.buffer_ns * PS as f64).round() as u64,
@@ -314,28 +327,19 @@ impl Model {
         let now = now_ns * PS;
         self.now = self.now.max(now);
         self.origin.get_or_insert(now);
-        if s.barrier && !self.ordered {
-            // The first barrier: from now on every channel's requests are counted in epochs,
-            // those already here in each channel's first.
-            self.ordered = true;
-            for r in self.reqs.slots.iter().flatten() {
-                Model::join_epoch(self.chans.entry(r.s.channel).or_default(), 0);
-            }
-        }
-        let epoch = if self.ordered {
-            let ord = self.chans.entry(s.channel).or_default();
-            let epoch = ord.current;
-            Model::join_epoch(ord, epoch);
-            if s.barrier {
-                ord.current += 1;
-            }
-            epoch
+        let epoch = if s.barrier || self.ordered {
+            self.epoch_of(&s)
         } else {
             0
         };
         let len = s.len.max(1);
         let end = s.addr.saturating_add(len).min(self.size);
         let addr = s.addr.min(end.saturating_sub(1));
+        // The mapping of its first row is read when it issues; start fetching it now.
+        let (ci, local) = self.place(addr);
+        self.ctrls[ci]
+            .wear_level
+            .prefetch(self.row.div_rem(local).0);
         let slot = self.reqs.insert(Req {
             s: Submit {
                 addr,
@@ -354,10 +358,33 @@ impl Model {
             if self.queues[q].is_empty() || self.ordered || self.cfg.policy == Policy::RoundRobin {
                 self.next_cache = None;
             }
-            self.enqueue(slot, now);
+            // Ready now: in the queue at once.
+            self.queues[q].push_back(slot);
+            self.queued += 1;
         } else {
             self.backlog.push_back(slot);
         }
+    }
+
+    /// The barrier epoch of its channel a request joins, once any barrier has come (kept out
+    /// of line, so that the path of a request where no barrier has come stays short).
+    #[inline(never)]
+    fn epoch_of(&mut self, s: &Submit) -> u64 {
+        if s.barrier && !self.ordered {
+            // The first barrier: from now on every channel's requests are counted in epochs,
+            // those already here in each channel's first.
+            self.ordered = true;
+            for r in self.reqs.iter() {
+                Model::join_epoch(self.chans.entry(r.s.channel).or_default(), 0);
+            }
+        }
+        let ord = self.chans.entry(s.channel).or_default();
+        let epoch = ord.current;
+        Model::join_epoch(ord, epoch);
+        if s.barrier {
+            ord.current += 1;
+        }
+        epoch
     }
 
     /// Counts a request in `epoch` of its channel.
@@ -382,9 +409,7 @@ impl Model {
     }
 
     fn enqueue(&mut self, id: usize, at: u64) {
-        let Some(r) = self.reqs.slots.get_mut(id).and_then(|r| r.as_mut()) else {
-            return;
-        };
+        let r = &mut self.reqs[id];
         r.ready = r.ready.max(at);
         let write = r.s.write;
         let q = self.queue_of(write);
@@ -410,20 +435,19 @@ impl Model {
     /// issue first: one that a barrier holds back is not in the running (Moneta+Balance
     /// inserts requests after a barrier only once it has completed).
     fn candidate(&self, q: usize) -> Option<(usize, u64, u64)> {
-        let at = |pos: usize, id: usize| {
-            let ready = self.ready_at(id)?;
-            Some((pos, ready, ready.max(self.gate(id, ready))))
-        };
         match self.cfg.policy {
             Policy::Fifo | Policy::TwoQueue => {
                 let id = *self.queues[q].front()?;
-                at(0, id)
+                self.candidate_at(0, id)
+            }
+            Policy::RoundRobin if self.queues[q].len() == 1 => {
+                self.candidate_at(0, self.queues[q][0])
             }
             Policy::RoundRobin => {
                 // The one that can issue first; the first in the queue of those that tie.
                 let mut best: Option<(usize, u64, u64)> = None;
                 for (pos, &id) in self.queues[q].iter().enumerate() {
-                    if let Some(c) = at(pos, id) {
+                    if let Some(c) = self.candidate_at(pos, id) {
                         if best.is_none_or(|b| c.2 < b.2) {
                             best = Some(c);
                         }
@@ -432,6 +456,15 @@ impl Model {
                 best
             }
         }
+    }
+
+    /// Request `id`, at position `pos` of its queue, as a candidate: its position, when it
+    /// is ready and when it can issue; `None` while a barrier holds it back.
+    fn candidate_at(&self, pos: usize, id: usize) -> Option<(usize, u64, u64)> {
+        let ready = self.ready_at(id)?;
+        // Its resources are looked for from the last decision on: a gap before it is past
+        // (and its calendars may have forgotten what filled it).
+        Some((pos, ready, ready.max(self.gate(id, ready.max(self.clock)))))
     }
 
     /// When the next transfer of request `id`, ready at `ready`, can start: a write needs a
@@ -444,7 +477,13 @@ impl Model {
             let (ring_d, link_d) = self.wire(self.next_len(r));
             let stages = Model::write_stages(ring_d, link_d, self.ctrls[ci].inq_free);
             // It issues when its DMA starts into the buffer it gets.
-            (self.find_buffer(ready, stages).2).0
+            let (_, b, span) = self.find_buffer(ready, stages);
+            self.write_fit.set(Some(WriteFit {
+                slot: id,
+                buffer: b,
+                span,
+            }));
+            span.0
         } else if self.buffered(r.next, self.next_len(r)) {
             // Served from the DRAM buffer: the controller's queue is not on its path.
             ready
@@ -472,32 +511,36 @@ impl Model {
         if self.queued == 0 {
             return None;
         }
-        let nq = match self.cfg.policy {
-            Policy::Fifo => 1,
-            Policy::TwoQueue | Policy::RoundRobin => 2,
+        // Each queue's candidate: (position, ready, issue time), the times raised to the last
+        // decision's, as decisions are made in time order.
+        let clock = self.clock;
+        let cand = |q: usize| {
+            if self.queues[q].is_empty() {
+                return None;
+            }
+            self.candidate(q)
+                .map(|(pos, ready, t)| (pos, ready.max(clock), t.max(clock)))
         };
-        // Decisions are made in time order: none before the last one.
-        let mut cands: [Option<(usize, usize, u64, u64)>; 2] = [None; 2];
-        for (q, c) in cands.iter_mut().enumerate().take(nq) {
-            *c = self
-                .candidate(q)
-                .map(|(pos, ready, t)| (q, pos, ready.max(self.clock), t.max(self.clock)));
-        }
-        // The one that can issue first (the first queue's when they tie).
-        let first = match cands {
-            [Some(a), Some(b)] if b.3 < a.3 => b,
-            [Some(a), _] => a,
-            [None, Some(b)] => b,
-            [None, None] => return None,
+        let reads = cand(0);
+        let writes = match self.cfg.policy {
+            Policy::Fifo => None,
+            Policy::TwoQueue | Policy::RoundRobin => cand(1),
+        };
+        // The one that can issue first (the first queue's when they tie), and the other's.
+        let (q, first, other) = match (reads, writes) {
+            (Some(a), Some(b)) if b.2 < a.2 => (1, b, Some(a)),
+            (Some(a), b) => (0, a, b),
+            (None, Some(b)) => (1, b, None),
+            (None, None) => return None,
         };
         // The two queues are taken in turn: after a transfer of one, the other goes next when
         // it has a request waiting by then, even if that one must wait for its resources.
-        let other = cands
-            .into_iter()
-            .flatten()
-            .find(|c| c.0 != self.last_queue && c.0 != first.0 && c.2 <= first.3);
-        let c = other.unwrap_or(first);
-        Some((c.0, c.1, c.3))
+        if let Some(o) = other {
+            if 1 - q != self.last_queue && o.1 <= first.2 {
+                return Some((1 - q, o.0, o.2));
+            }
+        }
+        Some((q, first.0, first.2))
     }
 
     /// When the next transfer would issue, if anything is queued: the caller should advance
@@ -516,11 +559,11 @@ impl Model {
     pub fn advance(&mut self, now_ns: u64, mut done: impl FnMut(u64, u64)) {
         let now = now_ns * PS;
         self.now = self.now.max(now);
+        let mut next = match self.next_cache.take() {
+            Some(next) => next,
+            None => self.pick(),
+        };
         loop {
-            let next = match self.next_cache.take() {
-                Some(next) => next,
-                None => self.pick(),
-            };
             let Some((q, pos, t)) = next else {
                 self.next_cache = Some(None);
                 break;
@@ -532,12 +575,8 @@ impl Model {
             }
             let id = self.queues[q][pos];
             self.clock = t;
-            self.issue(id, t);
+            let finished = self.issue(id, t);
             self.last_queue = q;
-            let finished = {
-                let r = &self.reqs[id];
-                r.next >= r.s.addr + r.s.len
-            };
             if finished {
                 if pos == 0 {
                     self.queues[q].pop_front();
@@ -564,19 +603,29 @@ impl Model {
                 let id = self.queues[q].remove(pos).expect("queued");
                 self.queues[q].push_back(id);
             }
+            next = if self.queued == 0 { None } else { self.pick() };
         }
     }
 
-    /// Issues the next transfer of request `id` at `t`.
-    fn issue(&mut self, id: usize, t: u64) {
+    /// Issues the next transfer of request `id` at `t`; returns whether that was its last.
+    fn issue(&mut self, id: usize, t: u64) -> bool {
         let (write, addr, len, reach) = {
             let r = &self.reqs[id];
             (r.s.write, r.next, self.next_len(r), r.s.reach)
         };
         let (ci, local) = self.place(addr);
-        self.prune(t);
+        if self.work.transfers.is_multiple_of(8) {
+            self.prune(t);
+        }
+        // What the gate found still holds if nothing was booked since and the transfer
+        // issues when the gate said.
+        let fit = self
+            .write_fit
+            .take()
+            .filter(|f| f.slot == id && f.span.0 == t)
+            .map(|f| (f.buffer, f.span));
         let end = if write {
-            self.write_transfer(ci, local, len, t)
+            self.write_transfer(ci, local, len, t, fit)
         } else if self.buffer.is_some() {
             let end = self.buffered_read(ci, local, addr, len, t);
             self.read_ahead(addr + len, reach, t);
@@ -600,11 +649,28 @@ impl Model {
         }
         r.next = addr + len;
         r.done = r.done.max(end);
+        r.next >= r.s.addr + r.s.len
     }
 
-    /// Forgets what ended by `t` in the calendars every transfer may book; a controller's
-    /// is pruned when work is booked on it ([`Model::controller_work`]). No query ever looks
-    /// before the last decision, so pruning only bounds the calendars' length.
+    /// Forgets everything that ended by the last decision, in every calendar: what the model
+    /// decides must not change (no query looks before the last decision).
+    #[cfg(test)]
+    fn forget_past(&mut self) {
+        let t = self.clock;
+        let cals = [&mut self.ring, &mut self.link_up, &mut self.link_down]
+            .into_iter()
+            .chain(self.buffers.iter_mut())
+            .chain(self.ctrls.iter_mut().map(|c| &mut c.core));
+        for cal in cals {
+            let i = cal.spans.partition_point(|&(_, e)| e <= t);
+            cal.spans.drain(..i);
+        }
+    }
+
+    /// Forgets what ended by `t` in the calendars every transfer may book, every eighth
+    /// transfer; a controller's is pruned when work is booked on it
+    /// ([`Model::controller_work`]). No query ever looks before the last decision, so pruning
+    /// only bounds the calendars' length.
     fn prune(&mut self, t: u64) {
         self.ring.prune(t);
         self.link_up.prune(t);

@@ -152,6 +152,14 @@ impl StartGap {
         }
     }
 
+    /// Starts fetching what [`StartGap::map`] of `line` will read, where it reads a table.
+    #[inline]
+    pub(crate) fn prefetch(&self, line: u64) {
+        if let Some(e) = self.table.as_ref().and_then(|t| t.get(line as usize)) {
+            super::parts::prefetch(e);
+        }
+    }
+
     /// Counts a write; every `interval` writes the gap moves, and the copy it takes is
     /// returned.
     pub fn wrote(&mut self) -> Option<Move> {

@@ -79,24 +79,6 @@ impl Model {
         boundary.min(end) - r.next
     }
 
-    /// The controller's memory wakes for an access at `at`; returns when it can start.
-    pub(super) fn wake(&mut self, ci: usize, at: u64) -> u64 {
-        let (wake, after) = (self.wake, self.powerdown_after);
-        let c = &mut self.ctrls[ci];
-        if !c.woken {
-            c.woken = true;
-            c.awake_since = at;
-            return at + wake;
-        }
-        if at > c.last_end + after {
-            // It powered down `after` past its last access.
-            c.awake_total += c.last_end + after - c.awake_since;
-            c.awake_since = at;
-            return at + wake;
-        }
-        at
-    }
-
     /// The controller's work on one transfer, booked from `ready`: opens, moves and (for
     /// writes) writes back each row; returns (start, when the data has left or entered the
     /// queue, end).
@@ -112,17 +94,24 @@ impl Model {
         let row = self.cfg.row;
         let row_bits = row * 8;
         let selective = self.cfg.power.selective_writes;
-        let banks = self.banks;
+        let (banks, row_div, ctrl_ps) = (self.banks, self.row, self.ctrl_ps);
+        let (read_lat, write_lat) = (self.read_lat, self.write_lat);
+        let (wake, after, clock) = (self.wake, self.powerdown_after, self.clock);
+        let c = &mut self.ctrls[ci];
         // The time the work takes, and its effect on rows, wear and energy.
         let mut d = 0u64;
         let mut moved = 0u64;
+        let mut bits = Bits::default();
         let end = local + len;
         let mut at = local;
+        // The first rows a write wears (a transfer of the usual geometry wears one), counted
+        // once the work is booked so that the count's cache miss overlaps it.
+        let mut worn = [0usize; 4];
+        let mut rows_worn = 0;
         while at < end {
-            let r = self.row.div_rem(at).0;
+            let r = row_div.div_rem(at).0;
             let n = ((r + 1) * row).min(end) - at;
             at += n;
-            let c = &mut self.ctrls[ci];
             let p = c.wear_level.map(r);
             let bank = banks.div_rem(p).1 as usize;
             let open = c.open[bank] == Some(p);
@@ -130,26 +119,32 @@ impl Model {
                 if n < row && !open {
                     // A partial row is read in before it is written back whole.
                     c.row_misses += 1;
-                    d += self.read_lat;
-                    self.work.bits.array_read += row_bits;
+                    d += read_lat;
+                    bits.array_read += row_bits;
                 } else {
                     c.row_hits += u64::from(open);
                 }
-                d += self.ctrl_ps.dur(n);
+                d += ctrl_ps.dur(n);
                 moved = d;
-                self.work.bits.buffer_written += n * 8;
-                d += self.write_lat;
-                self.work.bits.array_written += if selective { n * 8 } else { row_bits };
+                bits.buffer_written += n * 8;
+                d += write_lat;
+                bits.array_written += if selective { n * 8 } else { row_bits };
                 c.open[bank] = None;
-                c.wear.bump(p as usize);
+                if rows_worn < worn.len() {
+                    c.wear.prefetch(p as usize);
+                    worn[rows_worn] = p as usize;
+                    rows_worn += 1;
+                } else {
+                    c.wear.bump(p as usize);
+                }
                 let moved = c.wear_level.wrote();
                 c.wear.save_registers(c.wear_level.registers());
                 if let Some(m) = moved {
                     // The gap move copies one row inside the memory: read it, write it back.
                     c.gap_moves += 1;
-                    d += self.read_lat + self.write_lat;
-                    self.work.bits.array_read += row_bits;
-                    self.work.bits.array_written += row_bits;
+                    d += read_lat + write_lat;
+                    bits.array_read += row_bits;
+                    bits.array_written += row_bits;
                     c.wear.bump(m.to as usize);
                     for slot in c.open.iter_mut() {
                         if *slot == Some(m.from) || *slot == Some(m.to) {
@@ -163,25 +158,44 @@ impl Model {
                 } else {
                     c.row_misses += 1;
                     c.open[bank] = Some(p);
-                    d += self.read_lat;
-                    self.work.bits.array_read += row_bits;
+                    d += read_lat;
+                    bits.array_read += row_bits;
                 }
-                d += self.ctrl_ps.dur(n);
+                d += ctrl_ps.dur(n);
                 moved = d;
-                self.work.bits.buffer_read += n * 8;
+                bits.buffer_read += n * 8;
             }
         }
-        self.ctrls[ci].core.prune(self.clock);
-        let mut start = self.ctrls[ci].core.fit(ready, d);
-        let wake = self.wake(ci, start);
-        if wake > start {
-            start = self.ctrls[ci].core.fit(wake, d);
+        c.core.prune(clock);
+        let mut start = c.core.fit(ready, d);
+        // The memory wakes for the access if it powered down.
+        let woke = if !c.woken {
+            c.woken = true;
+            c.awake_since = start;
+            start + wake
+        } else if start > c.last_end + after {
+            // It powered down `after` past its last access.
+            c.awake_total += c.last_end + after - c.awake_since;
+            c.awake_since = start;
+            start + wake
+        } else {
+            start
+        };
+        if woke > start {
+            start = c.core.fit(woke, d);
         }
-        let c = &mut self.ctrls[ci];
         let end = c.core.book(start, d);
         c.queue_wait += start - ready;
         c.transfers += 1;
         c.last_end = c.last_end.max(end);
+        for &p in &worn[..rows_worn] {
+            c.wear.bump(p);
+        }
+        let w = &mut self.work.bits;
+        w.array_read += bits.array_read;
+        w.array_written += bits.array_written;
+        w.buffer_read += bits.buffer_read;
+        w.buffer_written += bits.buffer_written;
         (start, start + moved, end)
     }
 
@@ -279,6 +293,8 @@ impl Model {
     /// lines within a stripe is one read of the array, carried by the ring into the buffer
     /// (the link is not used). Lines already there become recent.
     pub(super) fn fill_lines(&mut self, from: u64, to: u64, t: u64, how: Fill) {
+        // It books the ring: what the gate found for a write may no longer hold.
+        self.write_fit.set(None);
         let Some(buf) = self.buffer.as_mut() else {
             return;
         };
@@ -313,10 +329,21 @@ impl Model {
     }
 
     /// A write transfer issued at `t`: returns when it ends, its row written back (durable).
-    pub(super) fn write_transfer(&mut self, ci: usize, local: u64, len: u64, t: u64) -> u64 {
+    /// `fit` is the buffer and span the gate found for it, if they still hold.
+    pub(super) fn write_transfer(
+        &mut self,
+        ci: usize,
+        local: u64,
+        len: u64,
+        t: u64,
+        fit: Option<(usize, (u64, u64))>,
+    ) -> u64 {
         let (ring_d, link_d) = self.wire(len);
         let inq = self.ctrls[ci].inq_free;
-        let (_, b, span) = self.find_buffer(t, Model::write_stages(ring_d, link_d, inq));
+        let (b, span) = fit.unwrap_or_else(|| {
+            let (_, b, span) = self.find_buffer(t, Model::write_stages(ring_d, link_d, inq));
+            (b, span)
+        });
         self.hold_buffer(b, span);
         // The span is the link's start to the ring's end, as the stages found them free.
         self.link_down.book(span.0, link_d);

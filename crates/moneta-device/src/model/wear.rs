@@ -86,6 +86,14 @@ impl Rows {
         *r = r.saturating_add(1);
     }
 
+    /// Starts fetching the count of row `i` (see [`Rows::bump`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, i: usize) {
+        if let Some(c) = self.as_slice().get(i) {
+            super::parts::prefetch(c);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
