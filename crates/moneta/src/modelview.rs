@@ -70,6 +70,10 @@ fn arrays(v: Value) -> Value {
 /// other members' links.
 pub fn text(r: &ModelReport) -> String {
     let mut out = array_text(r);
+    let n = |k: &str| r.get(k).and_then(|v| v.parse::<u64>().ok());
+    if let (Some(start), Some(len)) = (n("local.start"), n("local.len")) {
+        out += &format!("local array: [{start:#x}, {:#x})\n", start + len);
+    }
     let mut i = 0;
     while let Some(uri) = r.get(&format!("members.{i}.uri")) {
         let g = |n: &str| r.get(&format!("members.{i}.{n}")).unwrap_or("?");

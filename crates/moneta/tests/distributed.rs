@@ -28,6 +28,8 @@ const REMOTE: u64 = 64 * MIB;
 struct Net {
     /// The namespaces of hosts A and B, when made.
     spaces: Option<[String; 2]>,
+    /// A's address, where B reaches A's export (when B joins A too).
+    a_addr: String,
     /// B's address, where A reaches its export.
     b_addr: String,
 }
@@ -51,6 +53,7 @@ impl Net {
             eprintln!("not root: both hosts on the loopback network");
             return Net {
                 spaces: None,
+                a_addr: "127.0.0.1".into(),
                 b_addr: "127.0.0.1".into(),
             };
         }
@@ -74,6 +77,7 @@ impl Net {
             ip(&["-n", s, "link", "set", "lo", "up"]);
         }
         Net {
+            a_addr: format!("10.213.{n}.1"),
             b_addr: format!("10.213.{n}.2"),
             spaces: Some(spaces),
         }
@@ -119,6 +123,10 @@ struct Cluster {
     b: PathBuf,
     port: u16,
     export_pid: Option<i32>,
+    /// What B exports: its whole address space, or its array's part of one both share.
+    b_range: &'static str,
+    /// A's export, when B joins A too.
+    a_export_pid: Option<i32>,
 }
 
 fn moneta(args: &[&str]) -> std::process::Output {
@@ -153,10 +161,72 @@ fn key_file(path: &Path, seed: u8) {
     std::fs::write(path, format!("member:{hex}\n")).unwrap();
 }
 
+/// Starts an export of `range` of the daemon at `socket` on host `h`, listening at
+/// `addr:port` and requiring TLS with the key in `psk`; returns its process id.
+fn export_on(
+    net: &Net,
+    h: usize,
+    socket: &Path,
+    range: &str,
+    addr: &str,
+    port: u16,
+    psk: &Path,
+) -> i32 {
+    let pid = socket.with_extension("export.pid");
+    let _ = std::fs::remove_file(&pid);
+    let psk = format!("--tls-psk={}", psk.display());
+    let o = net.moneta(
+        h,
+        &[
+            "export",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--range",
+            range,
+            "--ip",
+            addr,
+            "--port",
+            &port.to_string(),
+            "--pidfile",
+            pid.to_str().unwrap(),
+            "--",
+            "--tls=require",
+            &psk,
+        ],
+    );
+    assert!(o.status.success(), "moneta export: {}", text(&o));
+    std::fs::read_to_string(&pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Kills a process this test started and waits until it is gone.
+fn kill_and_wait(p: i32) {
+    // SAFETY: signalling a process this test started.
+    unsafe { libc::kill(p, libc::SIGKILL) };
+    let t = Instant::now();
+    // SAFETY: as above; signal 0 only checks for the process.
+    while unsafe { libc::kill(p, 0) } == 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Cluster {
     /// Member B and its export on a loopback port with TLS-PSK; device A joined to it with the
     /// key in `a_key` (the right one unless a test says otherwise).
     fn new(tag: &str, n: u8, a_key_seed: u8) -> Cluster {
+        Cluster::build(tag, n, a_key_seed, false)
+    }
+
+    /// Two hosts that see one address space: A's array at `[0, 64M)`, B's at `[64M, 128M)`,
+    /// each joined to the other's export of its array.
+    fn shared(tag: &str, n: u8) -> Cluster {
+        Cluster::build(tag, n, 7, true)
+    }
+
+    fn build(tag: &str, n: u8, a_key_seed: u8, shared: bool) -> Cluster {
         let net = Net::new(n);
         let port = 10930 + u16::from(n);
         let _ = built("libmoneta_nbd.so");
@@ -166,7 +236,17 @@ impl Cluster {
         key_file(&dir.join("b.psk"), 7);
         key_file(&dir.join("a.psk"), a_key_seed);
         let b = dir.join("b.sock");
-        start(&net, 1, &b, &[]);
+        let a_member = format!(
+            "0:64M=nbds://member@{}:{}/?tls-psk-file={}",
+            net.a_addr,
+            port + 20,
+            dir.join("b.psk").display()
+        );
+        if shared {
+            start(&net, 1, &b, &["--local-at", "64M", "--member", &a_member]);
+        } else {
+            start(&net, 1, &b, &[]);
+        }
         let mut c = Cluster {
             net,
             a: dir.join("a.sock"),
@@ -174,6 +254,8 @@ impl Cluster {
             dir,
             port,
             export_pid: None,
+            b_range: if shared { "64M:64M" } else { "0:0" },
+            a_export_pid: None,
         };
         c.export();
         let member = format!(
@@ -187,6 +269,17 @@ impl Cluster {
             &c.a,
             &["--member", &member, "--member-timeout-ms", "1000"],
         );
+        if shared {
+            c.a_export_pid = Some(export_on(
+                &c.net,
+                0,
+                &c.a,
+                "0:64M",
+                &c.net.a_addr,
+                port + 20,
+                &c.dir.join("b.psk"),
+            ));
+        }
         c
     }
 
@@ -208,48 +301,22 @@ impl Cluster {
         self
     }
 
-    /// Starts B's export of its whole array.
+    /// Starts B's export (of its whole address space, or of its array's part of a shared one).
     fn export(&mut self) {
-        let pid = self.dir.join("export.pid");
-        let psk = format!("--tls-psk={}", self.dir.join("b.psk").display());
-        let o = self.net.moneta(
+        self.export_pid = Some(export_on(
+            &self.net,
             1,
-            &[
-                "export",
-                "--socket",
-                self.b.to_str().unwrap(),
-                "--range",
-                "0:0",
-                "--ip",
-                &self.net.b_addr,
-                "--port",
-                &self.port.to_string(),
-                "--pidfile",
-                pid.to_str().unwrap(),
-                "--",
-                "--tls=require",
-                &psk,
-            ],
-        );
-        assert!(o.status.success(), "moneta export: {}", text(&o));
-        self.export_pid = Some(
-            std::fs::read_to_string(&pid)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap(),
-        );
+            &self.b,
+            self.b_range,
+            &self.net.b_addr,
+            self.port,
+            &self.dir.join("b.psk"),
+        ));
     }
 
     fn stop_export(&mut self) {
         if let Some(p) = self.export_pid.take() {
-            // SAFETY: signalling a process this test started.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-            let t = Instant::now();
-            // SAFETY: as above; signal 0 only checks for the process.
-            while unsafe { libc::kill(p, 0) } == 0 && t.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            kill_and_wait(p);
         }
     }
 
@@ -269,17 +336,25 @@ impl Cluster {
     }
 
     fn member(&self, key: &str) -> String {
-        let m = libmoneta::control::Control::connect(&self.a)
-            .unwrap()
-            .model()
-            .unwrap();
-        m.get(&format!("members.0.{key}")).unwrap_or("").to_string()
+        member_of(&self.a, key)
     }
+}
+
+/// Key `key` of member 0 of the daemon at `socket`.
+fn member_of(socket: &Path, key: &str) -> String {
+    let m = libmoneta::control::Control::connect(socket)
+        .unwrap()
+        .model()
+        .unwrap();
+    m.get(&format!("members.0.{key}")).unwrap_or("").to_string()
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_export();
+        if let Some(p) = self.a_export_pid.take() {
+            kill_and_wait(p);
+        }
         for s in [&self.a, &self.b] {
             let _ = moneta(&["stop", "--socket", s.to_str().unwrap()]);
         }
@@ -416,6 +491,71 @@ fn a_members_range_is_read_and_written_through_the_local_channel() {
         "{}",
         text(&o)
     );
+}
+
+/// With the local array placed after the member's range on one host, two hosts see one address
+/// space: a byte written at an address through either host is read at that address through the
+/// other, whichever host's array holds it, and each host's status says where its array lies.
+#[test]
+fn two_hosts_see_one_address_space() {
+    let c = Cluster::shared("one", 5).settled(true);
+    let t = Instant::now();
+    while member_of(&c.b, "state") != "up" {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "B's link to A never came up: {}",
+            member_of(&c.b, "last_error")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a = Cluster::channel(&c.a, 128 * MIB);
+    let b = Cluster::channel(&c.b, 128 * MIB);
+    assert_eq!(a.info().array_size, 128 * MIB);
+    assert_eq!(b.info().array_size, 128 * MIB);
+    // Writes through each host, into each host's array, read back through the other at the
+    // same addresses.
+    let places = [
+        (&a, 4096u64, 1u8),
+        (&a, REMOTE + 8192, 2),
+        (&b, MIB, 3),
+        (&b, REMOTE + MIB, 4),
+    ];
+    for &(w, addr, seed) in &places {
+        w.write(addr, &pattern(seed, 8192), Completion::Dma)
+            .unwrap();
+    }
+    for &(w, addr, seed) in &places {
+        let r = if std::ptr::eq(w, &a) { &b } else { &a };
+        let mut back = vec![0u8; 8192];
+        r.read(addr, &mut back, Completion::Dma).unwrap();
+        assert_eq!(back, pattern(seed, 8192), "address {addr:#x}");
+    }
+    // Each array holds its own part: B's array starts at REMOTE, so what A wrote at REMOTE +
+    // 8 KiB is at 8 KiB of B's export, which A reads through its member's range.
+    let mut back = vec![0u8; 8192];
+    a.read(REMOTE + 8192, &mut back, Completion::Sleep).unwrap();
+    assert_eq!(back, pattern(2, 8192));
+    // Nothing straddles the edge between the two arrays, on either host.
+    for ch in [&a, &b] {
+        assert_eq!(
+            status_of(ch.read(REMOTE - 2048, &mut back[..4096], Completion::Dma)),
+            Status::OutOfRange
+        );
+    }
+    assert!(b.flush(0, MIB, Completion::Dma).is_ok());
+    assert!(b.flush(REMOTE, MIB, Completion::Dma).is_ok());
+    let o = moneta(&["status", "--socket", c.b.to_str().unwrap()]);
+    let out = text(&o);
+    assert!(out.contains("local array: [0x4000000, 0x8000000)"), "{out}");
+    assert!(out.contains("member 0: [0x0, 0x4000000)"), "{out}");
+    let o = moneta(&["status", "--socket", c.a.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("local array: [0x0, 0x4000000)"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(member_of(&c.a, "failures"), "0");
+    assert_eq!(member_of(&c.b, "failures"), "0");
 }
 
 /// A host without the key reaches nothing: the export refuses a client without TLS, and a
@@ -615,6 +755,7 @@ fn any_nbd_server_stands_in_for_a_member() {
     }
     let net = Net {
         spaces: None,
+        a_addr: String::new(),
         b_addr: String::new(),
     };
     let a = dir.join("a.sock");

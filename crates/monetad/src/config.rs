@@ -209,10 +209,15 @@ pub struct Args {
     pub model_set: Vec<String>,
     /// A range of the address space another member holds, START:LEN=URI (repeatable; needs
     /// --raw): commands on `[START, START+LEN)` go over an NBD link to the member's export at
-    /// URI, address START there being 0. The ranges lie past the array. `nbds://` with
-    /// `?tls-psk-file=FILE` authenticates the link with a pre-shared key (docs/distributed.md).
+    /// URI, address START there being 0. The ranges lie apart from the array and from each
+    /// other. `nbds://` with `?tls-psk-file=FILE` authenticates the link with a pre-shared key
+    /// (docs/distributed.md).
     #[arg(long = "member", value_name = "START:LEN=URI")]
     pub members: Vec<String>,
+    /// Where this device's array lies in the address space (needs --member) [default: 0]:
+    /// members that hold the addresses before it let every host see one address space.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub local_at: Option<u64>,
     /// Milliseconds a forwarded request waits for its member before the link is declared
     /// failed and its requests fail [default: 5000].
     #[arg(long)]
@@ -253,6 +258,7 @@ struct FileConfig {
     /// `START:LEN=URI` strings, as `--member`.
     members: Option<Vec<String>>,
     member_timeout_ms: Option<u64>,
+    local_at: Option<toml::Value>,
 }
 
 /// The model the flags and the file ask for, and its address-randomization seed.
@@ -477,6 +483,10 @@ impl Config {
                     })
                     .collect::<Result<Vec<_>, String>>()?
             },
+            local_at: args
+                .local_at
+                .or(toml_size(&file.local_at, "local_at")?)
+                .unwrap_or(0),
         };
         let mut device = device;
         (device.model, device.model_seed) =
@@ -562,6 +572,12 @@ impl Config {
         let raw = args.raw || file.raw.unwrap_or(false);
         if kernel_fs.is_some() && raw {
             return Err("--kernel-fs and --raw exclude each other".into());
+        }
+        if device.members.is_empty() && device.local_at != 0 {
+            return Err(
+                "--local-at needs --member: the addresses before the array are other members'"
+                    .into(),
+            );
         }
         if !device.members.is_empty() && !raw {
             return Err(
@@ -666,6 +682,19 @@ mod tests {
             .unwrap_err()
             .contains("--raw"));
         assert!(member(&["64M:1G"], true).is_err());
+        // The array after a member's range; an offset without members is refused.
+        let after = |m: &[&str]| {
+            Config::resolve(&Args {
+                volatile: true,
+                size: Some(64 << 20),
+                raw: true,
+                members: m.iter().map(|s| s.to_string()).collect(),
+                local_at: Some(1 << 30),
+                ..Default::default()
+            })
+        };
+        assert_eq!(after(&["0:1G=nbd://h"]).unwrap().device.local_at, 1 << 30);
+        assert!(after(&[]).unwrap_err().contains("--member"));
     }
 
     #[test]

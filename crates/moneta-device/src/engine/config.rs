@@ -47,9 +47,13 @@ pub struct DeviceConfig {
     /// Data checksums to check on reads and keep on writes (the file system's table), or
     /// `None`.
     pub integrity: Option<IntegrityConfig>,
-    /// Ranges of the address space other members hold, past the array (see
+    /// Ranges of the address space other members hold, apart from the array (see
     /// [`crate::remote`]); commands on them are forwarded over NBD links.
     pub members: Vec<crate::remote::MemberConfig>,
+    /// Where the array lies in the address space, `[local_at, local_at + size)`: 0 unless
+    /// members hold the addresses before it, so that every member can see the same address
+    /// space.
+    pub local_at: u64,
 }
 
 impl Default for DeviceConfig {
@@ -73,6 +77,7 @@ impl Default for DeviceConfig {
             wear_base: None,
             integrity: None,
             members: Vec::new(),
+            local_at: 0,
         }
     }
 }

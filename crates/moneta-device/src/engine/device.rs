@@ -39,7 +39,13 @@ impl Device {
         let (post_tx, post_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let array_size = media.size();
-        let space_size = crate::remote::check_members(&config.members, array_size)
+        if config.members.is_empty() && config.local_at != 0 {
+            return Err(DeviceError::Config(
+                "the array lies at address 0 unless other members hold the addresses before it"
+                    .into(),
+            ));
+        }
+        let space_size = crate::remote::check_members(&config.members, config.local_at, array_size)
             .map_err(DeviceError::Config)?;
         let remote = if config.members.is_empty() {
             None
@@ -51,7 +57,7 @@ impl Device {
                 .iter()
                 .map(|m| crate::remote::Link::spawn(m.clone(), done_tx.clone(), waker.try_clone()?))
                 .collect::<std::io::Result<Vec<_>>>()?;
-            Some(forward::Remote::new(links, done_rx))
+            Some(forward::Remote::new(links, config.local_at, done_rx))
         };
         let links = remote
             .as_ref()
@@ -77,7 +83,7 @@ impl Device {
                         if f.restored { " (continued)" } else { "" }
                     );
                 }
-                Some(Box::new(Timed::new(model)))
+                Some(Box::new(Timed::new(model, config.local_at)))
             }
             None => None,
         };
@@ -126,6 +132,7 @@ impl Device {
             flush_done,
             remote,
             space_size,
+            local_at: config.local_at,
             now: 0,
             last_busy: 0,
             file_budget: FILE_CALLS_PER_PASS_NS,
@@ -440,10 +447,18 @@ impl Device {
     }
 
     /// The model's report as `key value` pairs ([`crate::model::report`]), `model none`
-    /// without a model; then, when other members hold ranges, each one's link
-    /// (`members.N.range`, `.uri`, `.state`, counters, `.last_error`).
+    /// without a model; then, when other members hold ranges, the local array's place
+    /// (`local.start`, `local.len`) and each member's link (`members.N.start`, `.len`, `.uri`,
+    /// `.state`, counters, `.last_error`).
     pub fn model_report(&self) -> Vec<(String, String)> {
         let mut p = self.array_report();
+        if !self.links.is_empty() {
+            // Where the local array lies among the members' ranges.
+            p.extend([
+                ("local.start".into(), self.config.local_at.to_string()),
+                ("local.len".into(), self.array_size.to_string()),
+            ]);
+        }
         for (i, (m, s)) in self.links.iter().enumerate() {
             let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
             let k = |n: &str| format!("members.{i}.{n}");

@@ -25,6 +25,8 @@ use crate::remote::{locate, Link, MemberConfig};
 pub(super) struct Remote {
     pub links: Vec<Link>,
     configs: Vec<MemberConfig>,
+    /// Where the local array lies in the address space.
+    local_at: u64,
     done: mpsc::Receiver<(u64, bool)>,
     /// Requests at a member: (token, reserved place, request).
     pub pending: Vec<(u64, u64, Issued)>,
@@ -32,9 +34,10 @@ pub(super) struct Remote {
 }
 
 impl Remote {
-    pub fn new(links: Vec<Link>, done: mpsc::Receiver<(u64, bool)>) -> Remote {
+    pub fn new(links: Vec<Link>, local_at: u64, done: mpsc::Receiver<(u64, bool)>) -> Remote {
         Remote {
             configs: links.iter().map(|l| l.config.clone()).collect(),
+            local_at,
             links,
             done,
             pending: Vec::new(),
@@ -44,7 +47,13 @@ impl Remote {
 
     /// Where `cmd`'s range lies.
     pub fn place(&self, array_size: u64, cmd: &Decoded) -> Place {
-        locate(&self.configs, array_size, cmd.addr, cmd.len.max(1))
+        locate(
+            &self.configs,
+            self.local_at,
+            array_size,
+            cmd.addr,
+            cmd.len.max(1),
+        )
     }
 
     /// Whether a request of channel `id` is at a member.

@@ -79,7 +79,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
         {
             if let Some(remote) = &self.remote {
                 match remote.place(self.media.size(), &cmd) {
-                    Place::Local => {}
+                    Place::Local(_) => {}
                     Place::Member(member, offset) => {
                         self.forward(Issued::new(&p, phys, Status::Ok), member, offset);
                         return;
@@ -225,10 +225,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
     fn will_need(&mut self, cmd: &Decoded) {
         if let Some(model) = self.model.as_mut() {
             let t = self.clock.now_ns();
-            model.hint(&mut self.sched, cmd.addr, cmd.len, t);
+            model.hint(&mut self.sched, cmd.addr - self.local_at, cmd.len, t);
             self.publish_etas();
         }
-        self.media.will_need(cmd.addr, cmd.len);
+        self.media.will_need(cmd.addr - self.local_at, cmd.len);
         self.local.hints += 1;
     }
 
@@ -280,15 +280,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
             .expect("a request's channel stays until it completes");
         let dma_off = u64::from(tag) * ch.mem.geometry().slice_size as u64 + from;
         let len = to - from;
+        // The command lies in the array (placed so where the address space has members).
+        let at = cmd.addr - self.local_at + from;
+        debug_assert!(at + len <= self.media.size(), "placed in the array");
         match cmd.opcode {
             Opcode::Read => {
                 let dst = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: `dst` spans `len` bytes inside the sealed channel mapping and the
-                // array range was bounds-checked at intake.
-                let r = unsafe {
-                    self.integrity
-                        .read(&*self.media, cmd.addr + from, dst, len as usize)
-                };
+                // array range was bounds-checked at intake and placed in the array.
+                let r = unsafe { self.integrity.read(&*self.media, at, dst, len as usize) };
                 if r.is_err() {
                     return Status::MediaError;
                 }
@@ -298,10 +298,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 let src = ch.mem.dma(dma_off, len).expect("validated at intake");
                 // SAFETY: as for reads; the client may change the buffer while we copy, which
                 // only changes what it writes to its own range.
-                let r = unsafe {
-                    self.integrity
-                        .write(&*self.media, cmd.addr + from, src, len as usize)
-                };
+                let r = unsafe { self.integrity.write(&*self.media, at, src, len as usize) };
                 if r.is_err() {
                     return Status::MediaError;
                 }
@@ -432,7 +429,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 // A FLUSH of a range another member holds is that member's to do.
                 if let Some(remote) = &self.remote {
                     match remote.place(self.media.size(), &r.cmd) {
-                        Place::Local => {}
+                        Place::Local(_) => {}
                         Place::Member(member, offset) => {
                             self.forward(r, member, offset);
                             return;
@@ -449,7 +446,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 // request keeps its physical tag until it is done.
                 let token = self.next_flush;
                 self.next_flush += 1;
-                if self.flush_jobs.send((token, r.cmd.addr, r.cmd.len)).is_ok() {
+                let at = r.cmd.addr.saturating_sub(self.local_at);
+                if self.flush_jobs.send((token, at, r.cmd.len)).is_ok() {
                     self.flushing.push((token, r));
                     return;
                 }

@@ -462,6 +462,9 @@ struct Poller<M, C> {
     remote: Option<forward::Remote>,
     /// The end of the address space: the array's size, or the end of the last member's range.
     space_size: u64,
+    /// Where the array lies in the address space: commands and permission records speak of
+    /// the address space, the media and the model of the array.
+    local_at: u64,
     /// The clock as last read.
     now: u64,
     /// The clock at the last busy pass.

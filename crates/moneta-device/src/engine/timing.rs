@@ -15,6 +15,8 @@ use crate::scheduler::{Scheduler, UNDECIDED};
 /// The model and when it next needs the clock.
 pub(crate) struct Timed {
     model: Model,
+    /// Where the array lies in the address space (the model's addresses are the array's).
+    local_at: u64,
     /// The time of the model's next decision, if it has anything queued.
     next_ns: Option<u64>,
     /// How far behind the model's times the device published completions.
@@ -41,9 +43,10 @@ pub struct Lateness {
 pub const LATE_NS: u64 = 1_000;
 
 impl Timed {
-    pub(crate) fn new(model: Model) -> Timed {
+    pub(crate) fn new(model: Model, local_at: u64) -> Timed {
         Timed {
             model,
+            local_at,
             next_ns: None,
             late: Lateness::default(),
             decided: Vec::new(),
@@ -76,7 +79,9 @@ impl Timed {
         let Some(r) = sched.find(seq) else {
             return;
         };
-        let s = submission(seq, r.channel, &r.cmd, reach);
+        let mut s = submission(seq, r.channel, &r.cmd, reach);
+        s.addr -= self.local_at;
+        s.reach = s.reach.saturating_sub(self.local_at);
         self.model.submit(s, now_ns);
         self.advance(sched, now_ns);
     }

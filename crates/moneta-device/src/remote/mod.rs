@@ -61,52 +61,75 @@ impl MemberConfig {
     }
 }
 
-/// Checks a set of members against an array of `array_size` bytes: every range lies past the
-/// array, none overlaps another, and none wraps. The end of the address space.
-pub fn check_members(members: &[MemberConfig], array_size: u64) -> Result<u64, String> {
-    let mut sorted: Vec<&MemberConfig> = members.iter().collect();
-    sorted.sort_by_key(|m| m.start);
-    let mut end = array_size;
-    for m in sorted {
-        if m.start.checked_add(m.len).is_none() {
-            return Err(format!("member {}: its range wraps", m.uri));
-        }
-        if m.start < end {
+/// Checks a set of members against the local array, which lies at `[local_at, local_at +
+/// array_size)` of the address space: no range overlaps the array or another member's, and none
+/// wraps. Returns the end of the address space.
+pub fn check_members(
+    members: &[MemberConfig],
+    local_at: u64,
+    array_size: u64,
+) -> Result<u64, String> {
+    let local_end = local_at
+        .checked_add(array_size)
+        .ok_or_else(|| format!("the local array at {local_at:#x} wraps the address space"))?;
+    // Every range, the array's as `None`, by start.
+    let mut ranges: Vec<(u64, u64, Option<&MemberConfig>)> = members
+        .iter()
+        .map(|m| {
+            m.start
+                .checked_add(m.len)
+                .map(|end| (m.start, end, Some(m)))
+                .ok_or_else(|| format!("member {}: its range wraps", m.uri))
+        })
+        .collect::<Result<_, _>>()?;
+    ranges.push((local_at, local_end, None));
+    ranges.sort_by_key(|&(start, _, m)| (start, m.is_some()));
+    let name = |m: Option<&MemberConfig>| match m {
+        Some(m) => format!("member {} at {:#x}", m.uri, m.start),
+        None => format!("the local array at {local_at:#x}"),
+    };
+    for w in ranges.windows(2) {
+        let ((_, end, a), (start, _, b)) = (w[0], w[1]);
+        if start < end {
             return Err(format!(
-                "member {} at {:#x}: the range overlaps {} (which ends at {end:#x}); a member's \
-                 range lies past the array and past the other members'",
-                m.uri,
-                m.start,
-                if end == array_size {
-                    "the local array"
-                } else {
-                    "another member's range"
-                }
+                "{}: the range overlaps {} (which ends at {end:#x}); the local array and the \
+                 members' ranges lie apart",
+                name(b),
+                name(a)
             ));
         }
-        end = m.end();
     }
-    Ok(end)
+    Ok(ranges
+        .iter()
+        .map(|&(_, end, _)| end)
+        .max()
+        .unwrap_or(local_end))
 }
 
 /// Where a range of the address space lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
-    /// In the local array.
-    Local,
+    /// In the local array, at array address `.0`.
+    Local(u64),
     /// Wholly in member `.0`'s range, at address `.1` there.
     Member(usize, u64),
     /// Not wholly in the array nor wholly in one member's range.
     Nowhere,
 }
 
-/// Where `[addr, addr + len)` lies.
-pub fn locate(members: &[MemberConfig], array_size: u64, addr: u64, len: u64) -> Place {
+/// Where `[addr, addr + len)` lies, with the local array at `[local_at, local_at + array_size)`.
+pub fn locate(
+    members: &[MemberConfig],
+    local_at: u64,
+    array_size: u64,
+    addr: u64,
+    len: u64,
+) -> Place {
     let Some(end) = addr.checked_add(len) else {
         return Place::Nowhere;
     };
-    if end <= array_size {
-        return Place::Local;
+    if addr >= local_at && end - local_at <= array_size {
+        return Place::Local(addr - local_at);
     }
     members
         .iter()
@@ -149,27 +172,42 @@ mod tests {
     }
 
     #[test]
-    fn ranges_lie_past_the_array_and_apart() {
+    fn ranges_lie_apart_from_the_array_and_each_other() {
         assert_eq!(
-            check_members(&[member(100, 50), member(150, 10)], 100),
+            check_members(&[member(100, 50), member(150, 10)], 0, 100),
             Ok(160)
         );
-        assert!(check_members(&[member(99, 50)], 100).is_err());
-        assert!(check_members(&[member(100, 50), member(149, 10)], 100).is_err());
-        assert!(check_members(&[member(u64::MAX - 1, 10)], 100).is_err());
-        assert_eq!(check_members(&[], 100), Ok(100));
+        assert!(check_members(&[member(99, 50)], 0, 100).is_err());
+        assert!(check_members(&[member(100, 50), member(149, 10)], 0, 100).is_err());
+        assert!(check_members(&[member(u64::MAX - 1, 10)], 0, 100).is_err());
+        assert_eq!(check_members(&[], 0, 100), Ok(100));
+        // The array after a member, between two, and overlapping one.
+        assert_eq!(check_members(&[member(0, 100)], 100, 100), Ok(200));
+        assert_eq!(
+            check_members(&[member(0, 100), member(300, 50)], 100, 200),
+            Ok(350)
+        );
+        assert!(check_members(&[member(0, 101)], 100, 100).is_err());
+        assert!(check_members(&[member(150, 10)], 100, 100).is_err());
+        assert!(check_members(&[], u64::MAX - 10, 100).is_err());
     }
 
     #[test]
     fn a_range_is_local_remote_or_refused() {
         let ms = [member(100, 50), member(200, 10)];
-        assert_eq!(locate(&ms, 100, 0, 100), Place::Local);
-        assert_eq!(locate(&ms, 100, 120, 30), Place::Member(0, 20));
-        assert_eq!(locate(&ms, 100, 205, 5), Place::Member(1, 5));
+        assert_eq!(locate(&ms, 0, 100, 0, 100), Place::Local(0));
+        assert_eq!(locate(&ms, 0, 100, 120, 30), Place::Member(0, 20));
+        assert_eq!(locate(&ms, 0, 100, 205, 5), Place::Member(1, 5));
         // Straddling the array and a member, two members, or a gap.
-        assert_eq!(locate(&ms, 100, 90, 20), Place::Nowhere);
-        assert_eq!(locate(&ms, 100, 140, 70), Place::Nowhere);
-        assert_eq!(locate(&ms, 100, 160, 10), Place::Nowhere);
-        assert_eq!(locate(&ms, 100, u64::MAX, 2), Place::Nowhere);
+        assert_eq!(locate(&ms, 0, 100, 90, 20), Place::Nowhere);
+        assert_eq!(locate(&ms, 0, 100, 140, 70), Place::Nowhere);
+        assert_eq!(locate(&ms, 0, 100, 160, 10), Place::Nowhere);
+        assert_eq!(locate(&ms, 0, 100, u64::MAX, 2), Place::Nowhere);
+        // The array after the members: its addresses start at its place.
+        let ms = [member(0, 100)];
+        assert_eq!(locate(&ms, 100, 50, 0, 100), Place::Member(0, 0));
+        assert_eq!(locate(&ms, 100, 50, 120, 30), Place::Local(20));
+        assert_eq!(locate(&ms, 100, 50, 90, 20), Place::Nowhere);
+        assert_eq!(locate(&ms, 100, 50, 140, 20), Place::Nowhere);
     }
 }
