@@ -625,6 +625,16 @@ impl Channel {
         r.map(|_| ())
     }
 
+    /// A hint that `[addr, addr+len)` will be read soon (`OP_WILLNEED`): the device's DRAM
+    /// buffer, if its model has one, fills those lines; it completes at once.
+    pub fn will_need(&self, addr: u64, len: u64, mode: Completion) -> Result<(), ClientError> {
+        let tag = self.tag();
+        let cmd = command(Opcode::WillNeed, mode, addr, len, 0);
+        let r = self.run(tag, &cmd).and_then(Self::checked);
+        self.release(tag);
+        r.map(|_| ())
+    }
+
     /// A barrier (Moneta §IV): completes once every command submitted on this channel before
     /// it has completed, and no command submitted after it issues before then.
     pub fn barrier(&self, mode: Completion) -> Result<(), ClientError> {

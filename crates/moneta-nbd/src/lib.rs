@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use libmoneta::moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
 use libmoneta::moneta_abi::Completion;
 use libmoneta::{Channel, ClientError, File, KernelFile, Moneta};
-use nbdkit::{plugin, Error, Flags, FuaFlags, Result, Server, ThreadModel};
+use nbdkit::{plugin, CacheFlags, Error, Flags, FuaFlags, Result, Server, ThreadModel};
 
 /// The plugin's settings (`key=value` on nbdkit's command line).
 struct Settings {
@@ -295,6 +295,27 @@ impl Server for Export {
         Ok(false)
     }
 
+    fn can_cache(&self) -> Result<CacheFlags> {
+        // A hint fills the device's DRAM buffer (WILLNEED); a kernel file's pages are the
+        // kernel's to read ahead.
+        Ok(match &self.backend {
+            Backend::Kernel(_) => CacheFlags::None,
+            Backend::Nvfs(_) | Backend::Raw(_) => CacheFlags::Native,
+        })
+    }
+
+    fn cache(&self, count: u32, offset: u64) -> Result<()> {
+        match &self.backend {
+            Backend::Nvfs(f) => f.will_need(offset, u64::from(count)).map_err(err),
+            Backend::Raw(r) => {
+                let len = u64::from(count).min(r.len.saturating_sub(offset));
+                r.ch.will_need(r.start + offset, len, Completion::Dma)
+                    .map_err(err)
+            }
+            Backend::Kernel(_) => Ok(()),
+        }
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
@@ -398,6 +419,8 @@ mod entry {
         can_flush,
         can_fua,
         can_multi_conn,
-        is_rotational
+        is_rotational,
+        can_cache,
+        cache
     });
 }

@@ -243,7 +243,22 @@ impl Cluster {
             dir.join("b.psk").display()
         );
         if shared {
-            start(&net, 1, &b, &["--local-at", "64M", "--member", &a_member]);
+            // B's array is modelled with a DRAM buffer, which hints from A fill.
+            start(
+                &net,
+                1,
+                &b,
+                &[
+                    "--local-at",
+                    "64M",
+                    "--member",
+                    &a_member,
+                    "--model",
+                    "pcm",
+                    "--model-set",
+                    "buffer=4M",
+                ],
+            );
         } else {
             start(&net, 1, &b, &[]);
         }
@@ -544,6 +559,26 @@ fn two_hosts_see_one_address_space() {
     }
     assert!(b.flush(0, MIB, Completion::Dma).is_ok());
     assert!(b.flush(REMOTE, MIB, Completion::Dma).is_ok());
+    // A hint through A on B's part completes at once and reaches B's DRAM buffer.
+    let hinted = || {
+        libmoneta::control::Control::connect(&c.b)
+            .unwrap()
+            .model()
+            .unwrap()
+            .get("buffer.hinted_lines")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(hinted(), 0);
+    a.will_need(REMOTE + 4 * MIB, MIB, Completion::Dma).unwrap();
+    let t = Instant::now();
+    while hinted() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the hint never reached B's buffer"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let o = moneta(&["status", "--socket", c.b.to_str().unwrap()]);
     let out = text(&o);
     assert!(out.contains("local array: [0x4000000, 0x8000000)"), "{out}");

@@ -175,6 +175,7 @@ fn standard_clients_read_and_write_an_export() {
         "can_flush: true",
         "can_fua: true",
         "can_multi_conn: true",
+        "can_cache: true",
     ] {
         assert!(info.contains(want), "{want}: {info}");
     }

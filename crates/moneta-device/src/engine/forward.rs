@@ -21,6 +21,18 @@ use crate::remote::link::{Job, Op};
 pub(super) use crate::remote::Place;
 use crate::remote::{locate, Link, MemberConfig};
 
+/// The token of a hint sent to member `token & !HINT`. A hint (WILLNEED) on a member's range
+/// completes at once, as a local one does, and goes on to the member as `NBD_CMD_CACHE` beside
+/// it: nothing waits for the answer, so at most [`MAX_HINTS`] per member are on their way, and
+/// a hint past that is dropped.
+const HINT: u64 = 1 << 63;
+
+/// Hints on their way to one member at most.
+const MAX_HINTS: u32 = 16;
+
+/// The most one hint asks a member to read ahead (an NBD command's length is 32 bits).
+const HINT_LEN: u64 = 32 << 20;
+
 /// The poller's side of the members.
 pub(super) struct Remote {
     pub links: Vec<Link>,
@@ -30,6 +42,8 @@ pub(super) struct Remote {
     done: mpsc::Receiver<(u64, bool)>,
     /// Requests at a member: (token, reserved place, request).
     pub pending: Vec<(u64, u64, Issued)>,
+    /// Hints sent to each member and not yet answered (see [`HINT`]).
+    hints: Vec<u32>,
     next: u64,
 }
 
@@ -38,6 +52,7 @@ impl Remote {
         Remote {
             configs: links.iter().map(|l| l.config.clone()).collect(),
             local_at,
+            hints: vec![0; links.len()],
             links,
             done,
             pending: Vec::new(),
@@ -70,7 +85,25 @@ impl<M: Media, C: Clock> Poller<M, C> {
             Opcode::Read => Op::Read,
             Opcode::Write => Op::Write,
             Opcode::Flush => Op::Flush,
-            // A hint moves nothing: it completes at once.
+            Opcode::WillNeed => {
+                // A hint moves nothing: it completes at once, and goes on if there is room.
+                let len = issued.cmd.len.min(HINT_LEN) as usize;
+                self.publish_end(issued, Status::Ok);
+                let remote = self.remote.as_mut().expect("a member placed the request");
+                if remote.hints[member] < MAX_HINTS {
+                    let job = Job {
+                        token: HINT | member as u64,
+                        op: Op::Cache,
+                        buf: std::ptr::null_mut(),
+                        len,
+                        offset,
+                    };
+                    if remote.links[member].send(job) {
+                        remote.hints[member] += 1;
+                    }
+                }
+                return;
+            }
             _ => {
                 self.publish_end(issued, Status::Ok);
                 return;
@@ -116,11 +149,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
         let Some(remote) = self.remote.as_mut() else {
             return false;
         };
-        if remote.pending.is_empty() {
+        if remote.pending.is_empty() && remote.hints.iter().all(|&h| h == 0) {
             return false;
         }
         let mut answered = Vec::new();
         while let Ok((token, ok)) = remote.done.try_recv() {
+            if token & HINT != 0 {
+                if let Some(h) = remote.hints.get_mut((token & !HINT) as usize) {
+                    *h = h.saturating_sub(1);
+                }
+                continue;
+            }
             if let Some(i) = remote.pending.iter().position(|p| p.0 == token) {
                 let (_, seq, r) = remote.pending.swap_remove(i);
                 answered.push((seq, r, ok));

@@ -27,6 +27,9 @@ pub enum Op {
     Write,
     /// `NBD_CMD_FLUSH`.
     Flush,
+    /// `NBD_CMD_CACHE`: a hint that the range will be read (nothing when the member does not
+    /// take it).
+    Cache,
 }
 
 /// One forwarded request.
@@ -308,6 +311,11 @@ impl Thread {
             self.answer(job.token, false);
             return;
         }
+        if job.op == Op::Cache && !c.can_cache() {
+            // A hint the member cannot take is done.
+            self.answer(job.token, true);
+            return;
+        }
         // SAFETY: the buffer stays valid until the answer (see `Job`); on failure of the
         // connection it is closed before the answer is given.
         let r = unsafe {
@@ -315,19 +323,28 @@ impl Thread {
                 Op::Read => c.read(job.buf, job.len, job.offset),
                 Op::Write => c.write(job.buf, job.len, job.offset),
                 Op::Flush => c.flush(),
+                Op::Cache => c.cache(job.len as u64, job.offset),
             }
         };
         match r {
             Ok(cookie) => {
+                // A hint moves no bytes.
+                let moved = if job.op == Op::Cache { 0 } else { job.len };
                 self.in_flight.push((
                     cookie,
                     job.token,
-                    job.len,
+                    moved,
                     Instant::now() + self.config.timeout,
                 ));
                 self.stats
                     .in_flight
                     .store(self.in_flight.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) if job.op == Op::Cache => {
+                // A hint libnbd would not send says nothing of the connection.
+                self.answer(job.token, false);
+                self.stats
+                    .record(format!("member {}: a hint failed: {e}", self.config.uri));
             }
             Err(e) => {
                 self.answer(job.token, false);

@@ -73,6 +73,8 @@ entry_points! {
     aio_pread = "nbd_aio_pread": unsafe extern "C" fn(Handle, *mut c_void, usize, u64, Completion, u32) -> i64;
     aio_pwrite = "nbd_aio_pwrite": unsafe extern "C" fn(Handle, *const c_void, usize, u64, Completion, u32) -> i64;
     aio_flush = "nbd_aio_flush": unsafe extern "C" fn(Handle, Completion, u32) -> i64;
+    aio_cache = "nbd_aio_cache": unsafe extern "C" fn(Handle, u64, u64, Completion, u32) -> i64;
+    can_cache = "nbd_can_cache": unsafe extern "C" fn(Handle) -> c_int;
     aio_get_fd = "nbd_aio_get_fd": unsafe extern "C" fn(Handle) -> c_int;
     aio_get_direction = "nbd_aio_get_direction": unsafe extern "C" fn(Handle) -> c_uint;
     aio_notify_read = "nbd_aio_notify_read": unsafe extern "C" fn(Handle) -> c_int;
@@ -197,6 +199,18 @@ impl Conn {
     pub fn flush(&self) -> Result<u64, String> {
         // SAFETY: live handle; no buffer.
         self.cookie(unsafe { (self.lib.aio_flush)(self.h, NO_CALLBACK, 0) })
+    }
+
+    /// Whether the server takes `NBD_CMD_CACHE` (a hint that a range will be read).
+    pub fn can_cache(&self) -> bool {
+        // SAFETY: live handle.
+        unsafe { (self.lib.can_cache)(self.h) == 1 }
+    }
+
+    /// Starts an `NBD_CMD_CACHE` of `len` bytes at `offset`; its cookie.
+    pub fn cache(&self, len: u64, offset: u64) -> Result<u64, String> {
+        // SAFETY: live handle; no buffer.
+        self.cookie(unsafe { (self.lib.aio_cache)(self.h, len, offset, NO_CALLBACK, 0) })
     }
 
     fn cookie(&self, c: i64) -> Result<u64, String> {
