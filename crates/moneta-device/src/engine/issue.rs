@@ -280,12 +280,16 @@ impl<M: Media, C: Clock> Poller<M, C> {
             .expect("a request's channel stays until it completes");
         let dma_off = u64::from(tag) * ch.mem.geometry().slice_size as u64 + from;
         let len = to - from;
-        // The command lies in the array (placed so where the address space has members).
-        let at = cmd.addr - self.local_at + from;
-        debug_assert!(at + len <= self.media.size(), "placed in the array");
+        // A READ or WRITE lies in the array (placed so where the address space has members).
+        let at = || {
+            let at = cmd.addr - self.local_at + from;
+            debug_assert!(at + len <= self.media.size(), "placed in the array");
+            at
+        };
         match cmd.opcode {
             Opcode::Read => {
                 let dst = ch.mem.dma(dma_off, len).expect("validated at intake");
+                let at = at();
                 // SAFETY: `dst` spans `len` bytes inside the sealed channel mapping and the
                 // array range was bounds-checked at intake and placed in the array.
                 let r = unsafe { self.integrity.read(&*self.media, at, dst, len as usize) };
@@ -296,6 +300,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             Opcode::Write => {
                 let src = ch.mem.dma(dma_off, len).expect("validated at intake");
+                let at = at();
                 // SAFETY: as for reads; the client may change the buffer while we copy, which
                 // only changes what it writes to its own range.
                 let r = unsafe { self.integrity.write(&*self.media, at, src, len as usize) };
