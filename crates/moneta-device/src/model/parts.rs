@@ -71,6 +71,7 @@ impl std::ops::Index<usize> for Slab {
     type Output = Req;
     #[inline]
     fn index(&self, i: usize) -> &Req {
+        debug_assert!(self.used[i], "a queued slot holds a request");
         &self.slots[i]
     }
 }
@@ -78,6 +79,7 @@ impl std::ops::Index<usize> for Slab {
 impl std::ops::IndexMut<usize> for Slab {
     #[inline]
     fn index_mut(&mut self, i: usize) -> &mut Req {
+        debug_assert!(self.used[i], "a queued slot holds a request");
         &mut self.slots[i]
     }
 }
