@@ -77,6 +77,9 @@ pub struct Channel {
     max_spinners: u32,
     /// Threads in [`Channel::wait`] now.
     waiters: AtomicU32,
+    /// Set once a wait found the daemon gone: later waits for commands it has not completed
+    /// fail at once rather than after another liveness interval each.
+    gone: std::sync::atomic::AtomicBool,
     /// How well spinning for DMA completions has paid lately (0 to [`SPIN_SCORE_MAX`]), and a
     /// count of waits that decides when to try again once it has not.
     spin_score: AtomicU32,
@@ -140,6 +143,7 @@ impl Channel {
             spinners: AtomicU32::new(0),
             max_spinners: spinner_limit(),
             waiters: AtomicU32::new(0),
+            gone: std::sync::atomic::AtomicBool::new(false),
             wakeable: AtomicU64::new(0),
             spin_score: AtomicU32::new(SPIN_SCORE_MAX),
             spin_probe: AtomicU32::new(0),

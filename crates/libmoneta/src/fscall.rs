@@ -193,6 +193,8 @@ impl Channel {
                 UNSUPPORTED.store(true, Ordering::Relaxed);
                 None
             }
+            // The socket would only say so again, after its own wait.
+            Err(ClientError::DeviceGone) => Some(Err(ClientError::DeviceGone)),
             _ => None,
         };
         self.release(tag);

@@ -11,6 +11,7 @@ pub mod channel;
 pub mod clock;
 pub mod command;
 pub mod engine;
+pub mod failstop;
 pub mod guard;
 pub mod integrity;
 pub mod media;

@@ -1052,6 +1052,36 @@ fn a_killed_daemon_restarts_with_every_completed_write() {
 }
 
 #[test]
+fn once_a_wait_finds_the_daemon_dead_later_calls_fail_at_once() {
+    let mut d = Daemon::start(&[]);
+    let ch = d.channel();
+    grant(&d.control(), ch.id(), 0, 4096, true, 1);
+    ch.write(0, &[1; 4096], Completion::Dma).unwrap();
+    d.kill9();
+    let mut b = [0u8; 64];
+    // The first wait learns it, within the liveness interval (200 ms)...
+    assert!(matches!(
+        ch.read(0, &mut b, Completion::Dma),
+        Err(ClientError::DeviceGone)
+    ));
+    // ...and no later one waits for it again: commands in every completion mode, and a file
+    // call through the channel (which used to wait, then try the socket). Each of these took
+    // a liveness interval before.
+    let t = Instant::now();
+    for i in 0..30 {
+        assert!(matches!(
+            ch.read(0, &mut b, MODES[i % 3]),
+            Err(ClientError::DeviceGone)
+        ));
+    }
+    assert!(matches!(
+        ch.fs(moneta_abi::fsproto::FsRequest::Statfs),
+        Err(ClientError::DeviceGone)
+    ));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
 fn clean_shutdown_finishes_and_removes_the_socket() {
     let mut d = Daemon::start(&[]);
     let ch = d.channel();

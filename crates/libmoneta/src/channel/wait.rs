@@ -40,6 +40,9 @@ impl Channel {
     fn wait_counted(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
         let st = &self.slot(tag).status;
         let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
+        if self.gone.load(Ordering::Relaxed) && st.state.load(Ordering::Acquire) != want {
+            return Err(ClientError::DeviceGone);
+        }
         match mode {
             Completion::Dma => {
                 // The only command in flight on the channel (one tag taken, no thread queued
@@ -189,9 +192,13 @@ impl Channel {
     }
 
     pub(super) fn check_alive(&self, since: &mut Option<Instant>) -> Result<(), ClientError> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(ClientError::DeviceGone);
+        }
         let start = *since.get_or_insert_with(Instant::now);
         if start.elapsed() >= LIVENESS_INTERVAL {
             if !self.control.alive() {
+                self.gone.store(true, Ordering::Relaxed);
                 return Err(ClientError::DeviceGone);
             }
             *since = Some(Instant::now());

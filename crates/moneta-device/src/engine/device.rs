@@ -141,6 +141,7 @@ impl Device {
         let thread = std::thread::Builder::new()
             .name("moneta-poller".into())
             .spawn(move || {
+                let _stop = crate::failstop::FailStop::new("device's poller");
                 if let Some(cpu) = poller_cpu {
                     let mut set = rustix::thread::CpuSet::new();
                     set.set(cpu);

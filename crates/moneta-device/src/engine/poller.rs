@@ -24,6 +24,7 @@ pub(super) fn spawn_flusher<M: Media>(
     std::thread::Builder::new()
         .name("moneta-flusher".into())
         .spawn(move || {
+            let _stop = crate::failstop::FailStop::new("device's flusher");
             let sync_wear = || {
                 if let Some(w) = &wear {
                     if let Err(e) = w.sync() {
