@@ -1,11 +1,14 @@
 //! Fail-stop for the device's own threads.
 //!
-//! The poller serves every channel, and the flusher every durability point. Should either
-//! panic (a defect), the rest of the process would live on without it: the daemon would still
-//! answer on its socket, so its clients would take it for alive and wait for completions that
-//! never come. A thread that carries a [`FailStop`] takes the whole process down instead, as a
-//! kill would: clients see the daemon gone and fail their calls with a clear error, and what
-//! the array held stays as a kill leaves it (the file system is crash-consistent).
+//! The poller serves every channel, the flusher every durability point, a member's link every
+//! request forwarded to it, and the daemon has threads of the same kind (the control server,
+//! the releaser of freed files). Should one of them panic (a defect), the rest of the process
+//! would live on without it: the daemon would still answer on its socket, so its clients would
+//! take it for alive and wait for what never comes. A thread that carries a [`FailStop`] takes
+//! the whole process down instead, as a kill would: clients see the daemon gone and fail their
+//! calls with a clear error, and what the array held stays as a kill leaves it (the file
+//! system is crash-consistent). Threads that serve one client alone (a connection's) do not
+//! carry one: their panic ends that connection only.
 
 /// Aborts the process when dropped while its thread unwinds from a panic.
 pub struct FailStop {

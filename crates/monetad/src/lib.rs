@@ -380,7 +380,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     );
     std::thread::Builder::new()
         .name("moneta-accept".into())
-        .spawn(move || server.serve(listener))
+        .spawn(move || {
+            let _stop = moneta_device::failstop::FailStop::new("control server");
+            server.serve(listener)
+        })
         .map_err(|e| DaemonError::Config(format!("cannot start the control server: {e}")))?;
     std::thread::Builder::new()
         .name("moneta-signals".into())

@@ -43,6 +43,7 @@ use rustix::event::epoll;
 
 use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
+use moneta_device::failstop::FailStop;
 use moneta_device::Media;
 use moneta_device::{Device, FileService, FsAnswer, LookupAnswer, TableOp};
 use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
@@ -600,11 +601,17 @@ impl Manager {
         let me = self.clone();
         std::thread::Builder::new()
             .name("moneta-reaper".into())
-            .spawn(move || me.reap())?;
+            .spawn(move || {
+                let _stop = FailStop::new("reaper of fork bundles");
+                me.reap()
+            })?;
         let me = self.clone();
         std::thread::Builder::new()
             .name("moneta-releaser".into())
-            .spawn(move || me.release_loop())
+            .spawn(move || {
+                let _stop = FailStop::new("releaser of freed files");
+                me.release_loop()
+            })
             .map(|_| ())
     }
 

@@ -169,7 +169,10 @@ impl Link {
         };
         std::thread::Builder::new()
             .name("moneta-link".into())
-            .spawn(move || thread.run())?;
+            .spawn(move || {
+                let _stop = crate::failstop::FailStop::new("link to a member");
+                thread.run()
+            })?;
         Ok(Link {
             config,
             stats,

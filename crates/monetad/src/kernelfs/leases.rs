@@ -56,7 +56,11 @@ pub fn start_watcher(files: Arc<Files>, signal: libc::c_int) -> std::io::Result<
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     std::thread::Builder::new()
         .name("moneta-leases".into())
-        .spawn(move || watch(&files, &fd))?;
+        .spawn(move || {
+            let _stop =
+                moneta_device::failstop::FailStop::new("kernel file system's lease watcher");
+            watch(&files, &fd)
+        })?;
     Ok(())
 }
 
