@@ -164,6 +164,10 @@ impl Channel {
     /// `OP_FS`: `None` when the call must go to the socket (referred, too long for a slice,
     /// or the channel is gone: the socket then says so).
     fn fs_on_channel(&self, req: &FsRequest) -> Option<Result<FsReply, ClientError>> {
+        if self.known_gone() {
+            // Not sent, so not carried out: the caller connects again and may retry it.
+            return Some(Err(ClientError::Disconnected));
+        }
         let op = req.op();
         let msg = encode_request(0, &Request::Fs(req.clone()));
         if msg.len() > self.slice_size() {
@@ -193,7 +197,8 @@ impl Channel {
                 UNSUPPORTED.store(true, Ordering::Relaxed);
                 None
             }
-            // The socket would only say so again, after its own wait.
+            // Found gone during this call, which may or may not have been carried out; the
+            // socket would only say so again, after its own wait.
             Err(ClientError::DeviceGone) => Some(Err(ClientError::DeviceGone)),
             _ => None,
         };

@@ -875,6 +875,52 @@ fn no_daemon() {
     assert!(!t.0.join("z").exists() && !mnt.join("sub/z").exists());
 }
 
+/// A daemon killed under a program: its calls on `/moneta` fail with `EIO`, the first within
+/// the liveness interval and the rest at once (each used to wait another interval, and opens
+/// failed with `ENOTCONN`).
+#[test]
+fn calls_after_the_daemon_was_killed_fail_with_eio_at_once() {
+    need("python3");
+    let t = TempDir::new("killed");
+    let socket = t.0.join("monetad.sock");
+    let moneta = env!("CARGO_BIN_EXE_moneta");
+    let script = format!(
+        r#"
+import errno, os, re, signal, subprocess, time
+out = subprocess.run(['{moneta}', 'start', '--volatile', '--size', '32M', '--socket', '{s}'], check=True, capture_output=True, text=True).stdout
+pid = int(re.search(r'pid (\d+)', out).group(1))
+fd = os.open('/moneta/f', os.O_RDWR | os.O_CREAT, 0o644)
+os.pwrite(fd, b'x', 0)
+os.kill(pid, signal.SIGKILL)
+def fails(call):
+    try:
+        call()
+    except OSError as e:
+        assert e.errno == errno.EIO, e
+        return
+    raise SystemExit('a call succeeded without a daemon')
+fails(lambda: os.pwrite(fd, b'y', 0))
+t = time.monotonic()
+for i in range(20):
+    fails(lambda: os.pwrite(fd, b'y', 0))
+    fails(lambda: os.open('/moneta/g%d' % i, os.O_RDWR | os.O_CREAT))
+took = time.monotonic() - t
+assert took < 2, took
+print('ok')
+"#,
+        s = socket.display()
+    );
+    let o = Command::new("python3")
+        .args(["-c", &script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", &socket)
+        .env_remove("MONETA_MOUNT")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+}
+
 /// A program that outlives its daemon: without one, Moneta paths fail with `EIO`; a daemon
 /// started later is found by the next call; after a restart, files opened before fail with
 /// `EIO` and new opens work.

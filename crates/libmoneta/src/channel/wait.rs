@@ -191,6 +191,12 @@ impl Channel {
         Ok(())
     }
 
+    /// Whether a wait has already found the daemon gone: a command submitted now cannot be
+    /// carried out.
+    pub(crate) fn known_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
+    }
+
     pub(super) fn check_alive(&self, since: &mut Option<Instant>) -> Result<(), ClientError> {
         if self.gone.load(Ordering::Relaxed) {
             return Err(ClientError::DeviceGone);
