@@ -225,12 +225,7 @@ impl Inner {
         match ch.fs(req) {
             Ok(reply) => Ok((reply, seen)),
             Err(ClientError::Disconnected) => {
-                self.reconnect(seen).map_err(|e| match e {
-                    // The daemon of this connection has gone and none answers now: the call
-                    // fails as on a daemon gone (`EIO`), not as on one never started.
-                    ClientError::NotRunning { .. } => ClientError::DeviceGone,
-                    e => e,
-                })?;
+                self.reconnect(seen)?;
                 match retry {
                     Some(req) => {
                         let ch = self.live()?;

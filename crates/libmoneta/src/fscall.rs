@@ -197,9 +197,6 @@ impl Channel {
                 UNSUPPORTED.store(true, Ordering::Relaxed);
                 None
             }
-            // Found gone during this call, which may or may not have been carried out; the
-            // socket would only say so again, after its own wait.
-            Err(ClientError::DeviceGone) => Some(Err(ClientError::DeviceGone)),
             _ => None,
         };
         self.release(tag);

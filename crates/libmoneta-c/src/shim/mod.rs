@@ -374,10 +374,15 @@ pub(crate) fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
-/// The errno a failed libmoneta call means.
+/// The errno a failed libmoneta call means. A call that finds no daemon to connect to (its
+/// daemon died, and none answers yet) fails with `EIO`, as every call on a Moneta path does
+/// while no daemon answers (docs/shim.md), where the library says `ENOTCONN`.
 #[inline]
 pub(crate) fn eno(e: ClientError) -> i32 {
-    e.errno()
+    match e {
+        ClientError::NotRunning { .. } => libc::EIO,
+        e => e.errno(),
+    }
 }
 
 /// [`run`] for a call on a kernel file served through the channel, which answers `None` when
