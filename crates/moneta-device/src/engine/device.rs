@@ -111,6 +111,7 @@ impl Device {
             rx,
             post_rx,
             applied: 0,
+            taken: 0,
             epoll: ep,
             waker: waker.try_clone()?,
             shared: shared.clone(),
@@ -196,6 +197,7 @@ impl Device {
 
     fn call(&self, make: impl FnOnce(Ack) -> Control) -> Result<(), DeviceError> {
         let (ack, done) = mpsc::sync_channel(1);
+        self.shared.controls.fetch_add(1, Ordering::SeqCst);
         self.tx
             .lock()
             .expect("control sender lock")
@@ -438,6 +440,7 @@ impl Device {
     pub fn model_stats(&self) -> Option<(ModelStats, Lateness)> {
         self.config.model.as_ref()?;
         let (answer, rx) = mpsc::sync_channel(1);
+        self.shared.controls.fetch_add(1, Ordering::SeqCst);
         self.tx
             .lock()
             .expect("control sender lock")

@@ -250,6 +250,9 @@ struct Shared {
     poller_wakeups: AtomicU64,
     /// Batches of records posted with [`Device::post`] (counted before they are sent).
     posted: AtomicU64,
+    /// Control requests sent to the poller (counted before they are sent): a pass looks in
+    /// its queue only when more were sent than it has taken.
+    controls: AtomicU64,
     /// The poller sleeps (in `epoll_wait`) or is about to.
     sleeping: AtomicBool,
     parks: AtomicU64,
@@ -434,6 +437,8 @@ struct Poller<M, C> {
     post_rx: mpsc::Receiver<Vec<TableOp>>,
     /// Posted batches applied (compared with `shared.posted`).
     applied: u64,
+    /// Control requests taken (compared with `shared.controls`).
+    taken: u64,
     epoll: OwnedFd,
     waker: OwnedFd,
     shared: Arc<Shared>,

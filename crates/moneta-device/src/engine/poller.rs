@@ -157,14 +157,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     pub(super) fn apply_controls(&mut self) -> bool {
         // Posted records first: whatever a control request was sent after, was posted before.
+        // Each queue is looked into only when something was sent to it: most passes find
+        // both empty, and a look costs more than comparing two counters.
         let mut touched = Vec::new();
-        let mut any = drain_posts(
-            &self.post_rx,
-            &mut self.table,
-            &self.channels,
-            &mut self.applied,
-            Some(&mut touched),
-        );
+        let mut any = self.shared.posted.load(Ordering::Acquire) != self.applied
+            && drain_posts(
+                &self.post_rx,
+                &mut self.table,
+                &self.channels,
+                &mut self.applied,
+                Some(&mut touched),
+            );
         if !touched.is_empty() {
             // Records posted for a channel come before a command on them: poll it again now
             // rather than wait for the client's kick.
@@ -173,8 +176,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.unpark(id, now);
             }
         }
+        if self.shared.controls.load(Ordering::Acquire) == self.taken {
+            return any;
+        }
         while let Ok(c) = self.rx.try_recv() {
             any = true;
+            self.taken += 1;
             let now = self.tick();
             self.last_control = now;
             match c {
