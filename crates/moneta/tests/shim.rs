@@ -875,6 +875,18 @@ fn no_daemon() {
     assert!(!t.0.join("z").exists() && !mnt.join("sub/z").exists());
 }
 
+/// Runs a Python `script` under the shim, its daemon at `socket` (whether one runs there or
+/// not: the script may start and stop it).
+fn python_for_daemon_at(script: &str, socket: &std::path::Path) -> std::process::Output {
+    Command::new("python3")
+        .args(["-c", script])
+        .env("LD_PRELOAD", library())
+        .env("MONETA_SOCKET", socket)
+        .env_remove("MONETA_MOUNT")
+        .output()
+        .unwrap()
+}
+
 /// A daemon killed under a program: its calls on `/moneta` fail with `EIO`, the first within
 /// the liveness interval and the rest at once (each used to wait another interval, and opens
 /// failed with `ENOTCONN`).
@@ -910,13 +922,7 @@ print('ok')
 "#,
         s = socket.display()
     );
-    let o = Command::new("python3")
-        .args(["-c", &script])
-        .env("LD_PRELOAD", library())
-        .env("MONETA_SOCKET", &socket)
-        .env_remove("MONETA_MOUNT")
-        .output()
-        .unwrap();
+    let o = python_for_daemon_at(&script, &socket);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
 }
@@ -954,13 +960,7 @@ stop()
 "#,
         s = socket.display()
     );
-    let o = Command::new("python3")
-        .args(["-c", &script])
-        .env("LD_PRELOAD", library())
-        .env("MONETA_SOCKET", &socket)
-        .env_remove("MONETA_MOUNT")
-        .output()
-        .unwrap();
+    let o = python_for_daemon_at(&script, &socket);
     let _ = Command::new(moneta)
         .args(["stop", "--socket"])
         .arg(&socket)
