@@ -889,7 +889,7 @@ fn python_for_daemon_at(script: &str, socket: &std::path::Path) -> std::process:
 
 /// A daemon killed under a program: its calls on `/moneta` fail with `EIO`, the first within
 /// the liveness interval and the rest at once (each used to wait another interval, and opens
-/// failed with `ENOTCONN`).
+/// and the reading of a directory opened before failed with `ENOTCONN`).
 #[test]
 fn calls_after_the_daemon_was_killed_fail_with_eio_at_once() {
     need("python3");
@@ -903,6 +903,8 @@ out = subprocess.run(['{moneta}', 'start', '--volatile', '--size', '32M', '--soc
 pid = int(re.search(r'pid (\d+)', out).group(1))
 fd = os.open('/moneta/f', os.O_RDWR | os.O_CREAT, 0o644)
 os.pwrite(fd, b'x', 0)
+os.mkdir('/moneta/d')
+listing = os.scandir('/moneta/d')
 os.kill(pid, signal.SIGKILL)
 def fails(call):
     try:
@@ -918,6 +920,7 @@ for i in range(20):
     fails(lambda: os.open('/moneta/g%d' % i, os.O_RDWR | os.O_CREAT))
 took = time.monotonic() - t
 assert took < 2, took
+fails(lambda: list(listing))
 print('ok')
 "#,
         s = socket.display()

@@ -13,7 +13,7 @@ use libmoneta::DirEntry;
 
 use super::fds;
 use super::hooks::{close, moneta_shim_openat};
-use super::{errno, hooked, real, set_errno};
+use super::{eno, errno, hooked, real, set_errno};
 
 /// Most Moneta directory streams open at once in a process.
 const MAX_STREAMS: usize = 1024;
@@ -199,7 +199,7 @@ fn next(m: &mut MDir) -> Option<*mut libc::dirent64> {
                 m.idx = 0;
             }
             Err(e) => {
-                set_errno(e.errno());
+                set_errno(eno(e));
                 return None;
             }
         }
@@ -571,7 +571,7 @@ pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, n: usize) -> is
             let entries = match r {
                 Ok((e, _)) => e,
                 Err(e) => {
-                    set_errno(e.errno());
+                    set_errno(eno(e));
                     return -1;
                 }
             };

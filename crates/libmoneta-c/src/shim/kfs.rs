@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use libmoneta::{KernelFile, Moneta};
 
 use super::fds::{self, Table};
-use super::{conn, inside, log, DEBUG};
+use super::{conn, eno, inside, log, DEBUG};
 
 /// An open file description of a kernel file served through the channel.
 pub(crate) struct KDesc {
@@ -223,7 +223,7 @@ impl KDesc {
         if !self.readable() {
             return Err(libc::EBADF);
         }
-        self.file.read_at(buf, at).map_err(|e| e.errno())
+        self.file.read_at(buf, at).map_err(eno)
     }
 
     /// Writes all of `data` at `at`.
@@ -234,9 +234,9 @@ impl KDesc {
         at.checked_add(data.len() as u64)
             .filter(|&e| e <= i64::MAX as u64)
             .ok_or(libc::EFBIG)?;
-        self.file.write_at(data, at).map_err(|e| e.errno())?;
+        self.file.write_at(data, at).map_err(eno)?;
         if self.flags.load(Ordering::Relaxed) & (libc::O_SYNC | libc::O_DSYNC) != 0 {
-            self.file.sync().map_err(|e| e.errno())?;
+            self.file.sync().map_err(eno)?;
         }
         Ok(data.len())
     }
@@ -265,7 +265,7 @@ impl KDesc {
             libc::SEEK_CUR => p.at as i64,
             libc::SEEK_END => match self.file.len() {
                 Ok(n) => n as i64,
-                Err(e) => return Some(Err(e.errno())),
+                Err(e) => return Some(Err(eno(e))),
             },
             libc::SEEK_DATA | libc::SEEK_HOLE => return None,
             _ => return Some(Err(libc::EINVAL)),
@@ -282,7 +282,7 @@ impl KDesc {
 
     /// `fsync`, `fdatasync`.
     pub(crate) fn sync(&self) -> Result<c_int, i32> {
-        self.file.sync().map_err(|e| e.errno())?;
+        self.file.sync().map_err(eno)?;
         Ok(0)
     }
 
@@ -300,7 +300,7 @@ impl KDesc {
             .ok_or(libc::EFBIG)?;
         self.file
             .allocate(off as u64, len as u64, mode)
-            .map_err(|e| e.errno())?;
+            .map_err(eno)?;
         Ok(0)
     }
 
@@ -310,7 +310,7 @@ impl KDesc {
         if !self.writable() {
             return Err(libc::EINVAL);
         }
-        self.file.set_len(size).map_err(|e| e.errno())?;
+        self.file.set_len(size).map_err(eno)?;
         Ok(0)
     }
 }

@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use super::paths::{self, Where};
-use super::{config, conn, hooked, log, ERROR, WARN};
+use super::{config, conn, eno, hooked, log, ERROR, WARN};
 
 /// `#!` interpreters followed, as the kernel allows.
 const MAX_INTERPRETERS: u32 = 4;
@@ -122,7 +122,7 @@ fn host_image(path: CString, argv: Vec<CString>) -> Image {
 fn moneta_image(np: Vec<u8>, given: &CStr, argv: Vec<CString>, depth: u32) -> Result<Image, i32> {
     let m = conn().ok_or(libc::EIO)?;
     let p = std::path::Path::new(std::ffi::OsStr::from_bytes(&np));
-    let st = m.stat(p).map_err(|e| e.errno())?;
+    let st = m.stat(p).map_err(eno)?;
     if st.mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EACCES);
     }
@@ -133,9 +133,9 @@ fn moneta_image(np: Vec<u8>, given: &CStr, argv: Vec<CString>, depth: u32) -> Re
     }
     let f = m
         .open(p, libmoneta::OpenOptions::new().read(true))
-        .map_err(|e| e.errno())?;
+        .map_err(eno)?;
     let mut head = vec![0u8; libmoneta::program::HEAD];
-    let n = f.read_at(&mut head, 0).map_err(|e| e.errno())?;
+    let n = f.read_at(&mut head, 0).map_err(eno)?;
     head.truncate(n);
     if let Some((interp, arg)) = libmoneta::program::shebang(&head) {
         if depth >= MAX_INTERPRETERS {
@@ -177,7 +177,7 @@ fn moneta_image(np: Vec<u8>, given: &CStr, argv: Vec<CString>, depth: u32) -> Re
     let mut at = 0u64;
     while at < size {
         let want = ((size - at) as usize).min(buf.len());
-        let got = f.read_at(&mut buf[..want], at).map_err(|e| e.errno())?;
+        let got = f.read_at(&mut buf[..want], at).map_err(eno)?;
         if got == 0 {
             break;
         }
