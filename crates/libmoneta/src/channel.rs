@@ -32,6 +32,7 @@ pub(crate) mod attrs;
 pub(crate) mod leases;
 mod pipeline;
 pub(crate) mod reapers;
+pub(crate) mod sizes;
 mod tags;
 mod wait;
 
@@ -162,6 +163,7 @@ impl Channel {
             ));
         }
         ch.want_leases();
+        ch.want_size_leases();
         Ok(ch)
     }
 

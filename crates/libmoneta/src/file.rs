@@ -83,6 +83,8 @@ pub struct File {
     closed: std::sync::atomic::AtomicBool,
     /// Reads and writes through the file's own pages ([`File::set_in_place`]).
     in_place: inplace::InPlace,
+    /// A size was published under a size lease since the last `fsync` ([`File::sync_all`]).
+    grown: std::sync::atomic::AtomicBool,
 }
 
 fn encode_policy(p: Policy) -> u64 {
@@ -137,6 +139,7 @@ impl File {
             policy: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             in_place: inplace::InPlace::from_env(),
+            grown: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -187,6 +190,7 @@ impl File {
             policy: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             in_place: inplace::InPlace::from_env(),
+            grown: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -445,9 +449,10 @@ impl File {
     pub fn sync_all(&self) -> Result<(), ClientError> {
         let handle = self.h()?;
         let flags = self.ch().header().fs_flags.load(Ordering::Acquire);
-        if flags & moneta_abi::FS_FSYNC_IS_ORDER != 0 {
+        if flags & moneta_abi::FS_FSYNC_IS_ORDER != 0 && !self.grown.swap(false, Ordering::AcqRel) {
             // The daemon keeps every change in the array as it makes it, and every write of
             // this file that returned is in the array: there is nothing to make durable.
+            // A size published under a size lease is the exception: the call applies it.
             return Ok(());
         }
         self.m.fs_empty(FsRequest::Fsync { handle })

@@ -91,6 +91,14 @@ pub(crate) fn leasing() -> bool {
     switch("MONETA_LOCK_LEASES", &WARNED, &SETTING)
 }
 
+/// `MONETA_SIZE_LEASES=off` asks the daemon for no size leases (to compare); `on`, the
+/// default, takes them (docs/abi.md §3.9).
+pub(crate) fn sizing() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("MONETA_SIZE_LEASES", &WARNED, &SETTING)
+}
+
 impl Channel {
     /// A file-system call of this channel's connection: through the channel when the device
     /// may answer it there ([`FsRequest::on_channel`]), on the control socket otherwise and

@@ -49,6 +49,7 @@ use std::path::PathBuf;
 pub use affinity::Affinity;
 pub use aio::{Pending, WriteSlot};
 pub use channel::leases::locks_leased;
+pub use channel::sizes::sizes_leased;
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
 pub use file::{Connector, DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};

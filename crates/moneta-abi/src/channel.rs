@@ -147,6 +147,10 @@ pub const FS_CHANGE_BOARD: u32 = 2;
 /// (offset [`crate::LEASE_OFFSET`], docs/abi.md §3.8) to a client that asks for them.
 pub const FS_LOCK_LEASES: u32 = 4;
 
+/// [`ChannelHeader::fs_flags`]: the daemon grants size leases in the channel's size-lease
+/// area (offset [`crate::SIZE_LEASE_OFFSET`], docs/abi.md §3.9) to a client that asks for them.
+pub const FS_SIZE_LEASES: u32 = 8;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

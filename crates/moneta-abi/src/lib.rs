@@ -16,11 +16,13 @@ pub mod control;
 pub mod fsproto;
 pub mod kfsproto;
 pub mod lease;
+pub mod sizelease;
 pub mod status;
 
 pub use channel::*;
 pub use command::*;
 pub use lease::*;
+pub use sizelease::*;
 pub use status::*;
 
 /// Version of the channel layout and command encoding. A client must see this value in the

@@ -16,7 +16,7 @@ pub mod watch;
 
 pub use fs::{
     file_id, mkfs, Cred, DirEntry, Fs, FsError, FsResult, Mapping, MountError, MountOptions,
-    Opened, Revoker, SetTime, Stat, StatFs, SyncPlan,
+    Opened, Revoker, SetTime, SizeGrant, Stat, StatFs, SyncPlan,
 };
 pub use journal::Durability;
 pub use layout::{FormatError, Geometry, MkfsOptions, Time};

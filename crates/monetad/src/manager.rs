@@ -54,6 +54,7 @@ mod fork;
 mod leases;
 mod quick;
 mod segments;
+mod sizes;
 mod wire;
 
 use fork::Bundles;
@@ -495,6 +496,7 @@ impl Manager {
         device.set_fs_flags(
             moneta_abi::FS_CHANGE_BOARD
                 | moneta_abi::FS_LOCK_LEASES
+                | moneta_abi::FS_SIZE_LEASES
                 | if fs.durability() == moneta_fs::Durability::Device {
                     moneta_abi::FS_FSYNC_IS_ORDER
                 } else {
@@ -652,8 +654,11 @@ impl Manager {
         }
         if let Some((channel, r)) = s.published.take() {
             lock_registry(&r).remove(&channel);
-            // Another connection may get the id: it must not inherit these watches.
-            self.fs().unwatch(channel);
+            // Another connection may get the id: it must not inherit these watches, nor
+            // these size grants (what they published counts).
+            let mut fs = self.fs();
+            self.end_channel_grants(&mut fs, channel);
+            fs.unwatch(channel);
         }
     }
 
@@ -873,6 +878,8 @@ impl Manager {
             return Err(fail(errno::EBADF, "the handle is not open for writing"));
         }
         let mut fs = self.fs();
+        // A mapping's pages follow the size through calls only: a size grant ends first.
+        fs.end_grant(h.ino).map_err(failure)?;
         let st = fs.stat_ino(h.ino);
         if st.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(fail(errno::EINVAL, "only a regular file can be mapped"));
@@ -947,6 +954,7 @@ impl Manager {
                 }
                 let after = s.rights(h.ino);
                 let mut fs = self.fs();
+                self.end_size_grant(&mut fs, channel, handle);
                 if let (Some(channel), true) = (channel, after != before) {
                     // The channel's records of the file lie inside its extents: they were
                     // installed over extents, and space that left the file was revoked from
@@ -984,9 +992,17 @@ impl Manager {
                     return Err(fail(errno::EBADF, "the handle is not open for writing"));
                 }
                 let mut fs = self.fs();
-                let (size, maps) = fs
-                    .extend(h.ino, offset, len, MAX_EXTENTS)
-                    .map_err(failure)?;
+                let mapped = self.segments().has(h.ino);
+                let (size, maps) = self.extend_with_room(
+                    &mut fs,
+                    channel,
+                    mapped,
+                    &h,
+                    handle,
+                    offset,
+                    len,
+                    MAX_EXTENTS,
+                )?;
                 self.show_grown(&mut fs, h.ino, size)?;
                 let file = fs.layout_tag(h.ino);
                 self.install(s, channel, &h, &maps, file)?;

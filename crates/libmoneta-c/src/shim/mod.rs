@@ -248,10 +248,11 @@ extern "C" fn report_at_exit() {
     } else {
         format!(
             "; file-system calls: {} ({} of the stats answered by what was kept); {} lock calls \
-             answered in leases",
+             answered in leases; {} writes past the end in a size lease",
             calls.join(", "),
             libmoneta::stats_kept(),
-            libmoneta::locks_leased()
+            libmoneta::locks_leased(),
+            libmoneta::sizes_leased()
         )
     };
     let text = format!(

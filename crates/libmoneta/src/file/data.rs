@@ -577,7 +577,7 @@ impl File {
             let miss = {
                 let map = self.map.read().unwrap_or_else(|e| e.into_inner());
                 match self.plan(&map, off, len, None, &mut p.segs, &mut p.holes) {
-                    Plan::Ready if end <= map.size => return Ok(()),
+                    Plan::Ready if end <= map.size || self.grow_in_room(end) => return Ok(()),
                     Plan::Ready => 0,
                     Plan::Miss(i) => i,
                 }
@@ -591,6 +591,20 @@ impl File {
             asked = Some(from);
             self.lookup(from, (len - miss) as u64, true)?;
         }
+    }
+
+    /// Grows the file to `end` inside the room a size lease gives it, with no call (the
+    /// range is mapped already): whether a lease covers it. The size is published before the
+    /// write is issued, so a write that returns is inside the size others see.
+    fn grow_in_room(&self, end: u64) -> bool {
+        let Ok(handle) = self.h() else {
+            return false;
+        };
+        let grown = self.ch().publish_size(handle, end);
+        if grown {
+            self.grown.store(true, Ordering::Release);
+        }
+        grown
     }
 
     fn no_progress(&self, fruitless: &mut u32) -> Result<(), ClientError> {
@@ -654,11 +668,12 @@ impl File {
         }
         let start = off;
         let slice = self.ch().slice_size();
-        // Fast path: inside the known size, one mapped extent, one slice.
+        // Fast path: inside the known size (or a size lease's room), one mapped extent, one
+        // slice.
         if data.len() <= slice {
             let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-            if off + len <= map.size {
-                if let Some(dev) = map.single(off, len) {
+            if let Some(dev) = map.single(off, len) {
+                if off + len <= map.size || self.grow_in_room(off + len) {
                     drop(map);
                     match self.one(&mut Io::Write(data), dev, mode, t0) {
                         Ok(()) => return Ok(start),

@@ -562,6 +562,7 @@ impl Drop for Device {
 /// The channel header in a mapping of a channel's first page.
 /// A channel's lease area, kept mapped for as long as this lives (the channel may close
 /// meanwhile: the area is then memory nobody else reads).
+#[derive(Clone)]
 pub struct LeaseAreaRef {
     page: Arc<memmap2::MmapRaw>,
 }
@@ -578,6 +579,19 @@ impl LeaseAreaRef {
                 .as_ptr()
                 .add(moneta_abi::LEASE_OFFSET)
                 .cast::<moneta_abi::LeaseArea>()
+        }
+    }
+
+    /// The size-lease area (docs/abi.md §3.9).
+    pub fn size_area(&self) -> &moneta_abi::SizeLeaseArea {
+        // SAFETY: as for [`LeaseAreaRef::area`]: the area lies inside the header's page
+        // (checked at compile time in moneta_abi) and holds only atomics.
+        unsafe {
+            &*self
+                .page
+                .as_ptr()
+                .add(moneta_abi::SIZE_LEASE_OFFSET)
+                .cast::<moneta_abi::SizeLeaseArea>()
         }
     }
 }

@@ -222,6 +222,14 @@ impl Fs {
     /// other callers' plans) and then calls [`Fs::sync_done`].
     pub fn sync_plan(&mut self, ino: Option<u64>) -> FsResult<Option<SyncPlan>> {
         self.check_alive()?;
+        // Sizes published under grants are part of what the durability point keeps.
+        let settled = match ino {
+            Some(ino) => self.settle_size(ino),
+            None => self.settle_all_sizes(),
+        };
+        if settled {
+            self.commit()?;
+        }
         if self.journal.level() == Durability::Device {
             return Ok(None);
         }
@@ -269,6 +277,7 @@ impl Fs {
     /// what a clean stop does. Reserves go back.
     pub fn unmount(&mut self) -> FsResult<()> {
         self.check_alive()?;
+        self.end_grants(|_| true)?;
         let files: Vec<u64> = self.reserves.keys().copied().collect();
         for ino in files {
             self.drop_reserve(ino);

@@ -261,9 +261,22 @@ impl Fs {
     /// Drops an open handle of `ino`; frees the file if it was unlinked and this was its last
     /// handle.
     pub fn close(&mut self, ino: u64) -> FsResult<()> {
-        let Some(count) = self.open.get_mut(&ino) else {
+        let Some(&count) = self.open.get(&ino) else {
             return e(libc::EBADF, "the inode is not open");
         };
+        if count == 1 {
+            // The last handle: a size grant ends, and room allocated past the end goes back
+            // (revoked first, so in quick mode this fails before anything changed).
+            if self.trims_at_close(ino) {
+                let ranges = self.ranges_from(ino, self.size_now(ino).div_ceil(self.g.chunk_size));
+                self.revoke(&ranges)?;
+            }
+            let settled = self.end_grant_of(ino);
+            if self.trim_past_end(ino)? || settled {
+                self.commit()?;
+            }
+        }
+        let count = self.open.get_mut(&ino).expect("looked up above");
         *count -= 1;
         if *count == 0 {
             self.open.remove(&ino);
@@ -289,11 +302,20 @@ impl Fs {
     pub fn close_many(&mut self, inos: &[u64]) -> FsResult<Vec<u64>> {
         let mut not_open = Vec::new();
         let mut free = Vec::new();
+        let mut trim = Vec::new();
+        let mut settled = false;
         for &ino in inos {
-            let Some(count) = self.open.get_mut(&ino) else {
+            let Some(&count) = self.open.get(&ino) else {
                 not_open.push(ino);
                 continue;
             };
+            if count == 1 {
+                if self.trims_at_close(ino) {
+                    trim.push(ino);
+                }
+                settled |= self.end_grant_of(ino);
+            }
+            let count = self.open.get_mut(&ino).expect("looked up above");
             *count -= 1;
             if *count == 0 {
                 self.open.remove(&ino);
@@ -304,16 +326,30 @@ impl Fs {
                 }
             }
         }
-        if free.is_empty() {
+        trim.retain(|ino| !free.contains(ino));
+        if free.is_empty() && trim.is_empty() {
+            if settled {
+                self.commit()?;
+            }
             return Ok(not_open);
         }
         self.check_alive()?;
+        let cs = self.g.chunk_size;
         let ranges: Vec<(u64, u64)> = free
             .iter()
             .flat_map(|&ino| self.ranges_from(ino, 0))
+            .chain(
+                trim.iter()
+                    .flat_map(|&ino| self.ranges_from(ino, self.inode(ino).size.div_ceil(cs))),
+            )
             .collect();
         if let Err(err) = self.revoke(&ranges) {
             return Err(self.fail(&err));
+        }
+        for ino in trim {
+            if let Err(err) = self.trim_past_end(ino) {
+                return Err(self.fail(&err));
+            }
         }
         let budget = self.txn_budget();
         for ino in free {
@@ -330,6 +366,48 @@ impl Fs {
         }
         self.commit()?;
         Ok(not_open)
+    }
+
+    /// Whether closing the last handle of `ino` would free room allocated past its end (a
+    /// size grant's), which revokes first: a quick caller leaves that close to a thread that
+    /// may wait, as it does the close that frees an unlinked file.
+    pub fn trims_at_close(&self, ino: u64) -> bool {
+        self.open_count(ino) == 1
+            && self.exists(ino)
+            && self.inode(ino).nlink > 0
+            && self.inode(ino).is_reg()
+            && {
+                let keep = self.size_now(ino).div_ceil(self.g.chunk_size);
+                self.extents
+                    .get(&ino)
+                    .and_then(|m| m.iter().next_back())
+                    .is_some_and(|(&fc, x)| fc + x.count > keep)
+            }
+    }
+
+    /// Frees the chunks of `ino` past its size's last chunk, the caller having revoked them
+    /// (its grant ended, so the size no longer moves); the caller commits. Whether it freed
+    /// any.
+    fn trim_past_end(&mut self, ino: u64) -> FsResult<bool> {
+        if !self.exists(ino) || !self.inode(ino).is_reg() || self.grants.contains_key(&ino) {
+            return Ok(false);
+        }
+        let cs = self.g.chunk_size;
+        let keep = self.inode(ino).size.div_ceil(cs);
+        let past = self
+            .extents
+            .get(&ino)
+            .and_then(|m| m.iter().next_back())
+            .is_some_and(|(&fc, x)| fc + x.count > keep);
+        if !past {
+            return Ok(false);
+        }
+        self.drop_reserve(ino);
+        let budget = self.txn_budget();
+        while !self.free_from(ino, keep, budget) {
+            self.commit_one()?;
+        }
+        Ok(true)
     }
 
     /// Counts one more open handle of an inode in use, open or not: a caller that unlinks or

@@ -15,17 +15,40 @@ impl Fs {
         len: u64,
         max: usize,
     ) -> FsResult<(u64, Vec<Mapping>)> {
+        self.extend_ahead(ino, off, len, 0, max)
+            .map(|(size, maps, _)| (size, maps))
+    }
+
+    /// [`Fs::extend`] that also allocates up to `ahead` bytes past the new end when the range
+    /// ends the file, from the chunks that continue its last extent on the array (its
+    /// reserve), without growing the size: room a size grant lets the client grow into with
+    /// no call ([`Fs::grant_size`]). Returns the size, the mapping (whole extents, the room
+    /// included) and the end of the room (the size when there is none).
+    pub fn extend_ahead(
+        &mut self,
+        ino: u64,
+        off: u64,
+        len: u64,
+        ahead: u64,
+        max: usize,
+    ) -> FsResult<(u64, Vec<Mapping>, u64)> {
         self.check_alive()?;
         if !self.inode(ino).is_reg() {
             return e(libc::EINVAL, "not a regular file");
         }
+        // What the grant's holder published is part of the size the range is measured from.
+        let settled = self.settle_size(ino);
         let off = if off == u64::MAX {
             self.inode(ino).size
         } else {
             off
         };
         if len == 0 {
-            return self.map(ino, off, 0, max);
+            let size = self.inode(ino).size;
+            if settled {
+                self.commit()?;
+            }
+            return self.map(ino, off, 0, max).map(|(s, m)| (s, m, size));
         }
         let end = match off.checked_add(len) {
             Some(end) if end <= MAX_FILE_SIZE => end,
@@ -137,7 +160,14 @@ impl Fs {
             self.keep_reserve(ino);
         }
         let old = self.inode(ino).size;
-        if let Err(err) = self.zero_tail(ino, old, end) {
+        let room = if ahead > 0 && end >= old {
+            self.allocate_ahead(ino, last, ahead.div_ceil(cs))
+        } else {
+            end
+        };
+        // With room ahead the client may write anywhere in the old last chunk past the size:
+        // all of it must read as zeros, not only the part up to the new end.
+        if let Err(err) = self.zero_tail(ino, old, room.max(end)) {
             return Err(self.fail(&err));
         }
         let now = Time::now();
@@ -145,8 +175,50 @@ impl Fs {
         node.size = node.size.max(end);
         node.mtime = now;
         node.ctime = now;
+        let size = node.size;
         self.commit()?;
-        self.map(ino, off, len, max)
+        let (size_now, maps) = self.map(ino, off, len, max)?;
+        debug_assert_eq!(size, size_now);
+        Ok((size, maps, room.max(size)))
+    }
+
+    /// Allocates up to `chunks` chunks after file chunk `last` from `ino`'s reserve, when the
+    /// extent holding `last` ends there and the reserve continues it, so that the room is part
+    /// of that extent (an extent never starts past the size). Returns the end of the extent
+    /// holding `last`, in bytes.
+    fn allocate_ahead(&mut self, ino: u64, last: u64, chunks: u64) -> u64 {
+        let cs = self.g.chunk_size;
+        let Some((fc, x)) = self
+            .extents
+            .get(&ino)
+            .and_then(|m| m.range(..=last).next_back())
+            .map(|(&k, x)| (k, *x))
+        else {
+            return 0;
+        };
+        if fc + x.count <= last {
+            return 0;
+        }
+        let have = fc + x.count - (last + 1);
+        if have < chunks && fc + x.count == last + 1 {
+            if let Some(&(rs, re)) = self.reserves.get(&ino) {
+                if rs == x.dev + x.count {
+                    let k = (chunks - have).min(re - rs);
+                    self.space.claim(rs, k);
+                    if rs + k == re {
+                        self.reserves.remove(&ino);
+                    } else {
+                        self.reserves.insert(ino, (rs + k, re));
+                    }
+                    self.add_extent(ino, last + 1, rs, k);
+                    self.keep_reserve(ino);
+                }
+            }
+        }
+        self.extents
+            .get(&ino)
+            .and_then(|m| m.range(..=last).next_back())
+            .map_or(0, |(&k, x)| (k + x.count) * cs)
     }
 
     /// Whether an extent of `ino` ends at file chunk `fc` and data chunk `dev`, so that chunks
@@ -261,6 +333,9 @@ impl Fs {
         if size > MAX_FILE_SIZE {
             return e(libc::EFBIG, "file too large");
         }
+        // A grant's holder may have grown the file: that counts first, and the grant ends
+        // (its room may be freed below).
+        self.end_grant_of(ino);
         let cs = self.g.chunk_size;
         let old = self.inode(ino).size;
         if size < old {

@@ -252,12 +252,14 @@ impl Manager {
                 if s.rights(h.ino) != before {
                     ops.extend(removals(fs, h.ino, channel));
                 }
+                self.end_size_grant(fs, Some(channel), handle);
                 if fs.open_count(h.ino) == 1
-                    && fs.nlink(h.ino) == 0
-                    && fs.stat_ino(h.ino).blocks > 0
+                    && (fs.nlink(h.ino) == 0 && fs.stat_ino(h.ino).blocks > 0
+                        || fs.trims_at_close(h.ino))
                 {
-                    // The last handle of an unlinked file with space: closing it frees that
-                    // space, which revokes first.
+                    // The last handle of an unlinked file with space, or of a file with room
+                    // allocated past its end: closing it frees that space, which revokes
+                    // first.
                     released.push(h.ino);
                 } else {
                     fs.close(h.ino).map_err(failure)?;
@@ -290,7 +292,8 @@ impl Manager {
                     Ok(segs) if !segs.has(h.ino) => {}
                     _ => return Err(fail(NOT_QUICK, "a mapped file grows through the socket")),
                 }
-                let (size, maps) = fs.extend(h.ino, offset, len, max).map_err(failure)?;
+                let (size, maps) =
+                    self.extend_with_room(fs, Some(channel), false, &h, handle, offset, len, max)?;
                 let file = fs.layout_tag(h.ino);
                 ops.extend(inserts(s, channel, &h, &maps, file));
                 Ok(extents(size, file, &maps))

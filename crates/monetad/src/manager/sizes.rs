@@ -1,0 +1,168 @@
+//! Size leases (docs/abi.md §3.9): an extend that ends a file, asked through a channel that
+//! wants them, also allocates room past the new end, and the channel gets a slot in which
+//! its process publishes the size it grows the file to inside that room, with no call.
+//!
+//! The file system reads the slot whenever something depends on the size (`Fs::size_now`,
+//! `Fs::settle_size`), and the grant ends when its handle closes, when its channel goes,
+//! when the file is mapped, when any of its space is freed, and when another handle takes it
+//! (see `moneta_fs::SizeGrant`). Ending bumps the slot's generation before the last read,
+//! so what the process published before the end always counts and nothing after it does.
+//! The room is the file's own space, zeroed; what a client publishes counts only up to the
+//! room's end, so a hostile one can only grow its own file over zeros, as an extend would.
+
+use std::sync::atomic::Ordering;
+
+use moneta_abi::{word_size, SIZE_LEASE_SLOTS, SIZE_LEASE_WANTED};
+use moneta_fs::SizeGrant;
+
+use super::*;
+
+/// Least room an extend asks for past a growing file's end.
+const MIN_ROOM: u64 = 16 << 10;
+/// Most room an extend asks for (the file system gives at most its append reserve).
+const MAX_ROOM: u64 = 1 << 20;
+
+/// A grant's key: the channel, the slot and the handle (below 2^32; larger handles get no
+/// grant).
+fn key(channel: u32, slot: usize, handle: u64) -> Option<u64> {
+    (handle < 1 << 32 && channel < 1 << 28)
+        .then(|| (u64::from(channel) << 36) | ((slot as u64) << 32) | handle)
+}
+
+fn key_channel(k: u64) -> u32 {
+    (k >> 36) as u32
+}
+
+fn key_slot(k: u64) -> usize {
+    ((k >> 32) & 0xf) as usize
+}
+
+fn key_handle(k: u64) -> u64 {
+    k & 0xffff_ffff
+}
+
+/// How much room past its end a file of `size` bytes gets when it grows at its end: as much
+/// again as it holds, within bounds, and none for a file that was empty (most files are
+/// written whole by one call and never grow again).
+fn room_for(size: u64) -> u64 {
+    if size == 0 {
+        0
+    } else {
+        size.clamp(MIN_ROOM, MAX_ROOM)
+    }
+}
+
+impl Manager {
+    /// The extend of `[offset, offset + len)` of handle `handle` (`h`) asked on `channel`,
+    /// with room ahead and a size grant when the channel wants them. `mapped` says the file
+    /// has pages mapped (its size then grows only through the socket's calls).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn extend_with_room(
+        &self,
+        fs: &mut Fs,
+        channel: Option<u32>,
+        mapped: bool,
+        h: &Handle,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        max: usize,
+    ) -> Result<(u64, Vec<Mapping>), Failure> {
+        let slot = match channel {
+            Some(c) if !mapped && h.write => self.size_slot(fs, c, handle),
+            _ => None,
+        };
+        let ahead = match slot {
+            Some(_) => room_for(fs.size_now(h.ino)),
+            None => 0,
+        };
+        let (size, maps, room) = fs
+            .extend_ahead(h.ino, offset, len, ahead, max)
+            .map_err(failure)?;
+        if let (Some((channel, slot)), true) = (slot, room > size) {
+            self.grant(fs, channel, slot, h.ino, handle, room)?;
+        }
+        Ok((size, maps))
+    }
+
+    /// A slot of `channel`'s size-lease area for `handle`: the one it holds, or a free one;
+    /// `None` when the channel does not want size leases or has no slot free.
+    fn size_slot(&self, fs: &Fs, channel: u32, handle: u64) -> Option<(u32, usize)> {
+        let refs = self.device.lease_area(channel)?;
+        if refs.size_area().wanted.load(Ordering::Acquire) != SIZE_LEASE_WANTED {
+            return None;
+        }
+        let mut used = [false; SIZE_LEASE_SLOTS];
+        for k in fs.grant_keys() {
+            if key_channel(k) == channel {
+                if key_handle(k) == handle {
+                    return Some((channel, key_slot(k)));
+                }
+                used[key_slot(k)] = true;
+            }
+        }
+        let free = used.iter().position(|u| !u)?;
+        Some((channel, free))
+    }
+
+    /// Grants `channel`'s slot `slot` to `handle` for `ino`, up to `limit` bytes.
+    fn grant(
+        &self,
+        fs: &mut Fs,
+        channel: u32,
+        slot: usize,
+        ino: u64,
+        handle: u64,
+        limit: u64,
+    ) -> Result<(), Failure> {
+        let (Some(refs), Some(key)) = (self.device.lease_area(channel), key(channel, slot, handle))
+        else {
+            return Ok(());
+        };
+        // The handle's grant ends first (a new room replaces it): its last size counts.
+        if fs.grant_key(ino) == Some(key) {
+            fs.end_grants(|k| k == key).map_err(failure)?;
+        }
+        let s = &refs.size_area().slots[slot];
+        // A seqlock: odd while the words change, so a client never pairs one grant's handle
+        // with another's limit.
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        s.handle.store(handle, Ordering::SeqCst);
+        s.limit.store(limit, Ordering::SeqCst);
+        let generation = s.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let (read, end) = (refs.clone(), refs);
+        let grant = SizeGrant {
+            key,
+            limit,
+            published: Box::new(move || {
+                let w = read.size_area().slots[slot]
+                    .published
+                    .load(Ordering::SeqCst);
+                word_size(w, generation)
+            }),
+            end: Box::new(move || {
+                let s = &end.size_area().slots[slot];
+                s.limit.store(0, Ordering::SeqCst);
+                s.generation.fetch_add(2, Ordering::SeqCst);
+            }),
+        };
+        fs.grant_size(ino, grant).map_err(failure)
+    }
+
+    /// Ends the size grant of `handle` on `channel`, if it has one (the handle is closing).
+    pub(super) fn end_size_grant(&self, fs: &mut Fs, channel: Option<u32>, handle: u64) {
+        let Some(channel) = channel else {
+            return;
+        };
+        if let Err(e) = fs.end_grants(|k| key_channel(k) == channel && key_handle(k) == handle) {
+            tracing::warn!("ending a size grant: {e}");
+        }
+    }
+
+    /// Ends every size grant of `channel` (it is closing; its id may be given again).
+    pub(super) fn end_channel_grants(&self, fs: &mut Fs, channel: u32) {
+        if let Err(e) = fs.end_grants(|k| key_channel(k) == channel) {
+            tracing::warn!("ending a closing channel's size grants: {e}");
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Size leases (docs/abi.md §3.9) through a real daemon: a process appending to a file grows
+//! it inside the room the daemon allocated past its end with no extend call, everyone else
+//! sees the size at once, the room goes back at the last close, and nothing a client writes
+//! in its slot grows a file past its room or another file at all.
+//!
+//! Separate connections play separate processes. The tests run one at a time: they count the
+//! writes this process made in leases, which is one number for the whole process.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use libmoneta::{Moneta, OpenOptions};
+use moneta_abi::{size_word, SizeLeaseArea, SIZE_LEASE_OFFSET};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// The size-lease area of `m`'s channel, mapped again as another writer of it would.
+struct Area {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Area {
+    fn of(m: &Moneta) -> Area {
+        let fd = m.channel().memfd();
+        let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
+        // SAFETY: a fresh shared mapping of the channel's memfd, unmapped on drop.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+            .unwrap()
+        };
+        Area {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    fn area(&self) -> &SizeLeaseArea {
+        // SAFETY: the area lies inside the mapping; atomics only.
+        unsafe { &*self.ptr.add(SIZE_LEASE_OFFSET).cast::<SizeLeaseArea>() }
+    }
+
+    /// The slot granted now, if one is: (index, generation, limit).
+    fn granted(&self) -> Option<(usize, u64, u64)> {
+        self.area().slots.iter().enumerate().find_map(|(i, s)| {
+            let g = s.generation.load(Ordering::SeqCst);
+            let limit = s.limit.load(Ordering::SeqCst);
+            (g & 1 == 0 && limit > 0).then_some((i, g, limit))
+        })
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what `of` mapped.
+        unsafe { rustix::mm::munmap(self.ptr.cast(), self.len).unwrap() };
+    }
+}
+
+fn bytes(seed: u8, n: usize) -> Vec<u8> {
+    (0..n).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+}
+
+fn read_all(m: &Moneta, path: &str) -> Vec<u8> {
+    let f = m.open(path, OpenOptions::new().read(true)).unwrap();
+    let size = f.stat().unwrap().size as usize;
+    let mut out = vec![0u8; size];
+    assert_eq!(f.read_at(&mut out, 0).unwrap(), size);
+    out
+}
+
+const CHUNK: u64 = 4096;
+
+/// `st_blocks` of a file of `size` bytes with no room past its end.
+fn whole(size: u64) -> u64 {
+    size.div_ceil(CHUNK) * CHUNK / 512
+}
+
+/// Waits until `path` holds no room past its end: the last close of a file with room leaves
+/// the freeing to the daemon's releaser thread, a moment later.
+fn room_gone(m: &Moneta, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = m.stat(path).unwrap();
+        if st.blocks == whole(st.size) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the room never went back: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Entry point of child processes started with `spawn_role`; does nothing in a normal run.
+#[test]
+fn child_process_entry() {
+    let Some((role, args)) = child_role() else {
+        return;
+    };
+    match role.as_str() {
+        // Appends `args[2]` records to `args[1]` and dies without closing anything.
+        "append-and-die" => {
+            let m = Moneta::connect(std::path::Path::new(&args[0])).unwrap();
+            let f = m.open(&args[1], &rw()).unwrap();
+            let n: u8 = args[2].parse().unwrap();
+            let mut at = 0u64;
+            for i in 0..n {
+                let rec = bytes(i, 700);
+                f.write_at(&rec, at).unwrap();
+                at += rec.len() as u64;
+            }
+            assert!(libmoneta::sizes_leased() > 0, "no append went in the room");
+            // SAFETY: `kill` on this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!();
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_once() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    assert_eq!(Area::of(&a).area().wanted.load(Ordering::Acquire), 1);
+    let f = a.open("/journal", &rw()).unwrap();
+    let mut want = bytes(1, 512);
+    // The first write of an empty file extends it with no room: most files are written
+    // whole and never grow again.
+    f.write_at(&want, 0).unwrap();
+    // B keeps an answer about the file: the grant below must make B ask again.
+    assert_eq!(b.stat("/journal").unwrap().size, 512);
+    let rec = bytes(2, 4104);
+    f.write_at(&rec, 512).unwrap();
+    want.extend_from_slice(&rec);
+    let extends = a.stats().extends;
+    let grown = libmoneta::sizes_leased();
+    for i in 0..4u8 {
+        let rec = bytes(10 + i, 1000 + i as usize * 7);
+        f.write_at(&rec, want.len() as u64).unwrap();
+        want.extend_from_slice(&rec);
+        // Every other connection sees the new size and bytes at once, as after an extend.
+        assert_eq!(b.stat("/journal").unwrap().size, want.len() as u64);
+    }
+    assert_eq!(a.stats().extends, extends, "no extend call inside the room");
+    assert_eq!(libmoneta::sizes_leased(), grown + 4);
+    assert_eq!(f.stat().unwrap().size, want.len() as u64);
+    assert_eq!(read_all(&b, "/journal"), want);
+    let mut back = vec![0u8; want.len()];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), want.len());
+    assert_eq!(back, want);
+
+    // The room is the file's own space until the last close gives it back.
+    let size = want.len() as u64;
+    assert!(b.stat("/journal").unwrap().blocks > whole(size));
+    let other = b.open("/journal", OpenOptions::new().read(true)).unwrap();
+    f.close().unwrap();
+    assert!(
+        b.stat("/journal").unwrap().blocks > whole(size),
+        "another handle is open"
+    );
+    other.close().unwrap();
+    room_gone(&b, "/journal");
+    assert_eq!(b.stat("/journal").unwrap().size, size);
+    assert_eq!(read_all(&b, "/journal"), want);
+
+    // A file opened again gets room at its first append, and the next one is inside it.
+    let c = Moneta::connect(&d.socket).unwrap();
+    let g = c.open("/journal", &rw()).unwrap();
+    let h = g.stat().unwrap().size;
+    g.write_at(b"x", h).unwrap();
+    let e = c.stats().extends;
+    g.write_at(b"y", h + 1).unwrap();
+    assert_eq!(c.stats().extends, e, "the second append is in the room");
+    g.close().unwrap();
+}
+
+#[test]
+fn a_truncate_elsewhere_ends_the_grant_and_the_next_append_asks_again() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    let f = a.open("/log", &rw()).unwrap();
+    f.write_at(&bytes(1, 100), 0).unwrap();
+    f.write_at(&bytes(2, 100), 100).unwrap();
+    let (_, _, limit) = area.granted().expect("the second append got a grant");
+    assert!(limit >= 200 + 16 * 1024, "room of at least 16 KiB: {limit}");
+    f.write_at(&bytes(3, 100), 200).unwrap();
+    assert_eq!(b.stat("/log").unwrap().size, 300);
+
+    // Another process shortens the file: the grant ends (what was published counts first).
+    b.truncate("/log", 150).unwrap();
+    assert_eq!(area.granted(), None, "the grant ended");
+    assert_eq!(b.stat("/log").unwrap().size, 150);
+    let extends = a.stats().extends;
+    f.write_at(&bytes(4, 50), 400).unwrap();
+    assert!(a.stats().extends > extends, "past the end again: an extend");
+    let mut want = bytes(1, 100);
+    want.extend_from_slice(&bytes(2, 50));
+    want.resize(400, 0);
+    want.extend_from_slice(&bytes(4, 50));
+    assert_eq!(read_all(&b, "/log"), want);
+    f.close().unwrap();
+}
+
+#[test]
+fn a_hostile_slot_grows_only_its_own_file_and_only_over_its_zeroed_room() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    let other = b.open("/theirs", &rw()).unwrap();
+    other.write_at(b"theirs", 0).unwrap();
+    let f = a.open("/mine", &rw()).unwrap();
+    f.write_at(&bytes(1, 10), 0).unwrap();
+    f.write_at(&bytes(2, 10), 10).unwrap();
+    let (slot, generation, limit) = area.granted().expect("a grant");
+    let s = &area.area().slots[slot];
+
+    // A size under another generation counts for nothing.
+    s.published
+        .store(size_word(generation + 2, 5000), Ordering::SeqCst);
+    assert_eq!(b.stat("/mine").unwrap().size, 20);
+    // A huge size counts up to the room's end, and the room reads as zeros.
+    s.published
+        .store(size_word(generation, 1 << 40), Ordering::SeqCst);
+    assert_eq!(b.stat("/mine").unwrap().size, limit);
+    let got = read_all(&b, "/mine");
+    assert_eq!(&got[..20], &[bytes(1, 10), bytes(2, 10)].concat()[..]);
+    assert!(got[20..].iter().all(|&x| x == 0), "the room was zeroed");
+    // Free slots count for nothing either, and no other file moved.
+    for (i, t) in area.area().slots.iter().enumerate() {
+        if i != slot {
+            t.handle.store(1, Ordering::SeqCst);
+            t.published.store(
+                size_word(t.generation.load(Ordering::SeqCst), 1 << 30),
+                Ordering::SeqCst,
+            );
+        }
+    }
+    assert_eq!(b.stat("/theirs").unwrap().size, 6);
+    assert_eq!(a.stat("/theirs").unwrap().size, 6);
+    // The size stays where the grant left it once the handle is closed.
+    f.close().unwrap();
+    room_gone(&b, "/mine");
+    assert_eq!(b.stat("/mine").unwrap().size, limit);
+    other.close().unwrap();
+}
+
+#[test]
+fn what_was_published_survives_a_killed_client_and_an_fsync_survives_a_killed_daemon() {
+    let _s = serial();
+    let dir = TempDir::new("sizes");
+    let img = dir.0.join("device.img").display().to_string();
+    let mut d = Daemon::start_raw(&["--device", &img, "--size", "64M"], dir);
+
+    // A client killed in the middle of its appends: what it grew the file to stays, and the
+    // room goes back when the daemon notices the connection's end.
+    let n = 5u8;
+    let mut child = spawn_role(
+        "append-and-die",
+        &[
+            d.socket.display().to_string(),
+            "/killed".into(),
+            n.to_string(),
+        ],
+    );
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    let want: Vec<u8> = (0..n).flat_map(|i| bytes(i, 700)).collect();
+    let b = Moneta::connect(&d.socket).unwrap();
+    room_gone(&b, "/killed");
+    assert_eq!(read_all(&b, "/killed"), want);
+
+    // An fsync applies the published size: a kill of the daemon right after keeps it.
+    let f = b.open("/synced", &rw()).unwrap();
+    let mut synced = Vec::new();
+    for i in 0..6u8 {
+        let rec = bytes(40 + i, 1500);
+        f.write_at(&rec, synced.len() as u64).unwrap();
+        synced.extend_from_slice(&rec);
+    }
+    f.sync_all().unwrap();
+    d.kill9();
+    // The image as the kill left it checks clean: the room past the end continues the
+    // file's last extent, which nvfs allows.
+    let img = d.dir.0.join("device.img");
+    let arr = std::sync::Arc::new(moneta_device::MappedArray::open_file(&img, None).unwrap());
+    let out = moneta_fs::fsck(&*arr, false).unwrap();
+    assert_eq!(out.before.errors(), 0, "{:?}", out.before.problems);
+    drop(arr);
+    d.spawn();
+    let c = Moneta::connect(&d.socket).unwrap();
+    // The room the kill left allocated goes back at the file's next last close.
+    let st = c.stat("/synced").unwrap();
+    assert_eq!(st.size, synced.len() as u64);
+    assert!(st.blocks > whole(st.size), "{st:?}");
+    assert_eq!(read_all(&c, "/synced"), synced);
+    room_gone(&c, "/synced");
+    assert_eq!(read_all(&c, "/killed"), want);
+    drop(f);
+}
