@@ -327,6 +327,8 @@ pub struct Fs {
     touched: BTreeSet<u64>,
     /// Size grants, by file ([`Fs::grant_size`]).
     grants: HashMap<u64, SizeGrant>,
+    /// Open files that grew at their end since they were opened ([`Fs::grew_since_open`]).
+    grown: std::collections::HashSet<u64>,
 }
 
 /// Why an image cannot be mounted.
@@ -503,6 +505,7 @@ impl Fs {
             sink: None,
             touched: BTreeSet::new(),
             grants: HashMap::new(),
+            grown: Default::default(),
             inodes: t.inodes,
         };
         for (i, n) in fs.inodes.iter().enumerate() {

@@ -138,9 +138,9 @@ fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_on
     assert_eq!(Area::of(&a).area().wanted.load(Ordering::Acquire), 1);
     let f = a.open("/journal", &rw()).unwrap();
     let mut want = bytes(1, 512);
-    // The first write of an empty file extends it with no room: most files are written
-    // whole and never grow again.
+    // The first write extends the file with no room: most files are written whole.
     f.write_at(&want, 0).unwrap();
+    assert_eq!(Area::of(&a).granted(), None);
     // B keeps an answer about the file: the grant below must make B ask again.
     assert_eq!(b.stat("/journal").unwrap().size, 512);
     let rec = bytes(2, 4104);
@@ -177,15 +177,24 @@ fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_on
     assert_eq!(b.stat("/journal").unwrap().size, size);
     assert_eq!(read_all(&b, "/journal"), want);
 
-    // A file opened again gets room at its first append, and the next one is inside it.
+    // One append per open (a log written by `>>`) gets no room to give back; a file opened
+    // again gets room at its second growth, and the third is inside it.
     let c = Moneta::connect(&d.socket).unwrap();
     let g = c.open("/journal", &rw()).unwrap();
-    let h = g.stat().unwrap().size;
-    g.write_at(b"x", h).unwrap();
-    let e = c.stats().extends;
-    g.write_at(b"y", h + 1).unwrap();
-    assert_eq!(c.stats().extends, e, "the second append is in the room");
+    g.write_at(b"w", size).unwrap();
     g.close().unwrap();
+    let st = c.stat("/journal").unwrap();
+    assert_eq!((st.size, st.blocks), (size + 1, whole(size + 1)));
+    let g = c.open("/journal", &rw()).unwrap();
+    let e = c.stats().extends;
+    g.write_at(b"x", size + 1).unwrap();
+    g.write_at(b"y", size + 2).unwrap();
+    assert_eq!(c.stats().extends, e + 2);
+    g.write_at(b"z", size + 3).unwrap();
+    assert_eq!(c.stats().extends, e + 2, "the third growth is in the room");
+    assert_eq!(b.stat("/journal").unwrap().size, size + 4);
+    g.close().unwrap();
+    room_gone(&c, "/journal");
 }
 
 #[test]

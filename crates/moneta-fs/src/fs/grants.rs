@@ -50,6 +50,12 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether `ino` grew at its end since it was opened (by any handle): a file that grows
+    /// again is likely to go on growing, where most files are written by one call and closed.
+    pub fn grew_since_open(&self, ino: u64) -> bool {
+        self.grown.contains(&ino)
+    }
+
     /// Whether `ino` has a size grant out.
     pub fn granted(&self, ino: u64) -> bool {
         self.grants.contains_key(&ino)

@@ -280,6 +280,7 @@ impl Fs {
         *count -= 1;
         if *count == 0 {
             self.open.remove(&ino);
+            self.grown.remove(&ino);
             // No handle is left, so no channel holds the file's records: the next open starts
             // a new tag, and the table holds tags of open files only. Its reserve goes back.
             self.layouts.remove(&ino);
@@ -319,6 +320,7 @@ impl Fs {
             *count -= 1;
             if *count == 0 {
                 self.open.remove(&ino);
+                self.grown.remove(&ino);
                 self.layouts.remove(&ino);
                 self.drop_reserve(ino);
                 if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {

@@ -170,6 +170,9 @@ impl Fs {
         if let Err(err) = self.zero_tail(ino, old, room.max(end)) {
             return Err(self.fail(&err));
         }
+        if end > old && self.open.contains_key(&ino) {
+            self.grown.insert(ino);
+        }
         let now = Time::now();
         let node = self.inode_mut(ino);
         node.size = node.size.max(end);

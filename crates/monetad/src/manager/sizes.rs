@@ -41,14 +41,15 @@ fn key_handle(k: u64) -> u64 {
     k & 0xffff_ffff
 }
 
-/// How much room past its end a file of `size` bytes gets when it grows at its end: as much
-/// again as it holds, within bounds, and none for a file that was empty (most files are
-/// written whole by one call and never grow again).
-fn room_for(size: u64) -> u64 {
-    if size == 0 {
-        0
+/// How much room past its end a file of `size` bytes gets when it grows at its end again
+/// since it was opened: as much again as it holds, within bounds. A file's first growth gets
+/// none: most files are written whole by one call (or appended to once per open) and closed,
+/// and their room would only be given back.
+fn room_for(fs: &Fs, ino: u64) -> u64 {
+    if fs.grew_since_open(ino) {
+        fs.size_now(ino).clamp(MIN_ROOM, MAX_ROOM)
     } else {
-        size.clamp(MIN_ROOM, MAX_ROOM)
+        0
     }
 }
 
@@ -73,7 +74,7 @@ impl Manager {
             _ => None,
         };
         let ahead = match slot {
-            Some(_) => room_for(fs.size_now(h.ino)),
+            Some(_) => room_for(fs, h.ino),
             None => 0,
         };
         let (size, maps, room) = fs
