@@ -328,3 +328,40 @@ fn what_was_published_survives_a_killed_client_and_an_fsync_survives_a_killed_da
     assert_eq!(read_all(&c, "/killed"), want);
     drop(f);
 }
+
+#[test]
+fn room_held_ahead_of_appends_is_taken_back_before_another_file_is_refused_space() {
+    let _s = serial();
+    let d = Daemon::start_fs("16M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    let f = a.open("/growing", &rw()).unwrap();
+    f.write_at(&bytes(1, 1 << 20), 0).unwrap();
+    let free = b.statfs().unwrap().chunks_free;
+    // The second growth leaves up to 1 MiB of room past the end.
+    f.write_at(b"+", 1 << 20).unwrap();
+    let (_, _, limit) = area.granted().expect("a grant");
+    let room = (limit - (1 << 20)) / CHUNK;
+    assert!(room >= 64, "{limit}");
+    assert!(b.statfs().unwrap().chunks_free + room <= free);
+    // Another file takes every chunk but the one the append took: only the room makes that
+    // possible, and it is taken back rather than the write refused.
+    let g = b.open("/filler", &rw()).unwrap();
+    let want = (free - 1) * CHUNK;
+    g.write_at(&vec![7u8; want as usize], 0).unwrap();
+    assert_eq!(g.stat().unwrap().size, want);
+    assert_eq!(area.granted(), None, "the grant ended with its room");
+    let st = b.stat("/growing").unwrap();
+    assert_eq!((st.size, st.blocks), ((1 << 20) + 1, whole((1 << 20) + 1)));
+    // The holder's next append past its last chunk asks, and the device is full.
+    let e = f
+        .write_at(&[9u8; CHUNK as usize], (1 << 20) + 1)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let mut last = [0u8; 1];
+    assert_eq!(f.read_at(&mut last, 1 << 20).unwrap(), 1);
+    assert_eq!(&last, b"+");
+    g.close().unwrap();
+    f.close().unwrap();
+}

@@ -150,4 +150,38 @@ impl Fs {
         }
         changed
     }
+
+    /// Ends the size grants of every file but `except` and frees their room past the end
+    /// (revoked first): what an extend does before it answers `ENOSPC`. In quick mode, with
+    /// room to take, it fails before it changes anything.
+    pub(super) fn take_back_rooms(&mut self, except: u64) -> FsResult<()> {
+        let inos: Vec<u64> = self
+            .grants
+            .keys()
+            .copied()
+            .filter(|&i| i != except)
+            .collect();
+        if inos.is_empty() {
+            return Ok(());
+        }
+        if self.quick {
+            return e(NOT_QUICK, "taking room back revokes records first");
+        }
+        self.check_alive()?;
+        for &ino in &inos {
+            self.end_grant_of(ino);
+        }
+        let cs = self.g.chunk_size;
+        let ranges: Vec<(u64, u64)> = inos
+            .iter()
+            .flat_map(|&ino| self.ranges_from(ino, self.inode(ino).size.div_ceil(cs)))
+            .collect();
+        self.revoke(&ranges)?;
+        for ino in inos {
+            self.trim_past_end(ino)?;
+        }
+        // Committed on their own, so that the frees can become durable (and the space
+        // allocatable) before the extend that needs them commits.
+        self.commit_one()
+    }
 }

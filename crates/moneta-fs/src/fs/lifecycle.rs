@@ -390,7 +390,7 @@ impl Fs {
     /// Frees the chunks of `ino` past its size's last chunk, the caller having revoked them
     /// (its grant ended, so the size no longer moves); the caller commits. Whether it freed
     /// any.
-    fn trim_past_end(&mut self, ino: u64) -> FsResult<bool> {
+    pub(super) fn trim_past_end(&mut self, ino: u64) -> FsResult<bool> {
         if !self.exists(ino) || !self.inode(ino).is_reg() || self.grants.contains_key(&ino) {
             return Ok(false);
         }

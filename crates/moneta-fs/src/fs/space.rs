@@ -78,6 +78,10 @@ impl Fs {
         }
         let need: u64 = missing.iter().map(|r| r.1).sum();
         if need > self.space.free() {
+            // Other files' room ahead of their appends is space too.
+            self.take_back_rooms(ino)?;
+        }
+        if need > self.space.free() {
             return e(
                 libc::ENOSPC,
                 format!(
