@@ -468,6 +468,18 @@ impl Fs {
             fs.release(ino)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
         }
+        // Room past a file's end left by a size lease that a kill or a stop ended: no channel
+        // holds records yet, so it goes back now rather than at the file's next last close.
+        let rooms: Vec<u64> = fs
+            .extents
+            .keys()
+            .copied()
+            .filter(|&ino| fs.past_end(ino))
+            .collect();
+        for ino in rooms {
+            fs.trim_past_end(ino)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
         fs.commit()
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(fs)

@@ -374,36 +374,29 @@ impl Fs {
     /// size grant's), which revokes first: a quick caller leaves that close to a thread that
     /// may wait, as it does the close that frees an unlinked file.
     pub fn trims_at_close(&self, ino: u64) -> bool {
-        self.open_count(ino) == 1
-            && self.exists(ino)
-            && self.inode(ino).nlink > 0
-            && self.inode(ino).is_reg()
-            && {
-                let keep = self.size_now(ino).div_ceil(self.g.chunk_size);
-                self.extents
-                    .get(&ino)
-                    .and_then(|m| m.iter().next_back())
-                    .is_some_and(|(&fc, x)| fc + x.count > keep)
-            }
+        self.open_count(ino) == 1 && self.inode(ino).nlink > 0 && self.past_end(ino)
+    }
+
+    /// Whether `ino` is a regular file in use with chunks past the last one its size (as its
+    /// readers see it) reaches.
+    pub(super) fn past_end(&self, ino: u64) -> bool {
+        self.exists(ino) && self.inode(ino).is_reg() && {
+            let keep = self.size_now(ino).div_ceil(self.g.chunk_size);
+            self.extents
+                .get(&ino)
+                .and_then(|m| m.iter().next_back())
+                .is_some_and(|(&fc, x)| fc + x.count > keep)
+        }
     }
 
     /// Frees the chunks of `ino` past its size's last chunk, the caller having revoked them
     /// (its grant ended, so the size no longer moves); the caller commits. Whether it freed
     /// any.
     pub(super) fn trim_past_end(&mut self, ino: u64) -> FsResult<bool> {
-        if !self.exists(ino) || !self.inode(ino).is_reg() || self.grants.contains_key(&ino) {
+        if self.grants.contains_key(&ino) || !self.past_end(ino) {
             return Ok(false);
         }
-        let cs = self.g.chunk_size;
-        let keep = self.inode(ino).size.div_ceil(cs);
-        let past = self
-            .extents
-            .get(&ino)
-            .and_then(|m| m.iter().next_back())
-            .is_some_and(|(&fc, x)| fc + x.count > keep);
-        if !past {
-            return Ok(false);
-        }
+        let keep = self.inode(ino).size.div_ceil(self.g.chunk_size);
         self.drop_reserve(ino);
         let budget = self.txn_budget();
         while !self.free_from(ino, keep, budget) {
