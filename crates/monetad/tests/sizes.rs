@@ -422,3 +422,42 @@ fn readers_racing_an_appender_see_sizes_only_grow_and_bytes_only_of_the_appender
     let b = Moneta::connect(&d.socket).unwrap();
     assert_eq!(read_all(&b, "/race"), want);
 }
+
+#[test]
+fn under_a_lease_a_read_past_the_end_needs_no_call_and_another_extend_ends_the_lease() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    let f = a.open("/f", &rw()).unwrap();
+    f.write_at(&bytes(1, 100), 0).unwrap();
+    f.write_at(&bytes(2, 100), 100).unwrap();
+    f.write_at(&bytes(3, 50), 200).unwrap();
+    assert!(area.granted().is_some());
+    // SQLite reads 8 bytes past its journal's end to check for a stale header: the lease
+    // says where the end is, so that read asks nothing.
+    let misses = a.stats().soft_misses;
+    let mut buf = [0u8; 8];
+    assert_eq!(f.read_at(&mut buf, 1000).unwrap(), 0);
+    assert_eq!(f.read_at(&mut buf, 246).unwrap(), 4);
+    assert_eq!(&buf[..4], &bytes(3, 50)[46..]);
+    assert_eq!(a.stats().soft_misses, misses, "no lookup");
+    // Another process grows the file: the lease ends first, so the holder asks again and
+    // sees the new end.
+    let g = b.open("/f", &rw()).unwrap();
+    g.write_at(b"theirs", 2000).unwrap();
+    assert_eq!(area.granted(), None, "another extend ended the lease");
+    let mut theirs = [0u8; 6];
+    assert_eq!(f.read_at(&mut theirs, 2000).unwrap(), 6);
+    assert_eq!(&theirs, b"theirs");
+    assert!(a.stats().soft_misses > misses);
+    // Its next append past the new end asks too, and lands there.
+    f.write_at(b"mine", 2006).unwrap();
+    let got = read_all(&b, "/f");
+    assert_eq!(got.len(), 2010);
+    assert_eq!(&got[2000..], b"theirsmine");
+    assert!(got[250..2000].iter().all(|&x| x == 0));
+    g.close().unwrap();
+    f.close().unwrap();
+}

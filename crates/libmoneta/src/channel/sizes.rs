@@ -49,6 +49,24 @@ impl Channel {
         }
     }
 
+    /// The size `handle`'s file has published under a size lease this channel holds on it
+    /// now (0 when none yet): while the lease stands nobody else moves the file's size, so
+    /// the size is exactly the larger of this and the size the lease's extend answered.
+    pub(crate) fn leased_size(&self, handle: u64) -> Option<u64> {
+        for s in &self.size_area().slots {
+            let g = s.generation.load(Ordering::SeqCst);
+            if g & 1 == 1 || s.handle.load(Ordering::SeqCst) != handle {
+                continue;
+            }
+            if s.limit.load(Ordering::SeqCst) == 0 {
+                return None;
+            }
+            let p = word_size(s.published.load(Ordering::SeqCst), g).unwrap_or(0);
+            return (s.generation.load(Ordering::SeqCst) == g).then_some(p);
+        }
+        None
+    }
+
     /// Publishes that the file of `handle` now ends at `end` at least, if a size lease of
     /// this channel covers it: whether it does (the write may go ahead with no call).
     pub(crate) fn publish_size(&self, handle: u64, end: u64) -> bool {

@@ -518,8 +518,11 @@ impl File {
         loop {
             let miss = {
                 let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-                if at >= map.size {
-                    if fresh.is_some() {
+                // Under a size lease the size is known exactly: nobody else moves it.
+                let leased = self.h().ok().and_then(|h| self.ch().leased_size(h));
+                let size = leased.map_or(map.size, |p| p.max(map.size));
+                if at >= size {
+                    if fresh.is_some() || leased.is_some() {
                         p.len = 0;
                         p.segs.clear();
                         p.holes.clear();
@@ -527,11 +530,11 @@ impl File {
                     }
                     0
                 } else {
-                    p.len = (want as u64).min(map.size - at) as usize;
+                    p.len = (want as u64).min(size - at) as usize;
                     match self.plan(&map, at, p.len, fresh, &mut p.segs, &mut p.holes) {
                         // The cached size only cuts a read short once a lookup made for this
                         // read confirmed it, as the kernel reads up to the size of the moment.
-                        Plan::Ready if p.len < want && fresh.is_none() => p.len,
+                        Plan::Ready if p.len < want && fresh.is_none() && leased.is_none() => p.len,
                         Plan::Ready => return Ok(()),
                         Plan::Miss(i) => i,
                     }

@@ -15,21 +15,25 @@ impl Fs {
         len: u64,
         max: usize,
     ) -> FsResult<(u64, Vec<Mapping>)> {
-        self.extend_ahead(ino, off, len, 0, max)
+        self.extend_ahead(ino, off, len, 0, None, max)
             .map(|(size, maps, _)| (size, maps))
     }
 
     /// [`Fs::extend`] that also allocates up to `ahead` bytes past the new end when the range
     /// ends the file, from the chunks that continue its last extent on the array (its
     /// reserve), without growing the size: room a size grant lets the client grow into with
-    /// no call ([`Fs::grant_size`]). Returns the size, the mapping (whole extents, the room
-    /// included) and the end of the room (the size when there is none).
+    /// no call ([`Fs::grant_size`]). `holder` is the key of the caller's grant, if it may
+    /// hold one: a grant of anyone else on the file ends first, so that while a grant stands
+    /// its holder alone moves the size and knows it exactly. Returns the size, the mapping
+    /// (whole extents, the room included) and the end of the room (the size when there is
+    /// none).
     pub fn extend_ahead(
         &mut self,
         ino: u64,
         off: u64,
         len: u64,
         ahead: u64,
+        holder: Option<u64>,
         max: usize,
     ) -> FsResult<(u64, Vec<Mapping>, u64)> {
         self.check_alive()?;
@@ -37,7 +41,11 @@ impl Fs {
             return e(libc::EINVAL, "not a regular file");
         }
         // What the grant's holder published is part of the size the range is measured from.
-        let settled = self.settle_size(ino);
+        let settled = if self.grants.get(&ino).is_some_and(|g| Some(g.key) != holder) {
+            self.end_grant_of(ino)
+        } else {
+            self.settle_size(ino)
+        };
         let off = if off == u64::MAX {
             self.inode(ino).size
         } else {

@@ -77,8 +77,9 @@ impl Manager {
             Some(_) => room_for(fs, h.ino),
             None => 0,
         };
+        let holder = slot.and_then(|(channel, slot)| key(channel, slot, handle));
         let (size, maps, room) = fs
-            .extend_ahead(h.ino, offset, len, ahead, max)
+            .extend_ahead(h.ino, offset, len, ahead, holder, max)
             .map_err(failure)?;
         if let (Some((channel, slot)), true) = (slot, room > size) {
             self.grant(fs, channel, slot, h.ino, handle, room)?;
