@@ -19,7 +19,6 @@ use moneta_abi::{
     lease_parts, lease_word, LeaseArea, LEASE_BUSY, LEASE_GONE, LEASE_HELD, LEASE_OFFSET,
     LEASE_SEIZED, LEASE_WRITE,
 };
-use rustix::mm::{MapFlags, ProtFlags};
 
 use LockKind::{Ofd, Posix};
 use LockType::{Read, Unlock, Write};
@@ -39,36 +38,15 @@ fn held(ty: LockType, start: u64, len: u64) -> Option<LockInfo> {
 }
 
 /// The lease area of `m`'s channel, mapped again as another writer of it would.
-struct Area {
-    ptr: *mut u8,
-    len: usize,
-}
+struct Area(ChannelMap);
 
 impl Area {
     fn of(m: &Moneta) -> Area {
-        let fd = m.channel().memfd();
-        let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
-        // SAFETY: a fresh shared mapping of the channel's memfd, unmapped on drop.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-            .unwrap()
-        };
-        Area {
-            ptr: ptr.cast(),
-            len,
-        }
+        Area(ChannelMap::of(m))
     }
 
     fn area(&self) -> &LeaseArea {
-        // SAFETY: the lease area lies inside the mapping; atomics only.
-        unsafe { &*self.ptr.add(LEASE_OFFSET).cast::<LeaseArea>() }
+        self.0.at(LEASE_OFFSET)
     }
 
     /// The codes of the three slots' state words.
@@ -78,13 +56,6 @@ impl Area {
             .iter()
             .map(|s| lease_parts(s.state.load(Ordering::Acquire)).0)
             .collect()
-    }
-}
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        // SAFETY: unmaps what `of` mapped.
-        unsafe { rustix::mm::munmap(self.ptr.cast(), self.len).unwrap() };
     }
 }
 

@@ -14,39 +14,17 @@ use std::time::{Duration, Instant};
 use common::*;
 use libmoneta::{Moneta, OpenOptions};
 use moneta_abi::{size_word, SizeLeaseArea, SIZE_LEASE_OFFSET};
-use rustix::mm::{MapFlags, ProtFlags};
 
 /// The size-lease area of `m`'s channel, mapped again as another writer of it would.
-struct Area {
-    ptr: *mut u8,
-    len: usize,
-}
+struct Area(ChannelMap);
 
 impl Area {
     fn of(m: &Moneta) -> Area {
-        let fd = m.channel().memfd();
-        let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
-        // SAFETY: a fresh shared mapping of the channel's memfd, unmapped on drop.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-            .unwrap()
-        };
-        Area {
-            ptr: ptr.cast(),
-            len,
-        }
+        Area(ChannelMap::of(m))
     }
 
     fn area(&self) -> &SizeLeaseArea {
-        // SAFETY: the area lies inside the mapping; atomics only.
-        unsafe { &*self.ptr.add(SIZE_LEASE_OFFSET).cast::<SizeLeaseArea>() }
+        self.0.at(SIZE_LEASE_OFFSET)
     }
 
     /// The slot granted now, if one is: (index, generation, limit).
@@ -56,13 +34,6 @@ impl Area {
             let limit = s.limit.load(Ordering::SeqCst);
             (g & 1 == 0 && limit > 0).then_some((i, g, limit))
         })
-    }
-}
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        // SAFETY: unmaps what `of` mapped.
-        unsafe { rustix::mm::munmap(self.ptr.cast(), self.len).unwrap() };
     }
 }
 

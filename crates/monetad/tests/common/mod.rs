@@ -329,3 +329,50 @@ pub fn set(
         .map(|r| assert_eq!(r, None))
         .map_err(|e| e.errno())
 }
+
+/// A connection's channel memory mapped again, as another writer of it (a hostile thread of
+/// the same process) would map it; unmapped on drop.
+pub struct ChannelMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl ChannelMap {
+    pub fn of(m: &libmoneta::Moneta) -> ChannelMap {
+        let fd = m.channel().memfd();
+        let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
+        // SAFETY: a fresh shared mapping of the channel's memfd, unmapped on drop.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+            .unwrap()
+        };
+        ChannelMap {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    /// The area of type `T` at byte `offset` of the channel: one the ABI places there, made
+    /// of atomics only (so a shared reference asserts nothing about what others write).
+    pub fn at<T>(&self, offset: usize) -> &T {
+        assert!(offset + std::mem::size_of::<T>() <= self.len);
+        assert_eq!(offset % std::mem::align_of::<T>(), 0);
+        // SAFETY: inside the mapping, aligned (checked above), and `T` is an ABI area of
+        // atomics that lives as long as the mapping.
+        unsafe { &*self.ptr.add(offset).cast::<T>() }
+    }
+}
+
+impl Drop for ChannelMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what `of` mapped.
+        unsafe { rustix::mm::munmap(self.ptr.cast(), self.len).unwrap() };
+    }
+}
