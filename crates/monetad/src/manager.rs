@@ -54,6 +54,7 @@ mod fork;
 mod leases;
 mod quick;
 mod segments;
+mod session;
 mod sizes;
 mod wire;
 
@@ -61,6 +62,8 @@ use fork::Bundles;
 use leases::Leases;
 pub use leases::RECALL_WAIT;
 use segments::{Segments, Store};
+pub use session::Session;
+use session::*;
 use wire::*;
 
 /// Most open handles per connection.
@@ -149,155 +152,6 @@ impl LockState {
             }
         }
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Handle {
-    ino: u64,
-    read: bool,
-    write: bool,
-    /// The open file description: OFD and `flock` locks belong to it.
-    ofd: u64,
-}
-
-/// A claimed bundle: id, secret, pairs of (old handle, new handle).
-type Claimed = (u64, [u64; 2], Vec<(u64, u64)>);
-
-/// Session ids, unique in the daemon's life (POSIX locks belong to sessions).
-static SESSIONS: AtomicU64 = AtomicU64::new(1);
-
-/// A connection's view: its credentials and open handles.
-pub struct Session {
-    /// Credentials from `SO_PEERCRED` and `SO_PEERGROUPS`.
-    pub cred: Cred,
-    /// The peer's process id from `SO_PEERCRED` (0 for a process in another pid namespace),
-    /// reported as the owner of its POSIX locks.
-    pub pid: i32,
-    /// Owns the session's POSIX locks.
-    id: u64,
-    handles: HashMap<u64, Handle>,
-    /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
-    per_file: HashMap<u64, (u32, u32)>,
-    /// The channel whose `OP_LOOKUP` and `OP_FS` commands see this session's handles, and
-    /// where they are published for the poller.
-    published: Option<(u32, Registry)>,
-    /// This session as the server shares it with the poller ([`Session::shared`]).
-    me: Weak<Mutex<Session>>,
-    next: u64,
-    /// The last bundle claimed, with its pairs, for reading them in pages.
-    claimed: Option<Claimed>,
-}
-
-impl Session {
-    /// A session with no open files.
-    pub fn new(cred: Cred) -> Session {
-        Session {
-            cred,
-            pid: 0,
-            id: SESSIONS.fetch_add(1, Ordering::Relaxed),
-            handles: HashMap::new(),
-            per_file: HashMap::new(),
-            published: None,
-            me: Weak::new(),
-            next: 1,
-            claimed: None,
-        }
-    }
-
-    /// The session of process `pid`.
-    pub fn with_pid(mut self, pid: i32) -> Session {
-        self.pid = pid;
-        self
-    }
-
-    /// The session behind a mutex that the connection's thread and the poller's quick calls
-    /// share (the poller only ever tries it).
-    pub fn shared(mut self) -> Arc<Mutex<Session>> {
-        Arc::new_cyclic(|me| {
-            self.me = me.clone();
-            Mutex::new(self)
-        })
-    }
-
-    /// The rights this connection's handles of `ino` carry together.
-    fn rights(&self, ino: u64) -> u32 {
-        match self.per_file.get(&ino) {
-            Some(&(readers, writers)) => {
-                (if readers > 0 { RIGHT_READ } else { 0 })
-                    | if writers > 0 { RIGHT_WRITE } else { 0 }
-            }
-            None => 0,
-        }
-    }
-
-    fn add(&mut self, handle: u64, h: Handle) {
-        let c = self.per_file.entry(h.ino).or_default();
-        c.0 += h.read as u32;
-        c.1 += h.write as u32;
-        self.handles.insert(handle, h);
-        if let Some((channel, r)) = &self.published {
-            if let Some(p) = lock_registry(r).get_mut(channel) {
-                p.insert(handle, (h.ino, self.rights(h.ino)));
-                p.set_rights(h.ino, self.rights(h.ino));
-            }
-        }
-    }
-
-    fn remove(&mut self, handle: u64) -> Option<Handle> {
-        let h = self.handles.remove(&handle)?;
-        let c = self.per_file.get_mut(&h.ino).expect("counted at open");
-        c.0 -= h.read as u32;
-        c.1 -= h.write as u32;
-        if *c == (0, 0) {
-            self.per_file.remove(&h.ino);
-        }
-        if let Some((channel, r)) = &self.published {
-            if let Some(p) = lock_registry(r).get_mut(channel) {
-                p.remove(&handle);
-                p.set_rights(h.ino, self.rights(h.ino));
-            }
-        }
-        Some(h)
-    }
-}
-
-/// Per channel, the handles of the connection that owns it: (handle → (inode, the rights of
-/// the connection's handles of that inode together)). What the poller's `OP_LOOKUP` may
-/// serve; a connection's entry exists from its first file call after it opened its channel
-/// until just before the channel is closed, so a channel id, once reused, never sees another
-/// connection's handles.
-type Registry = Arc<Mutex<HashMap<u32, Published>>>;
-
-/// One channel's published handles.
-#[derive(Default)]
-struct Published {
-    handles: HashMap<u64, (u64, u32)>,
-    /// The connection's session, for the poller's `OP_FS` calls.
-    session: Weak<Mutex<Session>>,
-}
-
-impl Published {
-    fn insert(&mut self, handle: u64, v: (u64, u32)) {
-        self.handles.insert(handle, v);
-    }
-
-    fn remove(&mut self, handle: &u64) {
-        self.handles.remove(handle);
-    }
-
-    /// Every handle of `ino` carries the connection's rights on it.
-    fn set_rights(&mut self, ino: u64, rights: u32) {
-        for v in self.handles.values_mut() {
-            if v.0 == ino {
-                v.1 = rights;
-            }
-        }
-    }
-}
-
-fn lock_registry(r: &Registry) -> MutexGuard<'_, HashMap<u32, Published>> {
-    // Plain maps, updated in one step each: a panic elsewhere leaves them consistent.
-    r.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The poller's side of the soft miss (`OP_LOOKUP`) and of file calls through the channel
