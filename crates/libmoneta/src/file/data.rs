@@ -518,8 +518,13 @@ impl File {
         loop {
             let miss = {
                 let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-                // Under a size lease the size is known exactly: nobody else moves it.
-                let leased = self.h().ok().and_then(|h| self.ch().leased_size(h));
+                // Under a size lease the size is known exactly: nobody else moves it. Only a
+                // handle open for writing can hold one.
+                let leased = self
+                    .writable
+                    .then(|| self.h().ok())
+                    .flatten()
+                    .and_then(|h| self.ch().leased_size(h));
                 let size = leased.map_or(map.size, |p| p.max(map.size));
                 if at >= size {
                     if fresh.is_some() || leased.is_some() {

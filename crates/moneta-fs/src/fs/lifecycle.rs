@@ -276,24 +276,30 @@ impl Fs {
                 self.commit()?;
             }
         }
-        let count = self.open.get_mut(&ino).expect("looked up above");
-        *count -= 1;
-        if *count == 0 {
-            self.open.remove(&ino);
-            self.grown.remove(&ino);
-            // No handle is left, so no channel holds the file's records: the next open starts
-            // a new tag, and the table holds tags of open files only. Its reserve goes back.
-            self.layouts.remove(&ino);
-            self.drop_reserve(ino);
-            if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
-                self.check_alive()?;
-                if let Err(err) = self.release(ino) {
-                    return Err(self.fail(&err));
-                }
-                self.commit()?;
+        if self.drop_handle(ino) && self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
+            self.check_alive()?;
+            if let Err(err) = self.release(ino) {
+                return Err(self.fail(&err));
             }
+            self.commit()?;
         }
         Ok(())
+    }
+
+    /// Counts one handle of open `ino` gone; whether it was the last. No handle left means no
+    /// channel holds the file's records: the next open starts a new tag (the table holds tags
+    /// of open files only), and its reserve goes back.
+    fn drop_handle(&mut self, ino: u64) -> bool {
+        let count = self.open.get_mut(&ino).expect("the caller found it open");
+        *count -= 1;
+        if *count > 0 {
+            return false;
+        }
+        self.open.remove(&ino);
+        self.grown.remove(&ino);
+        self.layouts.remove(&ino);
+        self.drop_reserve(ino);
+        true
     }
 
     /// Drops one open handle of each of `inos`, as [`Fs::close`] would one by one, but revokes
@@ -316,19 +322,11 @@ impl Fs {
                 }
                 settled |= self.end_grant_of(ino);
             }
-            let count = self.open.get_mut(&ino).expect("looked up above");
-            *count -= 1;
-            if *count == 0 {
-                self.open.remove(&ino);
-                self.grown.remove(&ino);
-                self.layouts.remove(&ino);
-                self.drop_reserve(ino);
-                if self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
-                    free.push(ino);
-                }
+            if self.drop_handle(ino) && self.inode(ino).is_used() && self.inode(ino).nlink == 0 {
+                free.push(ino);
             }
         }
-        trim.retain(|ino| !free.contains(ino));
+        // `trim` holds linked files only and `free` unlinked ones: no file is in both.
         if free.is_empty() && trim.is_empty() {
             if settled {
                 self.commit()?;
