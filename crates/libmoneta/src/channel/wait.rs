@@ -60,7 +60,7 @@ impl Channel {
                         if st.state.load(Ordering::Acquire) == want {
                             break Ok(());
                         }
-                        spins = spin_once(spins);
+                        spins = spin_once(spins, st, want);
                         if spins.is_multiple_of(4096) {
                             if let Err(e) = self.check_alive(&mut since) {
                                 break Err(e);
@@ -140,7 +140,7 @@ impl Channel {
                     if st.state.load(Ordering::Acquire) == want {
                         break;
                     }
-                    spins = spin_once(spins);
+                    spins = spin_once(spins, st, want);
                     if spins.is_multiple_of(4096) {
                         self.check_alive(&mut since)?;
                     }
@@ -266,13 +266,7 @@ const ETA_SLACK_NS: u64 = 50_000;
 /// Whether the device said that the command `want` of this tag completes soon
 /// ([`ETA_SPIN_MAX_NS`]), and it is not yet long past that time.
 fn ends_soon(st: &moneta_abi::TagStatus, want: u32) -> bool {
-    if st.eta_seq.load(Ordering::Acquire) != want {
-        return false;
-    }
-    let eta = st.eta_ns.load(Ordering::Relaxed);
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    let now = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-    now < eta.saturating_add(ETA_SLACK_NS) && eta.saturating_sub(now) <= ETA_SPIN_MAX_NS
+    due_within(st, want, ETA_SPIN_MAX_NS)
 }
 
 /// [`Channel::wait`]: a spin that saw its completion sets the score to this; one that ended
@@ -293,13 +287,38 @@ const SPINS_PER_YIELD: u32 = 64;
 /// microseconds yields now and then: the device's poller may have been woken onto this core
 /// (by this thread's kick, the scheduler places it near its waker) and would otherwise wait
 /// for this thread's time slice to end, milliseconds later. With nothing else runnable the
-/// yield returns at once.
-fn spin_once(spins: u32) -> u32 {
+/// yield returns at once, but it is still a system call: a completion published during it is
+/// seen a few hundred nanoseconds late, so the wait does not yield while the device has said
+/// the command completes within [`YIELD_HORIZON_NS`] (an array model's time, `eta_ns`).
+fn spin_once(spins: u32, st: &moneta_abi::TagStatus, want: u32) -> u32 {
     let spins = spins.wrapping_add(1);
-    if spins >= SPINS_BEFORE_YIELD && spins.is_multiple_of(SPINS_PER_YIELD) {
+    if spins >= SPINS_BEFORE_YIELD
+        && spins.is_multiple_of(SPINS_PER_YIELD)
+        && !due_within(st, want, YIELD_HORIZON_NS)
+    {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
     }
     spins
+}
+
+/// A spinning wait does not offer the core while its command is due this soon.
+const YIELD_HORIZON_NS: u64 = 20_000;
+
+/// Whether the device said that the command `want` of this tag completes within `ns`, and it
+/// is not yet long past that time ([`ETA_SLACK_NS`]).
+fn due_within(st: &moneta_abi::TagStatus, want: u32, ns: u64) -> bool {
+    if st.eta_seq.load(Ordering::Acquire) != want {
+        return false;
+    }
+    let eta = st.eta_ns.load(Ordering::Relaxed);
+    let now = monotonic_ns();
+    now < eta.saturating_add(ETA_SLACK_NS) && eta.saturating_sub(now) <= ns
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the device's `eta_ns`.
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

@@ -19,7 +19,10 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         let now = self.tick();
-        if now.saturating_sub(self.last_busy) >= YIELD_AFTER_NS {
+        // A completion (or a decision of the model) due within a syscall or two is waited for
+        // on the clock: a yield or a look at the kick pipes could publish it late.
+        let due_soon = self.next_due().is_some_and(|t| t <= now + DUE_SOON_NS);
+        if !due_soon && now.saturating_sub(self.last_busy) >= YIELD_AFTER_NS {
             // Idle for a while (not between two commands of a busy client): let another thread
             // have the core, since on a machine with few cores the threads this poller waits for
             // (a client, the daemon's connection threads) may need it. With nothing else
@@ -64,14 +67,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
             && self.fences.is_empty()
             && self.removals.is_empty()
             && self.shutdown.is_none();
-        if quiet {
-            let next = self.sched.next_ready();
-            let model_next = self.model.as_ref().and_then(|m| m.next_event());
-            let timeout = match (next, model_next) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-            .map(|t| Duration::from_nanos(t.saturating_sub(now)));
+        if quiet && !due_soon {
+            // Woken a little early, to wait out the rest on the clock.
+            let timeout = self
+                .next_due()
+                .map(|t| Duration::from_nanos(t.saturating_sub(now + DUE_SOON_NS)));
             self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
             self.publish();
             // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees
@@ -82,8 +82,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
             self.shared.sleeping.store(false, Ordering::SeqCst);
             self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
-        } else if self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
+        } else if !due_soon && self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
             self.poll_kicks(Some(Duration::ZERO));
+        }
+    }
+
+    /// When the poller next has something to do without being asked: a scheduled completion
+    /// or a decision of the array's model.
+    fn next_due(&self) -> Option<u64> {
+        let next = self.sched.next_ready();
+        let model_next = self.model.as_ref().and_then(|m| m.next_event());
+        match (next, model_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 

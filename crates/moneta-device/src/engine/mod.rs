@@ -490,6 +490,10 @@ const PUBLISH_PASSES: u64 = 1024;
 /// Idle time after which the poller yields its core now and then.
 const YIELD_AFTER_NS: u64 = 2_000;
 
+/// How close a scheduled completion must be for the idle poller to wait for it on the clock
+/// rather than yield its core or look at kick pipes (either can take a few microseconds).
+const DUE_SOON_NS: u64 = 20_000;
+
 /// Idle passes between looks at the clock (for parking and sleeping).
 const IDLE_CHECK_PASSES: u64 = 16;
 
