@@ -595,12 +595,24 @@ fn the_model_is_measured_against_itself() {
         let predicted = r["predicted_ns"].as_u64().unwrap();
         assert!(predicted >= r["array_ns"].as_u64().unwrap(), "{r}");
         assert!(r["within_target"].is_boolean());
-        // The point is the median of at least three pairs of runs, inside their spread.
+        // The point is the median of at least three runs' pairs, inside their spread; the
+        // pairs of the host's two states add up to all of them, the close state never empty.
         assert!(r["pairs"].as_u64().unwrap() >= 3, "{r}");
         let lo = r["added_spread_ns"][0].as_i64().unwrap();
         let hi = r["added_spread_ns"][1].as_i64().unwrap();
         let added = r["added_ns"].as_i64().unwrap();
         assert!(lo <= added && added <= hi, "{r}");
+        assert!(r["runs_added_ns"].as_array().unwrap().len() >= 3, "{r}");
+        let pairs = r["pairs"].as_u64().unwrap();
+        let close = r["close"]["pairs"].as_u64().expect("close state measured");
+        let far = r["far"]["pairs"].as_u64().unwrap_or(0);
+        assert_eq!(close + far, pairs, "{r}");
+        if std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
+            assert!(
+                r["close"]["line_round_trip_ns"].as_u64().unwrap() > 0,
+                "{r}"
+            );
+        }
     }
     // The slowest array adds at least its own latency to every request.
     let slow = of("latency")

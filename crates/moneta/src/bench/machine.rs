@@ -66,10 +66,21 @@ fn pair<T: Send + 'static>(
     r
 }
 
-/// Median of `ROUNDS` rounds of `n` cache-line round trips, per trip.
+/// Median of `ROUNDS` rounds of `LINE_TRIPS` cache-line round trips, per trip.
 fn line_round_trip(cpus: [usize; 2]) -> Option<u64> {
+    line_trips(cpus, ROUNDS as u64, LINE_TRIPS)
+}
+
+/// One quick look at the first two usable CPUs: `trips` cache-line round trips (a few
+/// milliseconds for 5,000), per trip, for telling which state the host is in between two
+/// measurements; `None` with fewer than two CPUs or when pinning is refused.
+pub fn line_probe_ns(trips: u64) -> Option<u64> {
+    line_trips(two_cpus()?, 1, trips.max(1))
+}
+
+/// Median of `rounds` rounds of `trips` cache-line round trips, per trip.
+fn line_trips(cpus: [usize; 2], rounds: u64, trips: u64) -> Option<u64> {
     let flag = Arc::new(AtomicU64::new(0));
-    let rounds = ROUNDS as u64;
     let f = flag.clone();
     let mut per = pair(
         cpus,
@@ -77,14 +88,14 @@ fn line_round_trip(cpus: [usize; 2]) -> Option<u64> {
             let mut per = Vec::new();
             for r in 0..rounds {
                 let t = std::time::Instant::now();
-                for i in 0..LINE_TRIPS {
-                    let k = 2 * (r * LINE_TRIPS + i);
+                for i in 0..trips {
+                    let k = 2 * (r * trips + i);
                     flag.store(k + 1, Ordering::Release);
                     while flag.load(Ordering::Acquire) != k + 2 {
                         std::hint::spin_loop();
                     }
                 }
-                per.push(t.elapsed().as_nanos() as u64 / LINE_TRIPS);
+                per.push(t.elapsed().as_nanos() as u64 / trips);
             }
             flag.store(u64::MAX, Ordering::Release);
             per

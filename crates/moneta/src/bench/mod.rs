@@ -99,8 +99,10 @@ pub enum Path {
     Nvfs,
     /// The array's timing model against itself (private daemons): the latency it adds at
     /// queue depth 1 across array latencies of 4 ns to 128 µs against its own prediction
-    /// (the median of `--runs` pairs of runs with and without the model, at least three),
-    /// the bandwidth of large transfers against its analytical peak, and its work per request.
+    /// (daemons with and without the model side by side, in eight pairs of short bursts per
+    /// `--runs`, at least three, each run on daemons of its own; the host's state probed around
+    /// every pair and the target judged on the pairs of its close state), the bandwidth of
+    /// large transfers against its analytical peak, and its work per request.
     ModelAccuracy,
     /// The model's DRAM buffer (private daemons, `--model`, slow-nvm by default): sequential
     /// and strided reads at queue depth 1 with no buffer, a buffer filled on misses, read-ahead

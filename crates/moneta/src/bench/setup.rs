@@ -51,7 +51,10 @@ impl BenchDaemon {
                 model: daemon_model(&c)?,
             });
         }
-        let dir = std::env::temp_dir().join(format!("moneta-bench-{}", std::process::id()));
+        // A directory of its own: a bench may keep two private daemons up at once.
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("moneta-bench-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("monetad.sock");
         // Room for the two region files and the file system's tables.
