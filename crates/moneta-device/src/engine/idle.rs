@@ -19,9 +19,11 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         let now = self.tick();
-        // A completion (or a decision of the model) due within a syscall or two is waited for
-        // on the clock: a yield or a look at the kick pipes could publish it late.
-        let due_soon = self.next_due().is_some_and(|t| t <= now + DUE_SOON_NS);
+        // A completion (or a decision of the model on a request in flight) due within a
+        // syscall or two is waited for on the clock: a yield or a look at the kick pipes could
+        // publish it late. Nothing in flight, nothing is waited for.
+        let due_soon =
+            !self.sched.is_empty() && self.next_due().is_some_and(|t| t <= now + DUE_SOON_NS);
         if !due_soon && now.saturating_sub(self.last_busy) >= YIELD_AFTER_NS {
             // Idle for a while (not between two commands of a busy client): let another thread
             // have the core, since on a machine with few cores the threads this poller waits for
