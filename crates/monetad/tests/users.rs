@@ -63,6 +63,9 @@ fn hog(args: &[String]) -> i32 {
         return 1;
     }
     let mut conns = Vec::new();
+    // The connection the refused channel came on is closed, but the daemon counts it until
+    // its connection thread has seen the end: one refusal is tried again a little later.
+    let mut retried = false;
     loop {
         let c = match Control::connect(socket) {
             Ok(c) => c,
@@ -81,7 +84,11 @@ fn hog(args: &[String]) -> i32 {
                     eprintln!("connection refusal: {msg}");
                     return 1;
                 }
-                break;
+                if retried {
+                    break;
+                }
+                retried = true;
+                std::thread::sleep(std::time::Duration::from_millis(200));
             }
         }
         if conns.len() > 256 {
