@@ -164,6 +164,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 _ => 0,
             };
         if ready <= now {
+            // The data moved since the pass began: the completion's `device_ns` (intake to
+            // completion) counts that too.
+            self.tick();
             self.finish(issued);
         } else {
             self.sched.issue(ready, issued);
