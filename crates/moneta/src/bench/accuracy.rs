@@ -5,13 +5,15 @@
 //! - **latency**: for each array latency of the sweep (Moneta §V-C: 4 ns to 128 µs), a
 //!   request at queue depth 1 on a daemon with the `pcm` model at that latency, minus the same
 //!   request on a daemon without a model, against the model's own time for that request alone
-//!   on an idle array; within 5% or 200 ns, whichever is larger, is the target. Both daemons
-//!   stay up while the point is measured, in pairs of short bursts (an eighth of
-//!   `--duration` each), one right after the other and in turns which goes first (eight
-//!   pairs per `--runs`, at least three runs' worth), and the point is the median of the
-//!   pairs' differences of medians: a host whose cross-core latency jumps every few seconds
-//!   (by a microsecond on some virtual machines) then moves both halves of nearly every pair
-//!   alike, where medians of separate runs compared one state of the host with another;
+//!   on an idle array; within 5% or 200 ns, whichever is larger, is the target. Each of
+//!   `--runs` runs (at least three) starts a daemon with the model and one without and keeps
+//!   both up while it measures them in eight pairs of short bursts (an eighth of `--duration`
+//!   each), one right after the other and in turns which goes first; the point is the median
+//!   of the pairs' differences of medians. A host whose cross-core latency jumps every few
+//!   seconds (by a microsecond on some virtual machines) then moves both halves of nearly
+//!   every pair alike, where medians of separate runs compared one state of the host with
+//!   another, and a probe of the cores around each pair tells the host's close state from its
+//!   far one, reported apart;
 //! - **bandwidth**: large reads and writes kept in flight, against the model's analytical peak
 //!   (the least of the link, the ring and the controllers streaming rows); within 3%;
 //! - **cost**: what the model adds to the device's work per request, timed in this process on
@@ -269,6 +271,13 @@ struct Pair {
     run: usize,
 }
 
+impl Pair {
+    /// What the model added in this pair (ns).
+    fn added(&self) -> i64 {
+        self.model_ns as i64 - self.none_ns as i64
+    }
+}
+
 /// Cache-line round trips of each probe of the host's state (a few milliseconds).
 const PROBE_TRIPS: u64 = 5_000;
 
@@ -298,10 +307,7 @@ fn latency_point(op: Op, size: u64, array_ns: u64, pairs: &[Pair], limit: u64) -
     let predicted = predicted(array_ns, op == Op::Write, size);
     let mut nones: Vec<u64> = pairs.iter().map(|p| p.none_ns).collect();
     let mut withs: Vec<u64> = pairs.iter().map(|p| p.model_ns).collect();
-    let mut diffs: Vec<i64> = pairs
-        .iter()
-        .map(|p| p.model_ns as i64 - p.none_ns as i64)
-        .collect();
+    let mut diffs: Vec<i64> = pairs.iter().map(Pair::added).collect();
     let added = median(&mut diffs);
     let error = added - predicted as i64;
     let state = |close: bool| {
@@ -312,10 +318,7 @@ fn latency_point(op: Op, size: u64, array_ns: u64, pairs: &[Pair], limit: u64) -
         if of.is_empty() {
             return None;
         }
-        let mut d: Vec<i64> = of
-            .iter()
-            .map(|p| p.model_ns as i64 - p.none_ns as i64)
-            .collect();
+        let mut d: Vec<i64> = of.iter().map(|p| p.added()).collect();
         let mut probes: Vec<u64> = of.iter().map(|p| p.probe_ns).collect();
         let added = median(&mut d);
         let error = added - predicted as i64;
@@ -334,7 +337,7 @@ fn latency_point(op: Op, size: u64, array_ns: u64, pairs: &[Pair], limit: u64) -
             let mut d: Vec<i64> = pairs
                 .iter()
                 .filter(|p| p.run == r)
-                .map(|p| p.model_ns as i64 - p.none_ns as i64)
+                .map(Pair::added)
                 .collect();
             median(&mut d)
         })
