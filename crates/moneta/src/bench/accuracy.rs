@@ -286,14 +286,25 @@ const PROBE_TRIPS: u64 = 5_000;
 /// they fall into two groups where neighbours differ by at least this factor.
 const STATE_GAP: f64 = 2.0;
 
+/// A state of the host counts only if at least this share of the probes fell in it: a moment
+/// in which the two vCPUs shared a core (a probe of 40 ns beside a hundred of 130) is not the
+/// state the host was in.
+const STATE_MIN_SHARE: f64 = 0.1;
+
 /// The slowest probe that counts as the close state: the upper end of the lower group when
-/// the sorted probes jump by [`STATE_GAP`] or more somewhere (at the largest such jump), else
-/// every probe (one state throughout).
+/// the sorted probes jump by [`STATE_GAP`] or more somewhere with at least
+/// [`STATE_MIN_SHARE`] of them on each side (at the largest such jump), else every probe (one
+/// state throughout).
 fn close_limit(probes: &[u64]) -> u64 {
     let mut v = probes.to_vec();
     v.sort_unstable();
+    let least = ((v.len() as f64 * STATE_MIN_SHARE).ceil() as usize).max(1);
     let mut best = (STATE_GAP, u64::MAX);
-    for w in v.windows(2) {
+    for (i, w) in v.windows(2).enumerate() {
+        let (below, above) = (i + 1, v.len() - i - 1);
+        if below < least || above < least {
+            continue;
+        }
         let r = w[1] as f64 / w[0].max(1) as f64;
         if r >= best.0 {
             best = (r, w[0]);
@@ -608,6 +619,14 @@ mod tests {
         assert_eq!(close_limit(&[]), u64::MAX);
         // No probe could be made (one CPU): all zero, all close.
         assert_eq!(close_limit(&[0, 0, 0]), u64::MAX);
+        // A probe or two of a moment closer still (two vCPUs on one core) beside the host's
+        // state: one state, not a close state of two pairs.
+        let mut probes = vec![41, 39];
+        probes.extend((0..46).map(|i| 125 + i % 20));
+        assert_eq!(close_limit(&probes), u64::MAX);
+        // Three states: the rare closest counts with the close one, the far one apart.
+        probes.extend((0..12).map(|i| 800 + i * 10));
+        assert_eq!(close_limit(&probes), 144);
     }
 
     #[test]
