@@ -11,8 +11,11 @@
 //! which registers it again). The daemon's sink adds to the observer's counter `slot`, which
 //! the client reads before it asks and before it reuses an answer.
 //!
-//! Watches are bounded per observer: the oldest one goes when an observer has too many, and
-//! it fires as it goes, so what depended on it is asked again rather than trusted forever.
+//! Watches are bounded per observer: an answer whose watches would take an observer past
+//! [`MAX_WATCHES`] is not kept, and its slot fires at once (the client read the counter
+//! before it asked, so it asks again next time), while the answers kept before it stay kept.
+//! Dropping the oldest watches instead would make a client that cycles through more paths
+//! than the bound holds keep none of them, each new answer firing ten old slots.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -83,12 +86,38 @@ pub(crate) struct Watches {
     /// Per inode: the (observer, slot) pairs watching it (a set: the root's search is watched
     /// by every path any client asked about).
     by_ino: HashMap<u64, HashSet<(u32, u16), SmallHash>>,
-    /// Per observer: its watches, oldest first (some may have fired already).
-    by_observer: HashMap<u32, VecDeque<(u64, u16)>, SmallHash>,
+    /// Per observer: its watches.
+    by_observer: HashMap<u32, Held, SmallHash>,
+}
+
+/// One observer's watches.
+#[derive(Default)]
+struct Held {
+    /// Watches still standing.
+    live: usize,
+    /// Every watch registered, in order; those fired since stay until the list is compacted
+    /// (see [`Held::compact`]), so it holds at most twice the bound.
+    list: VecDeque<(u64, u16)>,
+}
+
+impl Held {
+    /// Drops from the list the watches that fired (and repeats of one registered again):
+    /// what is left is exactly the live ones.
+    fn compact(&mut self, by_ino: &HashMap<u64, HashSet<(u32, u16), SmallHash>>, observer: u32) {
+        let mut seen: HashSet<(u64, u16), SmallHash> = HashSet::default();
+        self.list.retain(|&(ino, slot)| {
+            by_ino
+                .get(&ino)
+                .is_some_and(|on| on.contains(&(observer, slot)))
+                && seen.insert((ino, slot))
+        });
+        self.live = self.list.len();
+    }
 }
 
 impl Watches {
-    /// `observer` keeps an answer in `slot` that depends on `inos`.
+    /// `observer` keeps an answer in `slot` that depends on `inos`. Past the bound the
+    /// answer is not kept: `slot` fires at once.
     pub(crate) fn watch(
         &mut self,
         observer: u32,
@@ -97,19 +126,29 @@ impl Watches {
         sink: Option<&dyn ChangeSink>,
     ) {
         let mine = self.by_observer.entry(observer).or_default();
+        let fresh = inos
+            .iter()
+            .filter(|ino| {
+                !self
+                    .by_ino
+                    .get(ino)
+                    .is_some_and(|on| on.contains(&(observer, slot)))
+            })
+            .count();
+        if mine.live + fresh > MAX_WATCHES {
+            if let Some(s) = sink {
+                s.changed(observer, slot);
+            }
+            return;
+        }
         for &ino in inos {
-            if !self.by_ino.entry(ino).or_default().insert((observer, slot)) {
-                continue;
+            if self.by_ino.entry(ino).or_default().insert((observer, slot)) {
+                mine.list.push_back((ino, slot));
+                mine.live += 1;
             }
-            mine.push_back((ino, slot));
-            if mine.len() > MAX_WATCHES {
-                let (old, old_slot) = mine.pop_front().expect("not empty");
-                if Self::unwatch_one(&mut self.by_ino, old, observer, old_slot) {
-                    if let Some(s) = sink {
-                        s.changed(observer, old_slot);
-                    }
-                }
-            }
+        }
+        if mine.list.len() >= 2 * MAX_WATCHES {
+            mine.compact(&self.by_ino, observer);
         }
     }
 
@@ -132,9 +171,14 @@ impl Watches {
 
     /// `ino` changed: every watch on it fires (into `fired`), and is gone.
     pub(crate) fn changed(&mut self, ino: u64, fired: &mut Vec<(u32, u16)>) {
-        // The observer's list keeps the entry until it comes to the front, and drops it then:
-        // it counts against the bound meanwhile, which only makes the bound tighter.
+        // The observers' lists keep the entries until they are compacted; the watches no
+        // longer count against the bound.
         if let Some(on) = self.by_ino.remove(&ino) {
+            for &(observer, _) in &on {
+                if let Some(mine) = self.by_observer.get_mut(&observer) {
+                    mine.live = mine.live.saturating_sub(1);
+                }
+            }
             fired.extend(on);
         }
     }
@@ -144,7 +188,7 @@ impl Watches {
         let Some(mine) = self.by_observer.remove(&observer) else {
             return;
         };
-        for (ino, slot) in mine {
+        for (ino, slot) in mine.list {
             Self::unwatch_one(&mut self.by_ino, ino, observer, slot);
         }
     }
@@ -193,15 +237,51 @@ mod tests {
     }
 
     #[test]
-    fn an_observer_over_its_bound_loses_its_oldest_watch_which_fires() {
+    fn an_answer_past_the_bound_is_not_kept_and_its_slot_fires() {
         let log = Log::default();
         let mut w = Watches::default();
         for ino in 0..MAX_WATCHES as u64 {
             w.watch(4, (ino % 200) as u16, &[ino], Some(&log));
         }
         assert!(log.0.lock().unwrap().is_empty());
-        w.watch(4, 9, &[1 << 40], Some(&log));
-        assert_eq!(*log.0.lock().unwrap(), [(4, 0)]);
+        // Past the bound: slot 209 fires at once, nothing is registered, and the answers kept
+        // before stay kept (no other slot fires).
+        w.watch(4, 209, &[1 << 40, 1 << 41], Some(&log));
+        assert_eq!(*log.0.lock().unwrap(), [(4, 209)]);
         assert_eq!(w.len(), MAX_WATCHES);
+        let mut fired = Vec::new();
+        w.changed(1 << 40, &mut fired);
+        assert!(fired.is_empty());
+        // A watch already held costs nothing more: the same answer again is kept.
+        w.watch(4, 7, &[7], Some(&log));
+        assert_eq!(log.0.lock().unwrap().len(), 1);
+        // Watches that fire give their room back.
+        w.changed(5, &mut fired);
+        w.changed(6, &mut fired);
+        assert_eq!(fired, [(4, 5), (4, 6)]);
+        w.watch(4, 209, &[1 << 40, 1 << 41], Some(&log));
+        assert_eq!(log.0.lock().unwrap().len(), 1);
+        assert_eq!(w.len(), MAX_WATCHES);
+        w.changed(1 << 41, &mut fired);
+        assert_eq!(fired.last(), Some(&(4, 209)));
+    }
+
+    #[test]
+    fn an_observer_list_stays_bounded_through_fires_and_returns() {
+        // One path asked again and again while what it depends on keeps changing: every
+        // round registers and fires its watches; the list must not grow without end.
+        let mut w = Watches::default();
+        for round in 0..(3 * MAX_WATCHES as u64) {
+            w.watch(1, 3, &[10, 11, 12], None);
+            let mut fired = Vec::new();
+            w.changed(10 + round % 3, &mut fired);
+            assert_eq!(fired, [(1, 3)]);
+        }
+        let mine = &w.by_observer[&1];
+        assert!(mine.list.len() < 2 * MAX_WATCHES, "{}", mine.list.len());
+        assert_eq!(mine.live, 2);
+        assert_eq!(w.len(), 2);
+        w.forget(1);
+        assert_eq!(w.len(), 0);
     }
 }
