@@ -24,6 +24,7 @@ use std::sync::Arc;
 use moneta_device::{IntegrityConfig, Media};
 
 use crate::alloc::{ChunkMap, Space};
+use crate::idhash::IdHash;
 use crate::journal::{self, Durability, Journal, Txn};
 use crate::layout::*;
 use crate::tables::{self, Fix, Severity, Tables};
@@ -290,10 +291,10 @@ pub struct Fs {
     journal: Journal,
     inodes: Vec<Inode>,
     free_inodes: BTreeSet<u64>,
-    dirs: HashMap<u64, Dir>,
-    parent: HashMap<u64, u64>,
+    dirs: HashMap<u64, Dir, IdHash>,
+    parent: HashMap<u64, u64, IdHash>,
     free_dirents: BTreeSet<u64>,
-    symlinks: HashMap<u64, (u64, Vec<u8>)>,
+    symlinks: HashMap<u64, (u64, Vec<u8>), IdHash>,
     extents: HashMap<u64, BTreeMap<u64, Ext>>,
     free_extents: BTreeSet<u64>,
     space: Space,
@@ -493,10 +494,10 @@ impl Fs {
             g,
             journal,
             free_inodes: BTreeSet::new(),
-            dirs: HashMap::new(),
-            parent: HashMap::new(),
+            dirs: HashMap::default(),
+            parent: HashMap::default(),
             free_dirents: BTreeSet::new(),
-            symlinks: HashMap::new(),
+            symlinks: HashMap::default(),
             extents: HashMap::new(),
             free_extents: BTreeSet::new(),
             space: Space::new(ChunkMap::from_words(t.bitmap, g.chunk_count), opts.fresh),

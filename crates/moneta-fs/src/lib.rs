@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod fs;
+pub mod idhash;
 pub mod journal;
 pub mod layout;
 pub mod repair;

@@ -18,36 +18,10 @@
 //! than the bound holds keep none of them, each new answer firing ten old slots.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// Hashes keys the daemon chooses, never a client (observers are channel ids; a slot is one of
-/// 256): a rotation and a multiplication per word. Inodes are keyed by the standard hasher,
+/// Observers and slots are the daemon's numbers; inodes are keyed by the standard hasher,
 /// since a name's key follows from a name a client picks.
-#[derive(Default)]
-struct Small(u64);
-
-impl Hasher for Small {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u16(&mut self, x: u16) {
-        self.write_u64(u64::from(x));
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(u64::from(x));
-    }
-    fn write_u64(&mut self, x: u64) {
-        // The rotation brings the well-mixed high bits of what came before to the low ones.
-        self.0 = (self.0.rotate_left(32) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type SmallHash = BuildHasherDefault<Small>;
+type SmallHash = crate::idhash::IdHash;
 
 /// Where fired watches go: `(observer, slot)` once for each.
 pub trait ChangeSink: Send + Sync {

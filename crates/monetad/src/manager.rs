@@ -228,7 +228,8 @@ fn stat_target(
     channel: Option<u32>,
     target: &Target,
 ) -> Result<FsReply, Failure> {
-    let mut seen = Vec::new();
+    // A path's dependencies: two for each directory searched, and the inode reached.
+    let mut seen = Vec::with_capacity(16);
     let st = match target {
         Target::Handle(h) => Manager::handle(s, *h).map(|h| {
             seen.push(h.ino);

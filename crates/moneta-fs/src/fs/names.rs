@@ -68,7 +68,9 @@ impl Fs {
         slash: bool,
         mut seen: Option<&mut Vec<u64>>,
     ) -> FsResult<(u64, u64)> {
-        let mut pending: Vec<Vec<u8>> = parts.iter().rev().map(|c| c.to_vec()).collect();
+        // Components still to walk, last first: slices of the path or of a link's target,
+        // which this walk borrows (no copy per component).
+        let mut pending: Vec<&[u8]> = parts.iter().rev().copied().collect();
         let mut cur = ROOT_INO;
         let mut held_by = ROOT_INO;
         let mut links = 0;
@@ -80,7 +82,7 @@ impl Fs {
                     s.push(search);
                 }
                 if c != b"." {
-                    s.push(watch::name_key(cur, &c));
+                    s.push(watch::name_key(cur, c));
                 }
             }
             let n = self.inode(cur);
@@ -101,7 +103,7 @@ impl Fs {
                 held_by = self.parent[&cur];
                 continue;
             }
-            let child = match self.lookup_name(cur, &c) {
+            let child = match self.lookup_name(cur, c) {
                 Some(i) => i,
                 None => return e(libc::ENOENT, "no such file or directory"),
             };
@@ -130,7 +132,7 @@ impl Fs {
                 }
                 for part in target.split(|b| *b == b'/').rev() {
                     if !part.is_empty() {
-                        pending.push(part.to_vec());
+                        pending.push(part);
                     }
                 }
                 continue;
