@@ -15,7 +15,7 @@ export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-co
 # An explicit --target keeps the instrumentation off build scripts.
 triple=$(rustc -vV | sed -n "s/^host: //p")
 cargo build --release --bins --quiet --target "$triple"
-bin=target/$triple/release
+bin=${CARGO_TARGET_DIR:-target}/$triple/release
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t" "regressions/$t"
   if compgen -G "regressions/$t/*" >/dev/null; then
