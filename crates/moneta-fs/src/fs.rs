@@ -590,6 +590,19 @@ impl Fs {
         self.watches.watch(observer, slot, inos, sink.as_deref());
     }
 
+    /// How many more things `observer`'s kept answers may depend on (see [`crate::watch`]).
+    pub fn watch_room(&self, observer: u32) -> usize {
+        self.watches.room(observer)
+    }
+
+    /// `observer`'s answer in `slot` is not kept: the counter moves at once (the client read
+    /// it before it asked).
+    pub fn unkept(&self, observer: u32, slot: u16) {
+        if let Some(sink) = &self.sink {
+            sink.changed(observer, slot);
+        }
+    }
+
     /// Forgets every watch of `observer`.
     pub fn unwatch(&mut self, observer: u32) {
         self.watches.forget(observer);

@@ -143,6 +143,11 @@ impl Watches {
         removed
     }
 
+    /// How many more watches `observer` may hold.
+    pub(crate) fn room(&self, observer: u32) -> usize {
+        MAX_WATCHES.saturating_sub(self.by_observer.get(&observer).map_or(0, |h| h.live))
+    }
+
     /// `ino` changed: every watch on it fires (into `fired`), and is gone.
     pub(crate) fn changed(&mut self, ino: u64, fired: &mut Vec<(u32, u16)>) {
         // The observers' lists keep the entries until they are compacted; the watches no
@@ -218,6 +223,8 @@ mod tests {
             w.watch(4, (ino % 200) as u16, &[ino], Some(&log));
         }
         assert!(log.0.lock().unwrap().is_empty());
+        assert_eq!(w.room(4), 0);
+        assert_eq!(w.room(5), MAX_WATCHES);
         // Past the bound: slot 209 fires at once, nothing is registered, and the answers kept
         // before stay kept (no other slot fires).
         w.watch(4, 209, &[1 << 40, 1 << 41], Some(&log));
@@ -233,6 +240,7 @@ mod tests {
         w.changed(5, &mut fired);
         w.changed(6, &mut fired);
         assert_eq!(fired, [(4, 5), (4, 6)]);
+        assert_eq!(w.room(4), 2);
         w.watch(4, 209, &[1 << 40, 1 << 41], Some(&log));
         assert_eq!(log.0.lock().unwrap().len(), 1);
         assert_eq!(w.len(), MAX_WATCHES);

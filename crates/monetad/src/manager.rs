@@ -230,17 +230,33 @@ fn stat_target(
 ) -> Result<FsReply, Failure> {
     // A path's dependencies: two for each directory searched, and the inode reached.
     let mut seen = Vec::with_capacity(16);
+    let mut watched = channel.is_some();
     let st = match target {
         Target::Handle(h) => Manager::handle(s, *h).map(|h| {
             seen.push(h.ino);
             fs.stat_ino(h.ino)
         }),
-        Target::Path { path, follow } => fs
-            .stat_seen(&s.cred, path, *follow, &mut seen)
-            .map_err(failure),
+        Target::Path { path, follow } => {
+            // A channel without room for what the answer depends on (two things for each
+            // directory searched, and what it reached; links followed add more, and the
+            // watch checks exactly) gets it unwatched, so the walk need not list them.
+            let deps = 2 * path.iter().filter(|&&b| b == b'/').count() + 2;
+            if channel.is_some_and(|c| fs.watch_room(c) < deps) {
+                watched = false;
+                fs.stat(&s.cred, path, *follow).map_err(failure)
+            } else {
+                fs.stat_seen(&s.cred, path, *follow, &mut seen)
+                    .map_err(failure)
+            }
+        }
     };
     if let Some(channel) = channel {
-        fs.watch(channel, moneta_abi::change_slot(target) as u16, &seen);
+        let slot = moneta_abi::change_slot(target) as u16;
+        if watched {
+            fs.watch(channel, slot, &seen);
+        } else {
+            fs.unkept(channel, slot);
+        }
     }
     Ok(FsReply::Stat(wire_stat(&st?)))
 }

@@ -140,3 +140,31 @@ fn fsync_at_the_host_level_is_still_a_call() {
         "{before:?} {after:?}"
     );
 }
+
+#[test]
+fn a_channel_past_its_bound_asks_again_and_what_it_kept_still_hears_of_changes() {
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let f = a.open("/early", &rw()).unwrap();
+    f.write_at(b"1", 0).unwrap();
+    assert_eq!(a.stat("/early").unwrap().size, 1);
+    // Answers about missing names fill the channel's watches: each depends on its name in the
+    // root, besides the root's search (one per slot).
+    for k in 0..17_000 {
+        assert_eq!(errno_of(a.stat(format!("/missing-{k}"))), libc::ENOENT);
+    }
+    // Past the bound an answer is not kept: the same name asked twice is asked twice.
+    let before = calls(&d);
+    assert_eq!(errno_of(a.stat("/missing-late")), libc::ENOENT);
+    assert_eq!(errno_of(a.stat("/missing-late")), libc::ENOENT);
+    assert_eq!(calls(&d), before + 2);
+    // Nothing kept is trusted past a change: another process grows the early file, made
+    // a name that was missing, and both answers are new.
+    let g = b.open("/early", &rw()).unwrap();
+    g.write_at(b"23", 1).unwrap();
+    b.open("/missing-5", &rw()).unwrap();
+    assert_eq!(a.stat("/early").unwrap().size, 3);
+    assert_eq!(a.stat("/missing-5").unwrap().size, 0);
+    assert_eq!(errno_of(a.stat("/missing-6")), libc::ENOENT);
+}
