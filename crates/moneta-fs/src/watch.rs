@@ -13,8 +13,9 @@
 //!
 //! Watches are bounded per observer: an answer whose watches would take an observer past
 //! [`MAX_WATCHES`] is not kept, and its slot fires at once (the client read the counter
-//! before it asked, so it asks again next time), while the answers kept before it stay kept.
-//! Dropping the oldest watches instead would make a client that cycles through more paths
+//! before it asked, so it asks again next time), while the answers kept before it stay kept;
+//! only an answer of one watch (a handle's) makes room by dropping the oldest, which fires.
+//! Dropping the oldest for every answer would make a client that cycles through more paths
 //! than the bound holds keep none of them, each new answer firing ten old slots.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -31,6 +32,12 @@ pub trait ChangeSink: Send + Sync {
 
 /// Most watches one observer holds.
 pub const MAX_WATCHES: usize = 16_384;
+
+/// An answer past the bound that needs at most this many new watches gets room by dropping the
+/// oldest (a handle's stat, one watch, as after every open); one that needs more, a path's
+/// (about two for each directory), is not kept. Dropping ten old watches for each new path
+/// would leave a client that walks more paths than the bound holds with none kept.
+pub const MAKE_ROOM_FOR: usize = 1;
 
 /// What a watch is on: an inode number (its attributes, any change), or one of these keys,
 /// which no inode number reaches.
@@ -110,10 +117,25 @@ impl Watches {
             })
             .count();
         if mine.live + fresh > MAX_WATCHES {
-            if let Some(s) = sink {
-                s.changed(observer, slot);
+            if fresh > MAKE_ROOM_FOR {
+                if let Some(s) = sink {
+                    s.changed(observer, slot);
+                }
+                return;
             }
-            return;
+            // A handle's answer (one watch) is asked for right after its open: room is made
+            // for it by dropping the oldest watches, each firing its slot.
+            while mine.live + fresh > MAX_WATCHES {
+                let Some((old, old_slot)) = mine.list.pop_front() else {
+                    break;
+                };
+                if Self::unwatch_one(&mut self.by_ino, old, observer, old_slot) {
+                    mine.live -= 1;
+                    if let Some(s) = sink {
+                        s.changed(observer, old_slot);
+                    }
+                }
+            }
         }
         for &ino in inos {
             if self.by_ino.entry(ino).or_default().insert((observer, slot)) {
@@ -246,6 +268,29 @@ mod tests {
         assert_eq!(w.len(), MAX_WATCHES);
         w.changed(1 << 41, &mut fired);
         assert_eq!(fired.last(), Some(&(4, 209)));
+    }
+
+    #[test]
+    fn a_handle_answer_past_the_bound_makes_room_by_dropping_the_oldest() {
+        let log = Log::default();
+        let mut w = Watches::default();
+        for ino in 0..MAX_WATCHES as u64 {
+            w.watch(4, (ino % 200) as u16, &[ino], Some(&log));
+        }
+        // Inode 0's watch fires early, so the oldest live one is inode 1's.
+        let mut fired = Vec::new();
+        w.changed(0, &mut fired);
+        w.watch(4, 0, &[1 << 40], Some(&log));
+        assert!(log.0.lock().unwrap().is_empty());
+        // Full again: one watch more drops the oldest live one (inode 1, slot 1), which fires.
+        w.watch(4, 210, &[1 << 41], Some(&log));
+        assert_eq!(*log.0.lock().unwrap(), [(4, 1)]);
+        assert_eq!(w.len(), MAX_WATCHES);
+        fired.clear();
+        w.changed(1, &mut fired);
+        assert!(fired.is_empty());
+        w.changed(1 << 41, &mut fired);
+        assert_eq!(fired, [(4, 210)]);
     }
 
     #[test]
