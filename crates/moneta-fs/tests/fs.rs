@@ -833,3 +833,54 @@ fn watches_fire_when_what_an_answer_depended_on_changes() {
     fs.unwatch(1);
     assert_eq!(fs.watch_count(), 0);
 }
+
+/// Walks of paths in one directory after another see every change on the way at once: of a
+/// directory's names, of who may search it, of where a link leads, of who asks.
+#[test]
+fn walks_in_one_directory_after_another_see_every_change_on_the_way() {
+    let a = formatted(32 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    let alice = user(1000);
+    let bob = user(1001);
+    fs.mkdir(&root, b"/a", 0o755).unwrap();
+    fs.mkdir(&root, b"/a/b", 0o755).unwrap();
+    for f in [&b"/a/b/f1"[..], b"/a/b/f2", b"/a/b/f3"] {
+        let o = fs.open(&root, f, CREAT, 0o644).unwrap();
+        fs.close(o.ino).unwrap();
+    }
+    assert!(fs.stat(&alice, b"/a/b/f1", true).is_ok());
+    // The same directory, another name: from where the last walk stood.
+    let f2 = fs.stat(&alice, b"/a/b/f2", true).unwrap().ino;
+    assert_eq!(errno(fs.stat(&alice, b"/a/b/none", true)), libc::ENOENT);
+    // Who may search a directory on the way changes.
+    let a_ino = fs.lookup(&root, b"/a", true).unwrap();
+    fs.chmod(&root, a_ino, 0o700).unwrap();
+    assert_eq!(errno(fs.stat(&alice, b"/a/b/f3", true)), libc::EACCES);
+    assert!(fs.stat(&root, b"/a/b/f3", true).is_ok());
+    // Another caller in the same directory is checked as itself.
+    assert_eq!(errno(fs.stat(&bob, b"/a/b/f1", true)), libc::EACCES);
+    fs.chmod(&root, a_ino, 0o755).unwrap();
+    assert!(fs.stat(&bob, b"/a/b/f1", true).is_ok());
+    // The directory is renamed away and another takes its name.
+    fs.rename(&root, b"/a/b", b"/a/c", false).unwrap();
+    assert_eq!(errno(fs.stat(&bob, b"/a/b/f1", true)), libc::ENOENT);
+    assert_eq!(fs.stat(&bob, b"/a/c/f2", true).unwrap().ino, f2);
+    fs.mkdir(&root, b"/a/b", 0o755).unwrap();
+    assert_eq!(errno(fs.stat(&bob, b"/a/b/f2", true)), libc::ENOENT);
+    let o = fs.open(&root, b"/a/b/f2", CREAT, 0o644).unwrap();
+    fs.close(o.ino).unwrap();
+    assert_ne!(fs.stat(&bob, b"/a/b/f2", true).unwrap().ino, f2);
+    // A link on the way is followed anew each time.
+    fs.symlink(&root, b"/a/c", b"/l").unwrap();
+    assert_eq!(fs.stat(&bob, b"/l/f2", true).unwrap().ino, f2);
+    fs.unlink(&root, b"/l").unwrap();
+    fs.symlink(&root, b"/a/b", b"/l").unwrap();
+    assert_ne!(fs.stat(&bob, b"/l/f2", true).unwrap().ino, f2);
+    // `..` on the way, after its directory moved.
+    assert_eq!(fs.stat(&bob, b"/a/c/../c/f2", true).unwrap().ino, f2);
+    fs.mkdir(&root, b"/x", 0o755).unwrap();
+    fs.rename(&root, b"/a/c", b"/x/c", false).unwrap();
+    assert_eq!(errno(fs.stat(&bob, b"/a/c/../c/f2", true)), libc::ENOENT);
+    assert_eq!(fs.stat(&bob, b"/x/c/../c/f2", true).unwrap().ino, f2);
+}
