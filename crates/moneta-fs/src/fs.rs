@@ -578,15 +578,12 @@ impl Fs {
     /// changes one of them tells the change sink (observer, slot) before it returns (see
     /// [`crate::watch`]).
     pub fn watch(&mut self, observer: u32, slot: u16, inos: &[u64]) {
-        let sink = self.sink.clone();
         if !self.grants.is_empty() && inos.iter().any(|i| self.grants.contains_key(i)) {
-            // A granted file's size changes with no call: the answer must not be kept, so
-            // the counter moves at once (the client read it before it asked).
-            if let Some(sink) = sink {
-                sink.changed(observer, slot);
-            }
+            // A granted file's size changes with no call: the answer must not be kept.
+            self.unkept(observer, slot);
             return;
         }
+        let sink = self.sink.clone();
         self.watches.watch(observer, slot, inos, sink.as_deref());
     }
 

@@ -39,18 +39,22 @@ pub type IdHash = BuildHasherDefault<IdHasher>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     #[test]
     fn dense_inode_numbers_spread_over_the_table() {
-        // The low bits a table indexes by differ for consecutive numbers.
-        let mut low = std::collections::HashSet::new();
-        for ino in 1..=1024u64 {
+        // A table picks a bucket by the hash's low bits and tags entries with its top seven:
+        // consecutive numbers land in distinct buckets (one key a word: a multiplication by
+        // an odd constant, a bijection of the low bits) and carry varied tags.
+        let hash = |ino: u64| {
             let mut h = IdHasher::default();
             h.write_u64(ino);
-            low.insert(h.finish() >> 54);
-        }
-        assert!(low.len() > 600, "{} of 1024 distinct top bits", low.len());
+            h.finish()
+        };
+        let low: HashSet<u64> = (0..1024u64).map(|i| hash(i) & 1023).collect();
+        assert_eq!(low.len(), 1024);
+        let tags: HashSet<u64> = (0..1024u64).map(|i| hash(i) >> 57).collect();
+        assert!(tags.len() > 100, "{} of 128 tags", tags.len());
         let mut m: HashMap<u64, u64, IdHash> = HashMap::default();
         for ino in 1..=100_000u64 {
             m.insert(ino, ino * 2);

@@ -8,7 +8,7 @@
 
 pub mod alloc;
 pub mod fs;
-pub mod idhash;
+pub(crate) mod idhash;
 pub mod journal;
 pub mod layout;
 pub mod repair;

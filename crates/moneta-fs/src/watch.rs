@@ -20,9 +20,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-/// Observers and slots are the daemon's numbers; inodes are keyed by the standard hasher,
-/// since a name's key follows from a name a client picks.
-type SmallHash = crate::idhash::IdHash;
+// Observers and slots are the daemon's numbers, hashed by its own hasher; inodes are keyed by
+// the standard hasher, since a name's key follows from a name a client picks.
+use crate::idhash::IdHash;
 
 /// Where fired watches go: `(observer, slot)` once for each.
 pub trait ChangeSink: Send + Sync {
@@ -66,9 +66,9 @@ pub(crate) fn name_key(dir: u64, name: &[u8]) -> u64 {
 pub(crate) struct Watches {
     /// Per inode: the (observer, slot) pairs watching it (a set: the root's search is watched
     /// by every path any client asked about).
-    by_ino: HashMap<u64, HashSet<(u32, u16), SmallHash>>,
+    by_ino: HashMap<u64, HashSet<(u32, u16), IdHash>>,
     /// Per observer: its watches.
-    by_observer: HashMap<u32, Held, SmallHash>,
+    by_observer: HashMap<u32, Held, IdHash>,
 }
 
 /// One observer's watches.
@@ -84,8 +84,8 @@ struct Held {
 impl Held {
     /// Drops from the list the watches that fired (and repeats of one registered again):
     /// what is left is exactly the live ones.
-    fn compact(&mut self, by_ino: &HashMap<u64, HashSet<(u32, u16), SmallHash>>, observer: u32) {
-        let mut seen: HashSet<(u64, u16), SmallHash> = HashSet::default();
+    fn compact(&mut self, by_ino: &HashMap<u64, HashSet<(u32, u16), IdHash>>, observer: u32) {
+        let mut seen: HashSet<(u64, u16), IdHash> = HashSet::default();
         self.list.retain(|&(ino, slot)| {
             by_ino
                 .get(&ino)
@@ -107,15 +107,19 @@ impl Watches {
         sink: Option<&dyn ChangeSink>,
     ) {
         let mine = self.by_observer.entry(observer).or_default();
-        let fresh = inos
-            .iter()
-            .filter(|ino| {
-                !self
-                    .by_ino
-                    .get(ino)
-                    .is_some_and(|on| on.contains(&(observer, slot)))
-            })
-            .count();
+        // Which watches are new matters only near the bound; below it they all fit.
+        let fresh = if mine.live + inos.len() <= MAX_WATCHES {
+            0
+        } else {
+            inos.iter()
+                .filter(|ino| {
+                    !self
+                        .by_ino
+                        .get(ino)
+                        .is_some_and(|on| on.contains(&(observer, slot)))
+                })
+                .count()
+        };
         if mine.live + fresh > MAX_WATCHES {
             if fresh > MAKE_ROOM_FOR {
                 if let Some(s) = sink {
@@ -150,7 +154,7 @@ impl Watches {
 
     /// Removes `observer`'s watch of `ino` in `slot`; whether there was one.
     fn unwatch_one(
-        by_ino: &mut HashMap<u64, HashSet<(u32, u16), SmallHash>>,
+        by_ino: &mut HashMap<u64, HashSet<(u32, u16), IdHash>>,
         ino: u64,
         observer: u32,
         slot: u16,

@@ -850,7 +850,7 @@ fn walks_in_one_directory_after_another_see_every_change_on_the_way() {
         fs.close(o.ino).unwrap();
     }
     assert!(fs.stat(&alice, b"/a/b/f1", true).is_ok());
-    // The same directory, another name: from where the last walk stood.
+    // The same directory, other names.
     let f2 = fs.stat(&alice, b"/a/b/f2", true).unwrap().ino;
     assert_eq!(errno(fs.stat(&alice, b"/a/b/none", true)), libc::ENOENT);
     // Who may search a directory on the way changes.
