@@ -49,6 +49,47 @@ struct Raw {
     start: u64,
     len: u64,
     write: bool,
+    /// The array of a shared file system: the manager's revocations take the range's records
+    /// away from every channel, this one's too (after the commands in flight on the freed
+    /// space complete), and the range is granted again when a command misses them.
+    shared: bool,
+}
+
+impl Raw {
+    /// Runs `op`; on a shared file system's array, once more after granting the range again
+    /// if a revocation took its records.
+    fn run(&self, mut op: impl FnMut() -> std::result::Result<(), ClientError>) -> Result<()> {
+        match op() {
+            Err(ClientError::Status(libmoneta::moneta_abi::Status::PermissionMiss))
+                if self.shared =>
+            {
+                self.ch
+                    .control()
+                    .grant(Grant {
+                        channel: self.ch.id(),
+                        rights: if self.write {
+                            RIGHT_READ | RIGHT_WRITE
+                        } else {
+                            RIGHT_READ
+                        },
+                        start: self.start,
+                        len: self.len,
+                        file: 0,
+                    })
+                    .map_err(err)?;
+                op().map_err(err)
+            }
+            r => r.map_err(err),
+        }
+    }
+}
+
+/// Whether the daemon at `socket` shares its file system with member hosts
+/// (`monetad --share-listen`).
+fn shares_its_file_system(socket: &std::path::Path) -> bool {
+    libmoneta::Control::connect(socket)
+        .and_then(|c| c.model())
+        .is_ok_and(|m| m.get("share.role") == Some("manager"))
 }
 
 static RAW: OnceLock<std::result::Result<Raw, (i32, String)>> = OnceLock::new();
@@ -114,8 +155,11 @@ fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
             .clone()
             .unwrap_or_else(libmoneta::paths::default_socket);
         let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
-        // Never under a file system: the range would overwrite its metadata and files.
-        if m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_))) {
+        // Never under a file system, which the range would overwrite, unless the file system
+        // is shared with member hosts: their devices write its files' bytes through the range
+        // under the records its manager gives them (docs/distributed.md).
+        let shared = shares_its_file_system(&socket);
+        if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
             return Err((
                 libc::EINVAL,
                 "the daemon serves a file system: export its files (file=), not its array".into(),
@@ -154,6 +198,7 @@ fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
             start,
             len,
             write: !readonly,
+            shared,
         })
     });
     r.as_ref().map_err(|(e, m)| Error::new(*e, m.clone()))
@@ -324,8 +369,8 @@ impl Server for Export {
                 Backend::Nvfs(f) => f.read_at(&mut buf[done..], at).map_err(err)?,
                 Backend::Kernel(f) => f.read_at(&mut buf[done..], at).map_err(err)?,
                 Backend::Raw(r) => {
-                    r.ch.read_pipelined(r.start + at, &mut buf[done..], Completion::Dma)
-                        .map_err(err)?;
+                    let rest = &mut buf[done..];
+                    r.run(|| r.ch.read_pipelined(r.start + at, rest, Completion::Dma))?;
                     buf.len() - done
                 }
             };
@@ -351,8 +396,7 @@ impl Server for Export {
             }
             Backend::Kernel(f) => f.write_at(buf, offset).map_err(err)?,
             Backend::Raw(r) => {
-                r.ch.write_pipelined(r.start + offset, buf, Completion::Dma)
-                    .map_err(err)?
+                r.run(|| r.ch.write_pipelined(r.start + offset, buf, Completion::Dma))?
             }
         }
         if flags.contains(Flags::FUA) {
@@ -365,7 +409,7 @@ impl Server for Export {
         match &self.backend {
             Backend::Nvfs(f) => f.sync_all().map_err(err),
             Backend::Kernel(f) => f.sync().map_err(err),
-            Backend::Raw(r) => r.ch.flush(r.start, r.len, Completion::Dma).map_err(err),
+            Backend::Raw(r) => r.run(|| r.ch.flush(r.start, r.len, Completion::Dma)),
         }
     }
 }

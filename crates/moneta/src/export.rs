@@ -127,10 +127,16 @@ pub fn export(a: ExportArgs) -> Result<(), String> {
             format!("file={}", file.display())
         }
         (None, Some(r)) => {
-            if m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_))) {
+            // A file system shared with member hosts is the exception: their devices reach its
+            // array through this export (docs/distributed.md).
+            let shared = libmoneta::Control::connect(&socket)
+                .and_then(|c| c.model())
+                .is_ok_and(|m| m.get("share.role") == Some("manager"));
+            if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
                 return Err(
                     "the daemon serves a file system: export its files, not its array (--range \
-                     is for a daemon started with --raw)"
+                     is for a daemon started with --raw, or one that shares its file system with \
+                     --share-listen)"
                         .into(),
                 );
             }

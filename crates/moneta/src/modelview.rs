@@ -96,6 +96,41 @@ pub fn text(r: &ModelReport) -> String {
         }
         i += 1;
     }
+    let g = |k: &str| r.get(&format!("share.{k}")).unwrap_or("?");
+    match r.get("share.role") {
+        Some("manager") => {
+            out += &format!(
+                "shared file system: manager at {}, {} members ({}), {} sessions, {} calls, \
+                 {} revocations, {} members fenced, {} connections refused\n",
+                g("listen"),
+                g("members"),
+                g("peers"),
+                g("sessions"),
+                g("calls"),
+                g("revocations"),
+                g("fenced"),
+                g("refused"),
+            );
+        }
+        Some("member") => {
+            out += &format!(
+                "shared file system: member of {}: {}, {} sessions, {} calls, {} revocations, \
+                 {} fences, {} connections\n",
+                g("manager"),
+                g("state"),
+                g("sessions"),
+                g("calls"),
+                g("revocations"),
+                g("fences"),
+                g("connects"),
+            );
+            let e = g("last_error");
+            if !e.is_empty() && e != "?" {
+                out += &format!("  {:<20} {e}\n", "last error");
+            }
+        }
+        _ => {}
+    }
     out
 }
 

@@ -222,6 +222,21 @@ pub struct Args {
     /// failed and its requests fail [default: 5000].
     #[arg(long)]
     pub member_timeout_ms: Option<u64>,
+    /// Share this daemon's nvfs with member hosts (docs/distributed.md): listen at ADDR:PORT
+    /// for the members' manager links (keyed with --share-key), answer their clients'
+    /// file-system calls and revoke space on every member before it is reused.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = ["raw", "kernel_fs"])]
+    pub share_listen: Option<String>,
+    /// Serve the nvfs of the manager's host at HOST:PORT (its --share-listen) to this host's
+    /// clients: their file-system calls go there, their reads and writes go to the manager's
+    /// array through --member ranges. No file system of this daemon's own.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["kernel_fs", "share_listen"])]
+    pub share_from: Option<String>,
+    /// The members' shared key for the manager links: a file of `USER:HEXKEY` lines as nbdkit
+    /// and libnbd read them (the first line's key, at least 16 bytes); the NBD links may use
+    /// the same file.
+    #[arg(long, value_name = "FILE")]
+    pub share_key: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -257,6 +272,9 @@ struct FileConfig {
     model: Option<toml::Value>,
     /// `START:LEN=URI` strings, as `--member`.
     members: Option<Vec<String>>,
+    share_listen: Option<String>,
+    share_from: Option<String>,
+    share_key: Option<PathBuf>,
     member_timeout_ms: Option<u64>,
     local_at: Option<toml::Value>,
 }
@@ -382,6 +400,27 @@ pub struct Config {
     pub durable_shadow: Option<PathBuf>,
     /// A file system made on a new array keeps data checksums.
     pub data_checksums: bool,
+    /// The daemon's part in a file system several hosts share.
+    pub share: Option<ShareConfig>,
+}
+
+/// The daemon's part in a file system several hosts share (docs/distributed.md).
+#[derive(Clone, Debug)]
+pub enum ShareConfig {
+    /// It holds the file system and listens for members at this address.
+    Listen {
+        /// ADDR:PORT.
+        addr: String,
+        /// The members' key.
+        key: PathBuf,
+    },
+    /// Its clients use the file system whose manager listens there.
+    From {
+        /// HOST:PORT.
+        addr: String,
+        /// The members' key.
+        key: PathBuf,
+    },
 }
 
 impl Config {
@@ -573,6 +612,51 @@ impl Config {
         if kernel_fs.is_some() && raw {
             return Err("--kernel-fs and --raw exclude each other".into());
         }
+        let share_key = args.share_key.clone().or(file.share_key);
+        let share = match (
+            args.share_listen.clone().or(file.share_listen),
+            args.share_from.clone().or(file.share_from),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err("--share-listen and --share-from exclude each other".into())
+            }
+            (None, None) => None,
+            (Some(addr), None) => {
+                if raw || kernel_fs.is_some() {
+                    return Err(
+                        "--share-listen shares the daemon's nvfs: not with --raw or --kernel-fs"
+                            .into(),
+                    );
+                }
+                Some(ShareConfig::Listen {
+                    addr,
+                    key: share_key
+                        .clone()
+                        .ok_or("--share-listen needs --share-key")?,
+                })
+            }
+            (None, Some(addr)) => {
+                if kernel_fs.is_some() {
+                    return Err("--share-from and --kernel-fs exclude each other".into());
+                }
+                if device.members.is_empty() {
+                    return Err(
+                        "--share-from needs --member: the manager's array must be in this \
+                         device's address space"
+                            .into(),
+                    );
+                }
+                Some(ShareConfig::From {
+                    addr,
+                    key: share_key.clone().ok_or("--share-from needs --share-key")?,
+                })
+            }
+        };
+        if share_key.is_some() && share.is_none() {
+            return Err("--share-key needs --share-listen or --share-from".into());
+        }
+        // A member host of a shared file system has none of its own.
+        let raw = raw || matches!(share, Some(ShareConfig::From { .. }));
         if device.members.is_empty() && device.local_at != 0 {
             return Err(
                 "--local-at needs --member: the addresses before the array are other members'"
@@ -581,8 +665,8 @@ impl Config {
         }
         if !device.members.is_empty() && !raw {
             return Err(
-                "--member needs --raw: the other members' ranges are served as a raw device \
-                 (a file system over them is not built)"
+                "--member needs --raw or --share-from: the other members' ranges are served as \
+                 a raw device, or as the array of a file system another host manages"
                     .into(),
             );
         }
@@ -607,6 +691,7 @@ impl Config {
             append_reserve,
             durable_shadow: args.durable_shadow.clone(),
             data_checksums: args.data_checksums || file.data_checksums.unwrap_or(false),
+            share,
         })
     }
 }
@@ -695,6 +780,63 @@ mod tests {
         };
         assert_eq!(after(&["0:1G=nbd://h"]).unwrap().device.local_at, 1 << 30);
         assert!(after(&[]).unwrap_err().contains("--member"));
+    }
+
+    #[test]
+    fn a_shared_file_system_is_held_by_an_nvfs_daemon_and_joined_by_a_member() {
+        let base = || Args {
+            volatile: true,
+            size: Some(64 << 20),
+            share_key: Some("/k".into()),
+            ..Default::default()
+        };
+        let holder = Config::resolve(&Args {
+            share_listen: Some("0.0.0.0:7700".into()),
+            ..base()
+        })
+        .unwrap();
+        assert!(matches!(holder.share, Some(ShareConfig::Listen { .. })));
+        assert!(!holder.raw);
+        assert!(Config::resolve(&Args {
+            share_listen: Some("0.0.0.0:7700".into()),
+            raw: true,
+            ..base()
+        })
+        .unwrap_err()
+        .contains("nvfs"));
+        // A member needs the manager's array in its address space, and has no nvfs of its own.
+        let member = Config::resolve(&Args {
+            share_from: Some("10.0.0.1:7700".into()),
+            members: vec!["0:1G=nbd://h".into()],
+            local_at: Some(1 << 30),
+            ..base()
+        })
+        .unwrap();
+        assert!(matches!(member.share, Some(ShareConfig::From { .. })));
+        assert!(member.raw);
+        assert!(Config::resolve(&Args {
+            share_from: Some("10.0.0.1:7700".into()),
+            ..base()
+        })
+        .unwrap_err()
+        .contains("--member"));
+        // Both at once, a key for nothing, and no key.
+        assert!(Config::resolve(&Args {
+            share_from: Some("h:1".into()),
+            share_listen: Some("h:2".into()),
+            ..base()
+        })
+        .is_err());
+        assert!(Config::resolve(&base())
+            .unwrap_err()
+            .contains("--share-key needs"));
+        assert!(Config::resolve(&Args {
+            share_listen: Some("h:2".into()),
+            share_key: None,
+            ..base()
+        })
+        .unwrap_err()
+        .contains("needs --share-key"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod kernelfs;
 pub mod locks;
 pub mod manager;
 pub mod server;
+pub mod share;
 pub mod testing;
 
 use std::os::unix::fs::PermissionsExt;
@@ -338,6 +339,30 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         ),
         None => None,
     };
+    let share = match (&config.share, &manager) {
+        (Some(config::ShareConfig::Listen { addr, key }), Some(m)) => {
+            let key = share::link::Key::load(key).map_err(DaemonError::Config)?;
+            let holder = share::Holder::start(addr, key, m.clone()).map_err(DaemonError::Config)?;
+            m.share_revocations(holder.clone());
+            tracing::info!(listen = %addr, "sharing the file system with member hosts");
+            Some(server::Share::Holder(holder))
+        }
+        (Some(config::ShareConfig::From { addr, key }), None) => {
+            let key = share::link::Key::load(key).map_err(DaemonError::Config)?;
+            let ranges = config
+                .device
+                .members
+                .iter()
+                .map(|m| (m.start, m.len))
+                .collect();
+            let member = share::Member::start(addr, key, device.clone(), ranges)
+                .map_err(DaemonError::Config)?;
+            Some(server::Share::Member(member))
+        }
+        (None, _) => None,
+        _ => unreachable!("the configuration pairs a share with the right file system"),
+    };
+    let stop_share = share.clone();
     let kernel_files = match (&kernel_fs, break_signal) {
         (Some(k), Some(signal)) => {
             let files = Arc::new(kernelfs::Files::new(
@@ -376,7 +401,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         )
         .polling(libmoneta::affinity::worth_polling(config.device.poller_cpu))
         .shares(config.shares)
-        .kernel_files(kernel_files.clone()),
+        .kernel_files(kernel_files.clone())
+        .share(share),
     );
     std::thread::Builder::new()
         .name("moneta-accept".into())
@@ -405,6 +431,9 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // Records revoked and leases given back while the device still runs.
     if let Some(files) = &kernel_files {
         files.shutdown();
+    }
+    if let Some(server::Share::Member(m)) = &stop_share {
+        m.stop();
     }
     // Idempotent: after a shutdown request the device has already stopped.
     let _ = device.shutdown();

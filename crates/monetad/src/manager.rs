@@ -94,6 +94,8 @@ pub struct Manager {
     work_queued: std::sync::atomic::AtomicBool,
     /// The pages of mapped files (taken after the file-system lock, never before it).
     segments: Arc<Mutex<Segments>>,
+    /// The member hosts sharing the file system, whose records every revocation reaches.
+    members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
 }
 
 /// Work the poller's quick calls leave for the releaser thread.
@@ -343,7 +345,14 @@ impl Manager {
         }
         let segments = Arc::new(Mutex::new(segments));
         let segs = segments.clone();
+        let members = Arc::new(std::sync::OnceLock::<Weak<crate::share::Holder>>::new());
+        let revoke_on = members.clone();
         fs.set_revoker(Box::new(move |ranges| {
+            // The member hosts of a shared file system drop their records first (each also
+            // waits for what its channels have in flight).
+            if let Some(h) = revoke_on.get().and_then(Weak::upgrade) {
+                h.revoke(ranges);
+            }
             // A mapped file losing space loses its segment first (see `segments.rs`).
             segs.lock()
                 .expect("segments lock")
@@ -395,8 +404,14 @@ impl Manager {
                 release_wake: Condvar::new(),
                 work_queued: std::sync::atomic::AtomicBool::new(false),
                 segments,
+                members,
             }
         }))
+    }
+
+    /// Revokes freed space on the member hosts of `holder` too, from now on.
+    pub fn share_revocations(&self, holder: Arc<crate::share::Holder>) {
+        let _ = self.members.set(Arc::downgrade(&holder));
     }
 
     /// Folds the mapped files' pages back into the array and checkpoints the file system's

@@ -105,6 +105,18 @@ pub struct Server {
     kernel_files: Option<Arc<crate::kernelfs::Files>>,
     /// Names connections for the kernel file system's handles.
     next_conn: std::sync::atomic::AtomicU64,
+    /// The shared file system: this host's manager serving the members, or the manager this
+    /// member host asks (docs/distributed.md).
+    share: Option<Share>,
+}
+
+/// This daemon's part in a file system shared by several hosts.
+#[derive(Clone)]
+pub enum Share {
+    /// It holds the file system and answers the members.
+    Holder(Arc<crate::share::Holder>),
+    /// Its clients' file-system calls go to another host's manager.
+    Member(Arc<crate::share::Member>),
 }
 
 fn fail(errno: i32, message: impl Into<String>) -> Failure {
@@ -142,6 +154,8 @@ struct Conn {
     protocol_errors: u32,
     /// Shared with the poller, which answers some file calls through the channel.
     session: Arc<Mutex<Session>>,
+    /// On a member host: the client's calls to the manager's host.
+    proxy: Option<crate::share::Proxy>,
 }
 
 impl Server {
@@ -170,7 +184,14 @@ impl Server {
             socket,
             kernel_files: None,
             next_conn: std::sync::atomic::AtomicU64::new(1),
+            share: None,
         }
+    }
+
+    /// This daemon's part in a shared file system.
+    pub fn share(mut self, share: Option<Share>) -> Server {
+        self.share = share;
+        self
     }
 
     /// Serves the files of a kernel file system on the array.
@@ -331,6 +352,17 @@ impl Server {
                 pid: cred.pid,
                 channel: None,
                 protocol_errors: 0,
+                proxy: match &self.share {
+                    Some(Share::Member(_)) => Some(crate::share::Proxy::new(
+                        moneta_fs::Cred {
+                            uid: cred.uid,
+                            gid: cred.gid,
+                            groups: cred.groups.clone(),
+                        },
+                        cred.pid,
+                    )),
+                    _ => None,
+                },
                 session: Session::new(moneta_fs::Cred {
                     uid: cred.uid,
                     gid: cred.gid,
@@ -537,12 +569,18 @@ impl Server {
             }
             Request::Ping => empty(Ok(())),
             Request::Status => (Ok(ReplyBody::Status(self.device.report())), Vec::new()),
-            Request::Model => (
-                Ok(ReplyBody::Model(moneta_abi::control::ModelReport {
-                    pairs: self.device.model_report(),
-                })),
-                Vec::new(),
-            ),
+            Request::Model => {
+                let mut pairs = self.device.model_report();
+                match &self.share {
+                    Some(Share::Holder(h)) => pairs.extend(h.report()),
+                    Some(Share::Member(m)) => pairs.extend(m.report()),
+                    None => {}
+                }
+                (
+                    Ok(ReplyBody::Model(moneta_abi::control::ModelReport { pairs })),
+                    Vec::new(),
+                )
+            }
             Request::OpenChannel { abi_version } => {
                 if abi_version != moneta_abi::ABI_VERSION {
                     return empty(Err(fail(
@@ -610,6 +648,16 @@ impl Server {
                     .update(vec![TableOp::RemoveFile { channel, file }])
                     .map_err(device_failure)
             })),
+            Request::Fs(f) if self.manager.is_none() && c.proxy.is_some() => {
+                let Some(Share::Member(m)) = &self.share else {
+                    unreachable!("a proxy is made for a member host's connections only")
+                };
+                let proxy = c.proxy.as_mut().expect("checked above");
+                (
+                    proxy.call(m, c.channel, 0, f).map(ReplyBody::Fs),
+                    Vec::new(),
+                )
+            }
             Request::Fs(FsRequest::Fork) => match &self.manager {
                 Some(m) => match m.fork(&lock_session(&c.session)) {
                     Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), vec![pipe]),

@@ -65,6 +65,7 @@ impl Daemon {
             append_reserve: moneta_fs::fs::DEFAULT_APPEND_RESERVE,
             durable_shadow: None,
             data_checksums: false,
+            share: None,
         };
         let thread = std::thread::Builder::new()
             .name("monetad".into())

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod hosts;
+
 /// The directory of the binaries under test.
 pub fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_moneta"))

@@ -1,0 +1,651 @@
+//! One nvfs shared by two hosts (docs/distributed.md, "One file system on every host"): host
+//! A holds the file system and its permission manager (`monetad --share-listen`) and exports
+//! its array; host B's daemon (`--share-from`, `--member`) asks A's manager for its clients'
+//! file-system calls over an authenticated link and reads and writes the files' bytes in A's
+//! array through its own device and the NBD link. A's revocations reach B's records before any
+//! space is reused.
+//!
+//! Each test makes the two hosts on this machine in network namespaces joined by a veth pair
+//! (root, as CI runs it; without root both hosts share the loopback network, and under
+//! `CI=true` that is a failure).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::hosts::{export_on, key_file, kill_and_wait, Net};
+use common::{built, pattern, text};
+use libmoneta::{File, Moneta, OpenOptions};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// Two hosts sharing A's file system.
+struct Shared {
+    net: Net,
+    dir: PathBuf,
+    /// A's socket: the manager's host.
+    a: PathBuf,
+    /// B's socket: the member host.
+    b: PathBuf,
+    /// A's manager link; the export listens on the next port.
+    port: u16,
+    export_pid: Option<i32>,
+    /// A's backing file, when the test restarts A.
+    image: Option<PathBuf>,
+}
+
+fn moneta(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn pid_of(socket: &Path) -> i32 {
+    std::fs::read_to_string(socket.with_extension("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Key `share.KEY` of the daemon at `socket` ("" when it has none or is gone).
+fn share(socket: &Path, key: &str) -> String {
+    libmoneta::Control::connect(socket)
+        .and_then(|c| c.model())
+        .ok()
+        .and_then(|m| m.get(&format!("share.{key}")).map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
+fn write_all(f: &File, data: &[u8], at: u64) {
+    let mut done = 0;
+    while done < data.len() {
+        done += f.write_at(&data[done..], at + done as u64).unwrap();
+    }
+}
+
+fn read_all(f: &File, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        let n = f.read_at(&mut buf[done..], done as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    buf
+}
+
+fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    o
+}
+
+/// A new (or emptied) file, open for reading and writing.
+fn make(m: &Moneta, path: &str) -> File {
+    m.open(path, rw().create(true).truncate(true)).unwrap()
+}
+
+fn ro() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    o
+}
+
+impl Shared {
+    /// A (volatile, or on a backing file if `persistent`) sharing its file system and
+    /// exporting its array; B joined to both.
+    fn new(tag: &str, n: u8, persistent: bool) -> Shared {
+        let net = Net::new(n);
+        let _ = built("libmoneta_nbd.so");
+        let dir = std::env::temp_dir().join(format!("moneta-share-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        key_file(&dir.join("psk"), 7);
+        key_file(&dir.join("other.psk"), 99);
+        let mut s = Shared {
+            net,
+            a: dir.join("a.sock"),
+            b: dir.join("b.sock"),
+            image: persistent.then(|| dir.join("a.img")),
+            dir,
+            port: 11000 + 2 * u16::from(n),
+            export_pid: None,
+        };
+        s.start_a();
+        let b = s.b.clone();
+        s.start_member(&b, "psk");
+        s.wait_joined(&b);
+        s
+    }
+
+    fn start_a(&mut self) {
+        let listen = format!("{}:{}", self.net.a_addr, self.port);
+        let key = self.dir.join("psk");
+        let a = self.a.to_str().unwrap().to_string();
+        let mut args = vec!["start"];
+        let image = self.image.as_ref().map(|p| p.to_str().unwrap().to_string());
+        match &image {
+            Some(p) => args.extend(["--device", p.as_str()]),
+            None => args.push("--volatile"),
+        }
+        args.extend([
+            "--size",
+            "64M",
+            "--socket",
+            &a,
+            "--",
+            "--share-listen",
+            &listen,
+            "--share-key",
+            key.to_str().unwrap(),
+            "--socket-mode",
+            "666",
+            // Files take what they write and no more, so a test can fill the array exactly.
+            "--append-reserve",
+            "0",
+        ]);
+        let o = self.net.moneta(0, &args);
+        assert!(o.status.success(), "moneta start (A): {}", text(&o));
+        self.export_pid = Some(export_on(
+            &self.net,
+            0,
+            &self.a,
+            "0:64M",
+            &self.net.a_addr,
+            self.port + 1,
+            &self.dir.join("psk"),
+        ));
+    }
+
+    /// A member daemon at `socket` on host B whose manager link uses the key file `key` (the
+    /// NBD link always the right one).
+    fn start_member(&self, socket: &Path, key: &str) {
+        let member = format!(
+            "0:64M=nbds://member@{}:{}/?tls-psk-file={}",
+            self.net.a_addr,
+            self.port + 1,
+            self.dir.join("psk").display()
+        );
+        let from = format!("{}:{}", self.net.a_addr, self.port);
+        let o = self.net.moneta(
+            1,
+            &[
+                "start",
+                "--volatile",
+                "--size",
+                "16M",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--",
+                "--local-at",
+                "64M",
+                "--member",
+                &member,
+                "--member-timeout-ms",
+                "1000",
+                "--share-from",
+                &from,
+                "--share-key",
+                self.dir.join(key).to_str().unwrap(),
+                "--socket-mode",
+                "666",
+            ],
+        );
+        assert!(o.status.success(), "moneta start (B): {}", text(&o));
+    }
+
+    /// Waits until the member at `socket` has joined A's file system and reaches A's array.
+    fn wait_joined(&self, socket: &Path) {
+        wait_for("the member joins", Duration::from_secs(15), || {
+            share(socket, "state") == "up"
+                && libmoneta::Control::connect(socket)
+                    .and_then(|c| c.model())
+                    .is_ok_and(|m| m.get("members.0.state") == Some("up"))
+        });
+    }
+
+    fn stop_export(&mut self) {
+        if let Some(p) = self.export_pid.take() {
+            kill_and_wait(p);
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop_export();
+        for s in [&self.b, &self.a] {
+            let _ = moneta(&["stop", "--socket", s.to_str().unwrap()]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Files written on one host are read on the other, byte for byte and at once; names,
+/// directories and sizes agree; the bytes go over the link to A's array, the calls to A's
+/// manager, with the caller's credentials.
+#[test]
+fn a_file_written_on_one_host_is_read_on_the_other() {
+    let s = Shared::new("files", 11, false);
+    let a = Moneta::connect(&s.a).unwrap();
+    let b = Moneta::connect(&s.b).unwrap();
+
+    // Written on A, read on B.
+    let one = pattern(1, 3 * MIB + 123);
+    let f = make(&a, "/one");
+    write_all(&f, &one, 0);
+    drop(f);
+    let g = b.open("/one", &rw()).unwrap();
+    assert_eq!(g.stat().unwrap().size, one.len() as u64);
+    assert_eq!(read_all(&g, one.len() + 10), one, "B reads what A wrote");
+
+    // Written on B (a new directory and file), read on A.
+    b.mkdir("/d", 0o755).unwrap();
+    let two = pattern(2, 2 * MIB + 7);
+    let h = make(&b, "/d/two");
+    write_all(&h, &two, 0);
+    h.sync_all().unwrap();
+    drop(h);
+    let h = a.open("/d/two", &ro()).unwrap();
+    assert_eq!(read_all(&h, two.len() + 1), two, "A reads what B wrote");
+    drop(h);
+
+    // Bytes A writes into a file B holds open are read on B as soon as the write completed,
+    // and the other way round: nothing is cached on either side.
+    let fa = a.open("/one", &rw()).unwrap();
+    for round in 0..20u8 {
+        let mine = pattern(100 + round, 4 * KIB);
+        write_all(&fa, &mine, 8 * KIB as u64);
+        let mut back = vec![0u8; 4 * KIB];
+        assert_eq!(g.read_at(&mut back, 8 * KIB as u64).unwrap(), back.len());
+        assert_eq!(back, mine, "round {round}: B reads A's completed write");
+        let theirs = pattern(150 + round, 4 * KIB);
+        write_all(&g, &theirs, 64 * KIB as u64);
+        fa.read_at(&mut back, 64 * KIB as u64).unwrap();
+        assert_eq!(back, theirs, "round {round}: A reads B's completed write");
+    }
+    // A grows the file; B sees the new size and bytes.
+    write_all(&fa, &pattern(9, 5000), one.len() as u64);
+    assert_eq!(g.stat().unwrap().size, one.len() as u64 + 5000);
+    drop((fa, g));
+
+    // Names change on B, and A sees it.
+    b.rename("/d/two", "/d/three", false).unwrap();
+    assert_eq!(a.stat("/d/two").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(a.stat("/d/three").unwrap().size, two.len() as u64);
+    let names: Vec<_> = a
+        .read_dir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n != b"." && n != b"..")
+        .collect();
+    assert_eq!(names, vec![b"three".to_vec()]);
+    b.unlink("/d/three").unwrap();
+    assert_eq!(a.stat("/d/three").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(b.stat("/d/three").unwrap_err().errno(), libc::ENOENT);
+
+    // The data went over B's link to A's array; the calls to A's manager.
+    let forwarded: u64 = libmoneta::Control::connect(&s.b)
+        .unwrap()
+        .model()
+        .unwrap()
+        .get("members.0.bytes")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        forwarded >= (one.len() + two.len()) as u64,
+        "B's bytes went through its link: {forwarded}"
+    );
+    assert!(share(&s.a, "calls").parse::<u64>().unwrap() > 10);
+    assert_eq!(share(&s.a, "members"), "1");
+    let o = moneta(&["status", "--socket", s.b.to_str().unwrap()]);
+    assert!(
+        text(&o).contains(&format!(
+            "shared file system: member of {}:{}: up",
+            s.net.a_addr, s.port
+        )),
+        "{}",
+        text(&o)
+    );
+
+    // A's manager checks a member host's client with that client's credentials: another
+    // user on B reads a file all may read, and is refused one only its owner may.
+    let open = make(&b, "/public");
+    write_all(&open, b"for everyone\n", 0);
+    drop(open);
+    let secret = b
+        .open(
+            "/secret",
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600),
+        )
+        .unwrap();
+    write_all(&secret, b"for root\n", 0);
+    drop(secret);
+    let as_user = |path: &str| {
+        s.net.run(
+            1,
+            "setpriv",
+            &[
+                "--reuid=1001",
+                "--regid=1001",
+                "--clear-groups",
+                "env",
+                &format!("MONETA_SOCKET={}", s.b.display()),
+                env!("CARGO_BIN_EXE_moneta"),
+                "run",
+                "--",
+                "cat",
+                path,
+            ],
+        )
+    };
+    let o = as_user("/moneta/public");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, b"for everyone\n");
+    let o = as_user("/moneta/secret");
+    assert!(!o.status.success(), "another user read a 0600 file of root");
+    assert!(text(&o).contains("Permission denied"), "{}", text(&o));
+}
+
+/// A truncate on A racing a writer and a reader on B: the space A frees and gives to another
+/// file never takes B's stale writes, and B never reads that other file's bytes.
+#[test]
+fn a_truncate_on_one_host_leaves_no_stale_bytes_on_the_other() {
+    let s = Shared::new("race", 12, false);
+    let a = Moneta::connect(&s.a).unwrap();
+    const LEN: usize = 256 * KIB;
+    const PIECE: usize = 16 * KIB;
+    let v = make(&a, "/v");
+    write_all(&v, &vec![0x11; LEN], 0);
+    drop(v);
+    // The array nearly full, so that each new file takes most of its space from what v just
+    // freed.
+    let st = a.statfs().unwrap();
+    let free = (st.chunks_free * st.chunk_size) as usize;
+    let filler = make(&a, "/filler");
+    write_all(&filler, &vec![0x22; free - LEN / 2], 0);
+    drop(filler);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let writes = Arc::new(AtomicU64::new(0));
+    let b_socket = s.b.clone();
+    let member = {
+        let (stop, wrong, writes) = (stop.clone(), wrong.clone(), writes.clone());
+        std::thread::spawn(move || {
+            let b = Moneta::connect(&b_socket).unwrap();
+            let f = b.open("/v", &rw()).unwrap();
+            let mine = vec![0xB1; PIECE];
+            let mut buf = vec![0u8; PIECE];
+            while !stop.load(Ordering::Relaxed) {
+                for off in (0..LEN).step_by(PIECE) {
+                    if f.write_at(&mine, off as u64).is_ok() {
+                        writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Ok(n) = f.read_at(&mut buf, off as u64) {
+                        // v's own bytes, B's, or the zeros of space v got again: never
+                        // another file's.
+                        if buf[..n].iter().any(|&x| ![0x11, 0xB1, 0].contains(&x)) {
+                            wrong.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    wait_for("B writes", Duration::from_secs(10), || {
+        writes.load(Ordering::Relaxed) > 10
+    });
+    let revoked = share(&s.b, "revocations").parse::<u64>().unwrap();
+    const ROUNDS: usize = 24;
+    for round in 0..ROUNDS {
+        // v loses its space, which the next file takes at once.
+        a.truncate("/v", 0).unwrap();
+        let name = format!("/w{round}");
+        let w = make(&a, &name);
+        write_all(&w, &vec![0xA7; LEN], 0);
+        // B's writer goes on meanwhile; a stale write of it would land in w.
+        std::thread::sleep(Duration::from_millis(20));
+        let back = read_all(&w, LEN);
+        assert!(
+            back.iter().all(|&x| x == 0xA7),
+            "round {round}: {} bytes of w were overwritten through B's old records",
+            back.iter().filter(|&&x| x != 0xA7).count()
+        );
+        drop(w);
+        a.unlink(&name).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    member.join().unwrap();
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "B read another file's bytes"
+    );
+    let now = share(&s.b, "revocations").parse::<u64>().unwrap();
+    assert!(
+        now >= revoked + ROUNDS as u64,
+        "every truncate revoked on B: {revoked} then {now}"
+    );
+}
+
+/// A host without the key gets no link to A's manager, so no file of it; A counts the refusal;
+/// a connection that speaks anything else is refused too.
+#[test]
+fn a_host_without_the_key_is_refused() {
+    let s = Shared::new("key", 13, false);
+    let c = s.dir.join("c.sock");
+    s.start_member(&c, "other.psk");
+    wait_for(
+        "the unkeyed member gives up",
+        Duration::from_secs(15),
+        || share(&c, "last_error").contains("key"),
+    );
+    assert_eq!(share(&c, "state"), "down");
+    let m = Moneta::connect(&c).unwrap();
+    let e = m.stat("/").unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+    let refused: u64 = share(&s.a, "refused").parse().unwrap();
+    assert!(refused >= 1, "A counted the refusal");
+    // Something that is not a member at all.
+    let o = s.net.run(
+        1,
+        "bash",
+        &[
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/{}/{}; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3",
+                s.net.a_addr, s.port
+            ),
+        ],
+    );
+    assert!(o.stdout.is_empty(), "A answered a stranger: {}", text(&o));
+    wait_for("A counts the stranger", Duration::from_secs(10), || {
+        share(&s.a, "refused").parse::<u64>().unwrap() > refused
+    });
+    // The keyed member is untouched.
+    let b = Moneta::connect(&s.b).unwrap();
+    assert!(b.stat("/").is_ok());
+    assert_eq!(share(&s.a, "members"), "1");
+    drop(m);
+    let _ = moneta(&["stop", "--socket", c.to_str().unwrap()]);
+}
+
+/// A member killed while its clients hold files: A notices, keeps serving, and frees space
+/// within a bounded time. The manager's host killed: B's calls fail with EIO within a lease,
+/// nothing hangs, and once A is back what B had made durable is there.
+#[test]
+fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durable() {
+    let mut s = Shared::new("kill", 14, true);
+    let a = Moneta::connect(&s.a).unwrap();
+    let kept = pattern(5, MIB + 17);
+    {
+        let b = Moneta::connect(&s.b).unwrap();
+        let f = make(&b, "/kept");
+        write_all(&f, &kept, 0);
+        f.sync_all().unwrap();
+        drop(f);
+        // B holds a file open, with records over its space, when it dies.
+        let held = make(&b, "/held");
+        write_all(&held, &pattern(6, 512 * KIB), 0);
+        let _ = read_all(&held, 4096);
+        kill_and_wait(pid_of(&s.b));
+        std::mem::forget(held);
+        std::mem::forget(b);
+    }
+    let gone = wait_for("A sees the member gone", Duration::from_secs(10), || {
+        share(&s.a, "members") == "0"
+    });
+    eprintln!("member gone after {gone:?}");
+    // A serves its own clients meanwhile, and frees the dead member's file's space once the
+    // member is surely fenced, not never.
+    let t = Instant::now();
+    a.truncate("/held", 0).unwrap();
+    let took = t.elapsed();
+    eprintln!("the truncate took {took:?}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let f = make(&a, "/after");
+    write_all(&f, b"still serving", 0);
+    drop(f);
+    let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
+
+    // B again.
+    let b_sock = s.b.clone();
+    s.start_member(&b_sock, "psk");
+    s.wait_joined(&b_sock);
+    let b = Moneta::connect(&s.b).unwrap();
+    let f = b.open("/kept", &ro()).unwrap();
+    assert_eq!(read_all(&f, kept.len()), kept);
+
+    // The manager's host dies.
+    kill_and_wait(pid_of(&s.a));
+    s.stop_export();
+    let t = Instant::now();
+    let e = loop {
+        match b.stat("/kept") {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(t.elapsed() < Duration::from_secs(10), "B never noticed");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    eprintln!("B failed a call {:?} after the kill: {e}", t.elapsed());
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    wait_for("B fences itself", Duration::from_secs(10), || {
+        share(&s.b, "state") == "down"
+    });
+    assert!(share(&s.b, "fences").parse::<u64>().unwrap() >= 1);
+    // Reads through the open handle fail, not hang, and not with stale bytes.
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    let r = f.read_at(&mut buf, 0);
+    assert!(r.is_err(), "a read after the fence must fail");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    drop(f);
+    drop(b);
+
+    // A comes back on its image; B rejoins by itself; what B made durable is there.
+    let _ = std::fs::remove_file(s.a.with_extension("pid"));
+    s.start_a();
+    s.wait_joined(&b_sock);
+    let b = Moneta::connect(&s.b).unwrap();
+    let f = b.open("/kept", &ro()).unwrap();
+    assert_eq!(
+        read_all(&f, kept.len()),
+        kept,
+        "B's durable file after A's kill"
+    );
+    let f = b.open("/after", &ro()).unwrap();
+    assert_eq!(read_all(&f, 100), b"still serving");
+}
+
+/// Unmodified SQLite on both hosts at once, through `moneta run`, writing one database: the
+/// locks are A's manager's for every host's clients, so every insert lands once and the
+/// database checks whole.
+#[test]
+fn sqlite_writers_on_both_hosts_keep_every_row() {
+    let s = Shared::new("sqlite", 15, false);
+    let _ = built("libmoneta.so");
+    let sqlite = |h: usize, sql: &str| {
+        let socket = if h == 0 { &s.a } else { &s.b };
+        s.net.run(
+            h,
+            "env",
+            &[
+                &format!("MONETA_SOCKET={}", socket.display()),
+                env!("CARGO_BIN_EXE_moneta"),
+                "run",
+                "--",
+                "sqlite3",
+                "-cmd",
+                ".timeout 30000",
+                "/moneta/t.db",
+                sql,
+            ],
+        )
+    };
+    let o = sqlite(
+        0,
+        "create table t(a integer primary key, host text, n integer)",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    const ROWS: usize = 150;
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(h, name)| {
+                let sql: String = (0..ROWS)
+                    .map(|i| format!("insert into t(host, n) values('{name}', {i});"))
+                    .collect();
+                let sqlite = &sqlite;
+                scope.spawn(move || sqlite(h, &sql))
+            })
+            .collect();
+        for w in writers {
+            let o = w.join().unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+        }
+    });
+    for h in [0, 1] {
+        let o = sqlite(
+            h,
+            "select count(*), count(distinct host || n), sum(host = 'a'), sum(host = 'b') \
+             from t; pragma integrity_check;",
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!("{}|{}|{ROWS}|{ROWS}\nok\n", 2 * ROWS, 2 * ROWS),
+            "host {h}"
+        );
+    }
+}

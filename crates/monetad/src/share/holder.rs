@@ -1,0 +1,421 @@
+//! The manager's host: it answers the members' sessions with the permission manager and
+//! revokes space on every member before it is reused.
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use moneta_abi::control::{
+    decode_request, encode_reply, errno, peek_header, Failure, ReplyBody, Request,
+};
+use moneta_abi::fsproto::FsRequest;
+
+use super::link::{Key, Link};
+use super::{Hello, Note, ACK_WAIT, FENCED_AFTER, LEASE};
+use crate::manager::{Manager, Session};
+
+/// Malformed requests a session may send before it is dropped.
+const MAX_PROTOCOL_ERRORS: u32 = 64;
+/// Members joined at once.
+const MAX_MEMBERS: usize = 256;
+
+/// A member host as the manager's host sees it.
+struct Joined {
+    link: Arc<Link>,
+    /// The highest revocation it has answered.
+    acked: u64,
+    /// When it last said anything.
+    last_contact: Instant,
+    /// Its connection ended: it fences itself, and is counted fenced `FENCED_AFTER` after
+    /// `last_contact`.
+    gone: bool,
+    /// Its sessions' connections, ended with it.
+    sessions: HashMap<u64, Arc<Link>>,
+    peer: String,
+}
+
+#[derive(Default)]
+struct Members {
+    joined: HashMap<u64, Joined>,
+    next_session: u64,
+}
+
+/// The manager's side of the shared file system (`monetad --share-listen`).
+pub struct Holder {
+    key: Key,
+    manager: Arc<Manager>,
+    listen: String,
+    members: Mutex<Members>,
+    changed: Condvar,
+    /// Revocations made (the last one's number).
+    revocations: AtomicU64,
+    /// Members counted fenced after they went.
+    fenced: AtomicU64,
+    /// Sessions served since the start.
+    sessions: AtomicU64,
+    /// Calls answered.
+    calls: AtomicU64,
+    /// Connections refused (no key, a malformed hello, an unknown member).
+    refused: AtomicU64,
+}
+
+impl Holder {
+    /// Listens at `addr` for members holding `key`.
+    pub fn start(addr: &str, key: Key, manager: Arc<Manager>) -> Result<Arc<Holder>, String> {
+        let listener =
+            TcpListener::bind(addr).map_err(|e| format!("--share-listen {addr}: {e}"))?;
+        let listen = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| addr.to_string());
+        let holder = Arc::new(Holder {
+            key,
+            manager,
+            listen,
+            members: Mutex::new(Members::default()),
+            changed: Condvar::new(),
+            revocations: AtomicU64::new(0),
+            fenced: AtomicU64::new(0),
+            sessions: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let h = holder.clone();
+        std::thread::Builder::new()
+            .name("moneta-share".into())
+            .spawn(move || h.accept(listener))
+            .map_err(|e| format!("cannot start the share listener: {e}"))?;
+        Ok(holder)
+    }
+
+    fn members(&self) -> MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn accept(self: Arc<Self>, listener: TcpListener) {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("moneta-share-conn".into())
+                .stack_size(256 << 10)
+                .spawn(move || me.serve(conn));
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a share connection's thread: {e}");
+            }
+        }
+    }
+
+    fn serve(&self, conn: TcpStream) {
+        let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let link = match Link::accept(conn, &self.key) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, "a connection to the shared file system refused: {e}");
+                return;
+            }
+        };
+        let hello = match link.receive(Some(super::link::HANDSHAKE)) {
+            Ok(b) => Hello::decode(&b),
+            Err(_) => None,
+        };
+        match hello {
+            Some(Hello::Member { id }) => self.member(id, link, peer),
+            Some(Hello::Session {
+                member,
+                uid,
+                gid,
+                pid,
+                groups,
+            }) => self.session(member, link, moneta_fs::Cred { uid, gid, groups }, pid),
+            None => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, "a member's connection began with no hello");
+            }
+        }
+    }
+
+    /// A member's own connection: answers its pings and takes its answers to revocations
+    /// until it goes quiet for a lease or the connection ends.
+    fn member(&self, id: u64, link: Arc<Link>, peer: String) {
+        {
+            let mut m = self.members();
+            // Members gone long enough to be surely fenced are forgotten.
+            m.joined
+                .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= FENCED_AFTER));
+            if m.joined.len() >= MAX_MEMBERS || m.joined.contains_key(&id) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, "a member refused: too many members, or a name in use");
+                return;
+            }
+            m.joined.insert(
+                id,
+                Joined {
+                    link: link.clone(),
+                    acked: 0,
+                    last_contact: Instant::now(),
+                    gone: false,
+                    sessions: HashMap::new(),
+                    peer: peer.clone(),
+                },
+            );
+        }
+        tracing::info!(%peer, "a member joined the shared file system");
+        loop {
+            let note = match link.receive(Some(LEASE)) {
+                Ok(b) => Note::decode(&b),
+                Err(e) => {
+                    tracing::warn!(%peer, "a member's connection ended: {e}");
+                    break;
+                }
+            };
+            let mut m = self.members();
+            let Some(j) = m.joined.get_mut(&id) else {
+                break;
+            };
+            j.last_contact = Instant::now();
+            match note {
+                Some(Note::Ping) => {
+                    drop(m);
+                    if link.send(&Note::Pong.encode()).is_err() {
+                        break;
+                    }
+                }
+                Some(Note::Ack { seq }) => {
+                    j.acked = j.acked.max(seq);
+                    drop(m);
+                    self.changed.notify_all();
+                }
+                _ => {
+                    tracing::warn!(%peer, "a member sent what members do not send");
+                    break;
+                }
+            }
+        }
+        self.gone(id);
+    }
+
+    /// Member `id` is gone: its connection and its sessions end. It fences itself; until
+    /// `FENCED_AFTER` has passed, revocations wait for that.
+    fn gone(&self, id: u64) {
+        let mut m = self.members();
+        if let Some(j) = m.joined.get_mut(&id) {
+            if !j.gone {
+                j.gone = true;
+                j.link.shutdown();
+                for s in j.sessions.values() {
+                    s.shutdown();
+                }
+                tracing::warn!(peer = %j.peer, "a member left the shared file system");
+            }
+        }
+        drop(m);
+        self.changed.notify_all();
+    }
+
+    /// One client of a member host: its calls answered with its credentials, as the Unix
+    /// socket's connections are, until it or its member goes.
+    fn session(&self, member: u64, link: Arc<Link>, cred: moneta_fs::Cred, pid: i32) {
+        let sid = {
+            let mut m = self.members();
+            m.next_session += 1;
+            let sid = m.next_session;
+            match m.joined.get_mut(&member) {
+                Some(j) if !j.gone => {
+                    j.sessions.insert(sid, link.clone());
+                }
+                _ => {
+                    drop(m);
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("a session of a member not joined refused");
+                    return;
+                }
+            }
+            sid
+        };
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        let session = Session::new(cred).with_pid(pid).shared();
+        let mut errors = 0;
+        while let Ok(msg) = link.receive(None) {
+            let (op, seq, result) = match decode_request(&msg) {
+                Ok((seq, req)) => {
+                    let op = req.op();
+                    // Every answer says how many revocations came before it was decided: the
+                    // member installs no record from an answer that a later revocation may
+                    // have overtaken.
+                    let before = self.revocations.load(Ordering::SeqCst);
+                    let result = self.call(&session, req);
+                    (op, seq, result.map(|r| (before, r)))
+                }
+                Err(e) => {
+                    errors += 1;
+                    let (op, seq) = peek_header(&msg).unwrap_or((0, 0));
+                    let f = Failure {
+                        errno: errno::EPROTO,
+                        message: format!("malformed request: {e}"),
+                    };
+                    (op & !moneta_abi::control::REPLY_BIT, seq, Err(f))
+                }
+            };
+            let (before, result) = match result {
+                Ok((b, r)) => (b, r),
+                Err(f) => (self.revocations.load(Ordering::SeqCst), Err(f)),
+            };
+            let mut frame = before.to_le_bytes().to_vec();
+            frame.extend_from_slice(&encode_reply(op, seq, &result));
+            if link.send(&frame).is_err() || errors >= MAX_PROTOCOL_ERRORS {
+                break;
+            }
+        }
+        link.shutdown();
+        let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
+        self.manager.end_session(&mut s);
+        drop(s);
+        if let Some(j) = self.members().joined.get_mut(&member) {
+            j.sessions.remove(&sid);
+        }
+    }
+
+    fn call(
+        &self,
+        session: &Arc<Mutex<Session>>,
+        req: Request,
+    ) -> Result<Result<ReplyBody, Failure>, Failure> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let f = match req {
+            Request::Fs(FsRequest::Fork | FsRequest::Map { .. } | FsRequest::Inherit { .. }) => {
+                return Ok(Err(Failure {
+                    errno: errno::EOPNOTSUPP,
+                    message: "a member host's clients can neither fork their files nor map \
+                              them (docs/distributed.md)"
+                        .into(),
+                }))
+            }
+            Request::Fs(f) => f,
+            _ => {
+                return Ok(Err(Failure {
+                    errno: errno::EOPNOTSUPP,
+                    message: "a member's session carries file-system calls only".into(),
+                }))
+            }
+        };
+        let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
+        // No channel of this daemon: the member installs the records in its own.
+        Ok(self.manager.call(&mut s, None, f).map(ReplyBody::Fs))
+    }
+
+    /// Revokes `ranges` on every member (with the file-system lock held, before the space is
+    /// reused): returns once each member has answered that it removed every record over them
+    /// and saw every command issued before complete, or is surely fenced.
+    pub fn revoke(&self, ranges: &[(u64, u64)]) {
+        let mut m = self.members();
+        if m.joined.is_empty() {
+            return;
+        }
+        let seq = self.revocations.fetch_add(1, Ordering::SeqCst) + 1;
+        let note = Note::Revoke {
+            seq,
+            ranges: ranges.to_vec(),
+        }
+        .encode();
+        let mut cut = Vec::new();
+        for (&id, j) in m.joined.iter() {
+            if !j.gone && j.link.send(&note).is_err() {
+                cut.push(id);
+            }
+        }
+        let sent = Instant::now();
+        loop {
+            for id in cut.drain(..) {
+                drop(m);
+                self.gone(id);
+                m = self.members();
+            }
+            let now = Instant::now();
+            let mut wait = Duration::from_millis(100);
+            let mut done = true;
+            for (&id, j) in m.joined.iter() {
+                if j.acked >= seq {
+                    continue;
+                }
+                if j.gone {
+                    let fenced = j.last_contact + FENCED_AFTER;
+                    if now < fenced {
+                        done = false;
+                        wait = wait.min(fenced - now);
+                    }
+                } else if now.duration_since(sent) >= ACK_WAIT {
+                    tracing::warn!(peer = %j.peer, "a member did not answer a revocation: cut off");
+                    cut.push(id);
+                    done = false;
+                } else {
+                    done = false;
+                }
+            }
+            if done {
+                break;
+            }
+            if !cut.is_empty() {
+                continue;
+            }
+            m = self
+                .changed
+                .wait_timeout(m, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let before = m.joined.len();
+        m.joined
+            .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= FENCED_AFTER));
+        self.fenced
+            .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// `share.*` pairs for `moneta status`.
+    pub fn report(&self) -> Vec<(String, String)> {
+        let m = self.members();
+        let live = m.joined.values().filter(|j| !j.gone).count();
+        let sessions: usize = m.joined.values().map(|j| j.sessions.len()).sum();
+        let mut pairs = vec![
+            ("share.role".into(), "manager".into()),
+            ("share.listen".into(), self.listen.clone()),
+            ("share.members".into(), live.to_string()),
+            ("share.sessions".into(), sessions.to_string()),
+            (
+                "share.sessions_served".into(),
+                self.sessions.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.calls".into(),
+                self.calls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.revocations".into(),
+                self.revocations.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.fenced".into(),
+                self.fenced.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.refused".into(),
+                self.refused.load(Ordering::Relaxed).to_string(),
+            ),
+        ];
+        let mut peers: Vec<_> = m
+            .joined
+            .values()
+            .filter(|j| !j.gone)
+            .map(|j| j.peer.clone())
+            .collect();
+        peers.sort();
+        pairs.push(("share.peers".into(), peers.join(" ")));
+        pairs
+    }
+}

@@ -1,0 +1,585 @@
+//! A member host: its clients' file-system calls go to the manager's host, and the records
+//! the answers allow are installed in the clients' channels here.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use moneta_abi::control::{
+    decode_reply, encode_request, errno, Failure, ReplyBody, Request, RIGHT_READ, RIGHT_WRITE,
+};
+use moneta_abi::fsproto::{FsReply, FsRequest, HOLE};
+use moneta_device::{Device, TableOp};
+
+use super::link::{Key, Link};
+use super::{Hello, Note, LEASE, PING_EVERY};
+
+/// How long a connection to the manager's host may take.
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
+/// Between attempts to reach the manager's host.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// The member's own connection, while it stands.
+struct Joined {
+    id: u64,
+    /// Counts the member's connections: a session belongs to one.
+    epoch: u64,
+    /// The last revocation applied on this connection.
+    applied: u64,
+    sessions: Vec<Weak<Link>>,
+}
+
+#[derive(Default)]
+struct State {
+    joined: Option<Joined>,
+    epoch: u64,
+    last_error: String,
+}
+
+/// The member's side of the shared file system (`monetad --share-from`).
+pub struct Member {
+    key: Key,
+    manager: String,
+    device: Arc<Device>,
+    /// The address space's ranges other members hold: records of the shared file system lie
+    /// only there, and a fence removes every record over them.
+    ranges: Vec<(u64, u64)>,
+    state: Mutex<State>,
+    revocations: AtomicU64,
+    fences: AtomicU64,
+    connects: AtomicU64,
+    calls: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Member {
+    /// Joins the file system whose manager listens at `manager` (HOST:PORT), over a link keyed
+    /// with `key`; `ranges` are the parts of `device`'s address space that members hold.
+    pub fn start(
+        manager: &str,
+        key: Key,
+        device: Arc<Device>,
+        ranges: Vec<(u64, u64)>,
+    ) -> Result<Arc<Member>, String> {
+        if ranges.is_empty() {
+            return Err(
+                "--share-from needs --member: the manager's array must be in the address space"
+                    .into(),
+            );
+        }
+        let m = Arc::new(Member {
+            key,
+            manager: manager.to_string(),
+            device,
+            ranges,
+            state: Mutex::new(State::default()),
+            revocations: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
+            connects: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let me = m.clone();
+        std::thread::Builder::new()
+            .name("moneta-share".into())
+            .spawn(move || me.run())
+            .map_err(|e| format!("cannot start the share link: {e}"))?;
+        Ok(m)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn connect(&self) -> Result<Link, String> {
+        let addrs: Vec<SocketAddr> = self
+            .manager
+            .to_socket_addrs()
+            .map_err(|e| format!("{}: {e}", self.manager))?
+            .collect();
+        let mut last = format!("{}: no address", self.manager);
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, CONNECT_WAIT) {
+                Ok(s) => return Link::connect(s, &self.key).map_err(|e| format!("{a}: {e}")),
+                Err(e) => last = format!("{a}: {e}"),
+            }
+        }
+        Err(last)
+    }
+
+    /// The member's own connection, made again whenever it fails.
+    fn run(self: Arc<Self>) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let link = match self.connect() {
+                Ok(l) => Arc::new(l),
+                Err(e) => {
+                    self.state().last_error = e;
+                    std::thread::sleep(RETRY);
+                    continue;
+                }
+            };
+            let id = loop {
+                let mut b = [0u8; 8];
+                if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_ok() {
+                    break u64::from_le_bytes(b);
+                }
+            };
+            if link.send(&Hello::Member { id }.encode()).is_err() {
+                std::thread::sleep(RETRY);
+                continue;
+            }
+            {
+                let mut st = self.state();
+                st.epoch += 1;
+                let epoch = st.epoch;
+                st.joined = Some(Joined {
+                    id,
+                    epoch,
+                    applied: 0,
+                    sessions: Vec::new(),
+                });
+                st.last_error.clear();
+            }
+            self.connects.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(manager = %self.manager, "joined the shared file system");
+            let pinger = {
+                let link = link.clone();
+                std::thread::Builder::new()
+                    .name("moneta-share-ping".into())
+                    .spawn(move || {
+                        while link.send(&Note::Ping.encode()).is_ok() {
+                            std::thread::sleep(PING_EVERY);
+                        }
+                    })
+            };
+            let why = self.listen(&link);
+            link.shutdown();
+            self.fence(&why);
+            if let Ok(p) = pinger {
+                let _ = p.join();
+            }
+            std::thread::sleep(RETRY);
+        }
+    }
+
+    /// Takes the manager's notes until the connection fails or stays silent for a lease.
+    fn listen(&self, link: &Link) -> String {
+        let mut last = Instant::now();
+        loop {
+            let left = LEASE.saturating_sub(last.elapsed());
+            if left.is_zero() {
+                return "the manager's host was silent for a lease".into();
+            }
+            let note = match link.receive(Some(left)) {
+                Ok(b) => Note::decode(&b),
+                Err(e) => return format!("the link to the manager's host failed: {e}"),
+            };
+            last = Instant::now();
+            match note {
+                Some(Note::Pong) => {}
+                Some(Note::Revoke { seq, ranges }) => {
+                    let ops = ranges
+                        .iter()
+                        .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
+                        .collect();
+                    let mut st = self.state();
+                    // Under the state lock: no answer decided before this revocation installs
+                    // a record after it.
+                    if let Err(e) = self.device.update(ops) {
+                        return format!("cannot apply a revocation: {e}");
+                    }
+                    if let Some(j) = st.joined.as_mut() {
+                        j.applied = j.applied.max(seq);
+                    }
+                    drop(st);
+                    self.revocations.fetch_add(1, Ordering::Relaxed);
+                    if link.send(&Note::Ack { seq }.encode()).is_err() {
+                        return "the link to the manager's host failed".into();
+                    }
+                }
+                _ => return "the manager's host sent what it does not send".into(),
+            }
+        }
+    }
+
+    /// Cut off from the manager's host: every record over the shared ranges goes (waiting for
+    /// the commands in flight), and every session with it, before anything else may happen.
+    fn fence(&self, why: &str) {
+        tracing::warn!(manager = %self.manager, "left the shared file system: {why}");
+        let mut st = self.state();
+        if let Some(j) = st.joined.take() {
+            for s in j.sessions.iter().filter_map(Weak::upgrade) {
+                s.shutdown();
+            }
+        }
+        st.last_error = why.to_string();
+        let ops = self
+            .ranges
+            .iter()
+            .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
+            .collect();
+        if let Err(e) = self.device.update(ops) {
+            tracing::error!("cannot remove the shared file system's records: {e}");
+        }
+        self.fences.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stops reconnecting (the daemon stops).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// `share.*` pairs for `moneta status`.
+    pub fn report(&self) -> Vec<(String, String)> {
+        let st = self.state();
+        vec![
+            ("share.role".into(), "member".into()),
+            ("share.manager".into(), self.manager.clone()),
+            (
+                "share.state".into(),
+                if st.joined.is_some() { "up" } else { "down" }.into(),
+            ),
+            (
+                "share.sessions".into(),
+                st.joined
+                    .as_ref()
+                    .map_or(0, |j| {
+                        j.sessions.iter().filter(|s| s.strong_count() > 0).count()
+                    })
+                    .to_string(),
+            ),
+            (
+                "share.connects".into(),
+                self.connects.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.calls".into(),
+                self.calls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.revocations".into(),
+                self.revocations.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.fences".into(),
+                self.fences.load(Ordering::Relaxed).to_string(),
+            ),
+            ("share.last_error".into(), st.last_error.clone()),
+        ]
+    }
+
+    fn inside(&self, start: u64, len: u64) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(s, l)| start >= s && len <= l && start - s <= l - len)
+    }
+}
+
+fn fail(errno: i32, message: impl Into<String>) -> Failure {
+    Failure {
+        errno,
+        message: message.into(),
+    }
+}
+
+/// A client connection's calls to the manager's host: its session there, and what its
+/// handles allow here.
+pub struct Proxy {
+    cred: moneta_fs::Cred,
+    pid: i32,
+    /// The session's connection and the member connection it belongs to.
+    link: Option<(Arc<Link>, u64)>,
+    /// handle → inode.
+    handles: HashMap<u64, (u64, u32)>,
+    /// inode → handles open for reading, for writing.
+    per_file: HashMap<u64, (u32, u32)>,
+    /// inode → the tag its records carry.
+    tags: HashMap<u64, u64>,
+}
+
+impl Proxy {
+    /// The calls of a client with these credentials.
+    pub fn new(cred: moneta_fs::Cred, pid: i32) -> Proxy {
+        Proxy {
+            cred,
+            pid,
+            link: None,
+            handles: HashMap::new(),
+            per_file: HashMap::new(),
+            tags: HashMap::new(),
+        }
+    }
+
+    fn rights(&self, ino: u64) -> u32 {
+        match self.per_file.get(&ino) {
+            Some(&(r, w)) => {
+                (if r > 0 { RIGHT_READ } else { 0 }) | if w > 0 { RIGHT_WRITE } else { 0 }
+            }
+            None => 0,
+        }
+    }
+
+    /// Forgets the session: its handles are gone at the manager's host too.
+    fn lost(&mut self, m: &Member, channel: Option<u32>) {
+        if let Some((l, _)) = self.link.take() {
+            l.shutdown();
+        }
+        self.handles.clear();
+        self.per_file.clear();
+        self.tags.clear();
+        if let Some(channel) = channel {
+            let ops = m
+                .ranges
+                .iter()
+                .map(|&(start, len)| TableOp::RemoveRange {
+                    channel,
+                    start,
+                    len,
+                })
+                .collect();
+            let _ = m.device.update(ops);
+        }
+    }
+
+    fn session(&mut self, m: &Member, channel: Option<u32>) -> Result<Arc<Link>, Failure> {
+        let (id, epoch) = {
+            let st = m.state();
+            match &st.joined {
+                Some(j) => (j.id, j.epoch),
+                None => {
+                    let why = st.last_error.clone();
+                    drop(st);
+                    if self.link.is_some() {
+                        self.lost(m, channel);
+                    }
+                    return Err(fail(
+                        errno::EIO,
+                        format!("the shared file system's manager is unreachable: {why}"),
+                    ));
+                }
+            }
+        };
+        if let Some((l, e)) = &self.link {
+            if *e == epoch {
+                return Ok(l.clone());
+            }
+            // The member's connection was made again: the old session's files are gone.
+            let had = !self.handles.is_empty();
+            self.lost(m, channel);
+            if had {
+                return Err(fail(
+                    errno::EIO,
+                    "the link to the shared file system's manager failed: this process's open \
+                     files on it are lost",
+                ));
+            }
+        }
+        let link = Arc::new(
+            m.connect()
+                .map_err(|e| fail(errno::EIO, format!("cannot reach the manager: {e}")))?,
+        );
+        let hello = Hello::Session {
+            member: id,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
+            pid: self.pid,
+            groups: self.cred.groups.clone(),
+        };
+        link.send(&hello.encode())
+            .map_err(|e| fail(errno::EIO, format!("cannot reach the manager: {e}")))?;
+        let mut st = m.state();
+        match st.joined.as_mut() {
+            Some(j) if j.epoch == epoch => {
+                j.sessions.retain(|s| s.strong_count() > 0);
+                j.sessions.push(Arc::downgrade(&link));
+            }
+            _ => {
+                link.shutdown();
+                return Err(fail(
+                    errno::EIO,
+                    "the link to the shared file system's manager failed",
+                ));
+            }
+        }
+        drop(st);
+        self.link = Some((link.clone(), epoch));
+        Ok(link)
+    }
+
+    /// One file-system call of the client, whose channel here is `channel`.
+    pub fn call(
+        &mut self,
+        m: &Member,
+        channel: Option<u32>,
+        seq: u32,
+        req: FsRequest,
+    ) -> Result<FsReply, Failure> {
+        if matches!(
+            req,
+            FsRequest::Fork | FsRequest::Map { .. } | FsRequest::Inherit { .. }
+        ) {
+            return Err(fail(
+                errno::EOPNOTSUPP,
+                "a member host's clients can neither fork their files nor map them \
+                 (docs/distributed.md)",
+            ));
+        }
+        m.calls.fetch_add(1, Ordering::Relaxed);
+        let link = self.session(m, channel)?;
+        let epoch = self.link.as_ref().map_or(0, |l| l.1);
+        let op = req.op();
+        let asked = Request::Fs(req.clone());
+        let answer = link
+            .send(&encode_request(seq, &asked))
+            .and_then(|()| link.receive(None));
+        let bytes = match answer {
+            Ok(b) => b,
+            Err(e) => {
+                self.lost(m, channel);
+                return Err(fail(
+                    errno::EIO,
+                    format!("the shared file system's manager did not answer: {e}"),
+                ));
+            }
+        };
+        let decoded = bytes
+            .split_first_chunk::<8>()
+            .and_then(|(b, rest)| Some((u64::from_le_bytes(*b), decode_reply(rest, op).ok()?)));
+        let Some((before, reply)) = decoded else {
+            self.lost(m, channel);
+            return Err(fail(
+                errno::EIO,
+                "the shared file system's manager answered nonsense",
+            ));
+        };
+        let reply = match reply.result {
+            Ok(ReplyBody::Fs(r)) => r,
+            Ok(_) => {
+                self.lost(m, channel);
+                return Err(fail(errno::EIO, "the manager answered another call"));
+            }
+            Err(f) => return Err(f),
+        };
+        self.after(m, channel, epoch, before, &req, &reply)?;
+        Ok(reply)
+    }
+
+    /// What an answer changes here: handles, and the channel's records.
+    fn after(
+        &mut self,
+        m: &Member,
+        channel: Option<u32>,
+        epoch: u64,
+        before: u64,
+        req: &FsRequest,
+        reply: &FsReply,
+    ) -> Result<(), Failure> {
+        match (req, reply) {
+            (
+                FsRequest::Open { .. },
+                FsReply::Opened {
+                    handle,
+                    rights,
+                    stat,
+                },
+            ) => {
+                let c = self.per_file.entry(stat.ino).or_default();
+                c.0 += u32::from(rights & RIGHT_READ != 0);
+                c.1 += u32::from(rights & RIGHT_WRITE != 0);
+                self.handles.insert(*handle, (stat.ino, *rights));
+            }
+            (FsRequest::Close { handle }, FsReply::Empty) => {
+                let Some((ino, rights)) = self.handles.remove(handle) else {
+                    return Ok(());
+                };
+                let was = self.rights(ino);
+                if let Some(c) = self.per_file.get_mut(&ino) {
+                    c.0 -= u32::from(rights & RIGHT_READ != 0);
+                    c.1 -= u32::from(rights & RIGHT_WRITE != 0);
+                    if *c == (0, 0) {
+                        self.per_file.remove(&ino);
+                    }
+                }
+                let now = self.rights(ino);
+                let tag = if now == 0 {
+                    self.tags.remove(&ino)
+                } else {
+                    self.tags.get(&ino).copied()
+                };
+                if let (Some(channel), Some(file), true) = (channel, tag, now != was) {
+                    // What the handles left allow comes back with the next lookup.
+                    m.device
+                        .update(vec![TableOp::RemoveFile { channel, file }])
+                        .map_err(|e| fail(errno::EIO, format!("cannot revoke records: {e}")))?;
+                }
+            }
+            (
+                FsRequest::Lookup { handle, .. } | FsRequest::Extend { handle, .. },
+                FsReply::Extents { file, extents, .. },
+            ) => {
+                let Some(&(ino, _)) = self.handles.get(handle) else {
+                    return Ok(());
+                };
+                self.tags.insert(ino, *file);
+                let Some(channel) = channel else {
+                    return Ok(());
+                };
+                let rights = self.rights(ino) as u8;
+                let ops: Vec<TableOp> = extents
+                    .iter()
+                    .filter(|e| e.dev != HOLE && e.len > 0)
+                    .map(|e| TableOp::Insert {
+                        channel,
+                        start: e.dev,
+                        len: e.len,
+                        rights,
+                        file: *file,
+                    })
+                    .collect();
+                if let Some(out) = ops.iter().find(|op| match **op {
+                    TableOp::Insert { start, len, .. } => !m.inside(start, len),
+                    _ => false,
+                }) {
+                    return Err(fail(
+                        errno::EIO,
+                        format!(
+                            "the manager answered an extent outside the shared ranges: {out:?}"
+                        ),
+                    ));
+                }
+                let st = m.state();
+                // Installed only if no revocation decided after the answer has been applied
+                // here: such a one may have freed these very extents. Without the records the
+                // client asks again (a soft miss) and gets a fresh answer.
+                let current = st
+                    .joined
+                    .as_ref()
+                    .is_some_and(|j| j.epoch == epoch && j.applied <= before);
+                if current && !ops.is_empty() {
+                    // Posted under the state lock: a revocation applied after this is ordered
+                    // after the records (the poller takes posts before later updates).
+                    m.device
+                        .post(ops)
+                        .map_err(|e| fail(errno::EIO, format!("cannot install records: {e}")))?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The client is gone: its session at the manager's host ends with the connection.
+    pub fn end(&mut self) {
+        if let Some((l, _)) = self.link.take() {
+            l.shutdown();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
