@@ -649,3 +649,50 @@ fn sqlite_writers_on_both_hosts_keep_every_row() {
         );
     }
 }
+
+/// A process on a member host forks with a file of the shared file system open: the child
+/// inherits it (reads what the parent wrote, writes at the shared offset), the parent goes on
+/// after it, and the manager's host lets the bundle go once no process holds its pipe.
+#[test]
+fn a_child_forked_on_a_member_host_inherits_its_parents_files() {
+    let s = Shared::new("fork", 16, false);
+    let _ = built("libmoneta.so");
+    let script = "import os\n\
+        fd = os.open('/moneta/forked', os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)\n\
+        os.write(fd, b'parent;')\n\
+        pid = os.fork()\n\
+        if pid == 0:\n\
+        \x20   os.write(fd, b'child;')\n\
+        \x20   os._exit(0 if os.pread(fd, 100, 0) == b'parent;child;' else 1)\n\
+        _, status = os.waitpid(pid, 0)\n\
+        assert status == 0, status\n\
+        os.write(fd, b'parent again;')\n\
+        print(os.pread(fd, 100, 0).decode())\n";
+    let o = s.net.run(
+        1,
+        "env",
+        &[
+            &format!("MONETA_SOCKET={}", s.b.display()),
+            env!("CARGO_BIN_EXE_moneta"),
+            "run",
+            "--",
+            "python3",
+            "-c",
+            script,
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, b"parent;child;parent again;\n");
+    assert!(
+        !text(&o).contains("will not inherit"),
+        "the child inherited nothing: {}",
+        text(&o)
+    );
+    let a = Moneta::connect(&s.a).unwrap();
+    let f = a.open("/forked", &ro()).unwrap();
+    assert_eq!(read_all(&f, 100), b"parent;child;parent again;");
+    wait_for("A lets the bundle go", Duration::from_secs(10), || {
+        share(&s.a, "bundles") == "0"
+    });
+    assert!(share(&s.a, "sessions_served").parse::<u64>().unwrap() >= 2);
+}

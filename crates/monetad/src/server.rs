@@ -653,10 +653,10 @@ impl Server {
                     unreachable!("a proxy is made for a member host's connections only")
                 };
                 let proxy = c.proxy.as_mut().expect("checked above");
-                (
-                    proxy.call(m, c.channel, 0, f).map(ReplyBody::Fs),
-                    Vec::new(),
-                )
+                match proxy.call(m, c.channel, 0, f) {
+                    Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), pipe.into_iter().collect()),
+                    Err(f) => empty(Err(f)),
+                }
             }
             Request::Fs(FsRequest::Fork) => match &self.manager {
                 Some(m) => match m.fork(&lock_session(&c.session)) {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use moneta_abi::control::{
     decode_request, encode_reply, errno, peek_header, Failure, ReplyBody, Request,
 };
-use moneta_abi::fsproto::FsRequest;
+use moneta_abi::fsproto::{FsReply, FsRequest};
 
 use super::link::{Key, Link};
 use super::{Hello, Note, ACK_WAIT, FENCED_AFTER, LEASE};
@@ -33,6 +33,10 @@ struct Joined {
     gone: bool,
     /// Its sessions' connections, ended with it.
     sessions: HashMap<u64, Arc<Link>>,
+    /// The write ends of the pipes of its clients' fork bundles: a bundle hangs up here (and
+    /// is let go) once the member says no process holds its own pipe's write end any more,
+    /// or the member goes.
+    bundles: HashMap<u64, std::os::fd::OwnedFd>,
     peer: String,
 }
 
@@ -162,6 +166,7 @@ impl Holder {
                     last_contact: Instant::now(),
                     gone: false,
                     sessions: HashMap::new(),
+                    bundles: HashMap::new(),
                     peer: peer.clone(),
                 },
             );
@@ -192,6 +197,9 @@ impl Holder {
                     drop(m);
                     self.changed.notify_all();
                 }
+                Some(Note::Release { bundle }) => {
+                    j.bundles.remove(&bundle);
+                }
                 _ => {
                     tracing::warn!(%peer, "a member sent what members do not send");
                     break;
@@ -212,6 +220,7 @@ impl Holder {
                 for s in j.sessions.values() {
                     s.shutdown();
                 }
+                j.bundles.clear();
                 tracing::warn!(peer = %j.peer, "a member left the shared file system");
             }
         }
@@ -250,7 +259,7 @@ impl Holder {
                     // member installs no record from an answer that a later revocation may
                     // have overtaken.
                     let before = self.revocations.load(Ordering::SeqCst);
-                    let result = self.call(&session, req);
+                    let result = self.call(member, &session, req);
                     (op, seq, result.map(|r| (before, r)))
                 }
                 Err(e) => {
@@ -284,18 +293,40 @@ impl Holder {
 
     fn call(
         &self,
+        member: u64,
         session: &Arc<Mutex<Session>>,
         req: Request,
     ) -> Result<Result<ReplyBody, Failure>, Failure> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let f = match req {
-            Request::Fs(FsRequest::Fork | FsRequest::Map { .. } | FsRequest::Inherit { .. }) => {
+            Request::Fs(FsRequest::Map { .. }) => {
                 return Ok(Err(Failure {
                     errno: errno::EOPNOTSUPP,
-                    message: "a member host's clients can neither fork their files nor map \
-                              them (docs/distributed.md)"
+                    message: "a member host's clients cannot map files of the shared file \
+                              system (docs/distributed.md)"
                         .into(),
                 }))
+            }
+            Request::Fs(FsRequest::Fork) => {
+                let s = session.lock().unwrap_or_else(|e| e.into_inner());
+                let (reply, pipe) = match self.manager.fork(&s) {
+                    Ok(r) => r,
+                    Err(f) => return Ok(Err(f)),
+                };
+                drop(s);
+                let FsReply::Forked { bundle, .. } = reply else {
+                    unreachable!("a fork answers a bundle")
+                };
+                // The bundle's pipe stays open here until the member says its own hung up.
+                let mut m = self.members();
+                match m.joined.get_mut(&member) {
+                    Some(j) if !j.gone => {
+                        j.bundles.insert(bundle, pipe);
+                    }
+                    // Its member went meanwhile: the bundle hangs up at once.
+                    _ => drop(pipe),
+                }
+                return Ok(Ok(ReplyBody::Fs(reply)));
             }
             Request::Fs(f) => f,
             _ => {
@@ -387,6 +418,14 @@ impl Holder {
             ("share.listen".into(), self.listen.clone()),
             ("share.members".into(), live.to_string()),
             ("share.sessions".into(), sessions.to_string()),
+            (
+                "share.bundles".into(),
+                m.joined
+                    .values()
+                    .map(|j| j.bundles.len())
+                    .sum::<usize>()
+                    .to_string(),
+            ),
             (
                 "share.sessions_served".into(),
                 self.sessions.load(Ordering::Relaxed).to_string(),

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use moneta_abi::control::{
 };
 use moneta_abi::fsproto::{FsReply, FsRequest, HOLE};
 use moneta_device::{Device, TableOp};
+use rustix::event::epoll;
 
 use super::link::{Key, Link};
 use super::{Hello, Note, LEASE, PING_EVERY};
@@ -24,6 +26,7 @@ const RETRY: Duration = Duration::from_millis(500);
 /// The member's own connection, while it stands.
 struct Joined {
     id: u64,
+    link: Arc<Link>,
     /// Counts the member's connections: a session belongs to one.
     epoch: u64,
     /// The last revocation applied on this connection.
@@ -52,7 +55,21 @@ pub struct Member {
     connects: AtomicU64,
     calls: AtomicU64,
     stop: AtomicBool,
+    /// This host's side of its clients' fork bundles, by bundle.
+    forks: Mutex<HashMap<u64, Fork>>,
+    /// Hang-ups of the bundles' pipes (read ends), by bundle.
+    hangups: OwnedFd,
 }
+
+/// A fork bundle of a client of this host: the pipe whose write end the forking process and
+/// its child hold, and what each bundled handle was, for the child's claim.
+struct Fork {
+    read: OwnedFd,
+    handles: HashMap<u64, (u64, u32)>,
+}
+
+/// Most fork bundles of this host's clients waiting at once.
+const MAX_FORKS: usize = 4096;
 
 impl Member {
     /// Joins the file system whose manager listens at `manager` (HOST:PORT), over a link keyed
@@ -80,13 +97,74 @@ impl Member {
             connects: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            forks: Mutex::new(HashMap::new()),
+            hangups: epoll::create(epoll::CreateFlags::CLOEXEC)
+                .map_err(|e| format!("epoll_create: {e}"))?,
         });
         let me = m.clone();
         std::thread::Builder::new()
             .name("moneta-share".into())
             .spawn(move || me.run())
             .map_err(|e| format!("cannot start the share link: {e}"))?;
+        let me = m.clone();
+        std::thread::Builder::new()
+            .name("moneta-share-forks".into())
+            .spawn(move || me.reap())
+            .map_err(|e| format!("cannot start the fork-bundle watcher: {e}"))?;
         Ok(m)
+    }
+
+    fn forks(&self) -> MutexGuard<'_, HashMap<u64, Fork>> {
+        self.forks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A bundle the manager's host made for a client here: its pipe, watched for the hang-up
+    /// that lets the manager's host free it, and what its handles are. The pipe's write end,
+    /// for the client.
+    fn forked(&self, bundle: u64, handles: HashMap<u64, (u64, u32)>) -> Result<OwnedFd, Failure> {
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| fail(errno::EMFILE, format!("cannot make a pipe: {e}")))?;
+        let mut forks = self.forks();
+        if forks.len() >= MAX_FORKS {
+            return Err(fail(
+                errno::EAGAIN,
+                "too many fork bundles wait to be claimed; try again later",
+            ));
+        }
+        epoll::add(
+            &self.hangups,
+            &read,
+            epoll::EventData::new_u64(bundle),
+            epoll::EventFlags::empty(),
+        )
+        .map_err(|e| fail(errno::EIO, format!("cannot watch a bundle's pipe: {e}")))?;
+        forks.insert(bundle, Fork { read, handles });
+        Ok(write)
+    }
+
+    /// Lets bundles go whose pipes hung up (every process holding the write end is gone, or
+    /// closed it after claiming), telling the manager's host.
+    fn reap(self: Arc<Self>) {
+        let mut space = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        loop {
+            let ids: Vec<u64> = match epoll::wait(&self.hangups, &mut space, None) {
+                Ok((events, _)) => events.iter().map(|ev| ev.data.u64()).collect(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!("the fork-bundle watcher stops: {e}");
+                    return;
+                }
+            };
+            for bundle in ids {
+                if let Some(f) = self.forks().remove(&bundle) {
+                    let _ = epoll::delete(&self.hangups, &f.read);
+                }
+                let link = self.state().joined.as_ref().map(|j| j.link.clone());
+                if let Some(l) = link {
+                    let _ = l.send(&Note::Release { bundle }.encode());
+                }
+            }
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -136,6 +214,7 @@ impl Member {
                 let epoch = st.epoch;
                 st.joined = Some(Joined {
                     id,
+                    link: link.clone(),
                     epoch,
                     applied: 0,
                     sessions: Vec::new(),
@@ -408,21 +487,19 @@ impl Proxy {
         Ok(link)
     }
 
-    /// One file-system call of the client, whose channel here is `channel`.
+    /// One file-system call of the client, whose channel here is `channel`; a fork's answer
+    /// comes with the write end of the bundle's pipe.
     pub fn call(
         &mut self,
         m: &Member,
         channel: Option<u32>,
         seq: u32,
         req: FsRequest,
-    ) -> Result<FsReply, Failure> {
-        if matches!(
-            req,
-            FsRequest::Fork | FsRequest::Map { .. } | FsRequest::Inherit { .. }
-        ) {
+    ) -> Result<(FsReply, Option<OwnedFd>), Failure> {
+        if matches!(req, FsRequest::Map { .. }) {
             return Err(fail(
                 errno::EOPNOTSUPP,
-                "a member host's clients can neither fork their files nor map them \
+                "a member host's clients cannot map files of the shared file system \
                  (docs/distributed.md)",
             ));
         }
@@ -463,7 +540,11 @@ impl Proxy {
             Err(f) => return Err(f),
         };
         self.after(m, channel, epoch, before, &req, &reply)?;
-        Ok(reply)
+        let pipe = match &reply {
+            FsReply::Forked { bundle, .. } => Some(m.forked(*bundle, self.handles.clone())?),
+            _ => None,
+        };
+        Ok((reply, pipe))
     }
 
     /// What an answer changes here: handles, and the channel's records.
@@ -489,6 +570,21 @@ impl Proxy {
                 c.0 += u32::from(rights & RIGHT_READ != 0);
                 c.1 += u32::from(rights & RIGHT_WRITE != 0);
                 self.handles.insert(*handle, (stat.ino, *rights));
+            }
+            (FsRequest::Inherit { bundle, .. }, FsReply::Inherited { pairs, .. }) => {
+                // The child's handles are its parent's files, with their rights.
+                let forks = m.forks();
+                let Some(f) = forks.get(bundle) else {
+                    return Ok(());
+                };
+                for (old, new) in pairs {
+                    if let Some(&(ino, rights)) = f.handles.get(old) {
+                        let c = self.per_file.entry(ino).or_default();
+                        c.0 += u32::from(rights & RIGHT_READ != 0);
+                        c.1 += u32::from(rights & RIGHT_WRITE != 0);
+                        self.handles.insert(*new, (ino, rights));
+                    }
+                }
             }
             (FsRequest::Close { handle }, FsReply::Empty) => {
                 let Some((ino, rights)) = self.handles.remove(handle) else {

@@ -155,6 +155,12 @@ pub enum Note {
         /// Its number.
         seq: u64,
     },
+    /// The member: no process of its host can claim fork bundle `bundle` any more (its pipe
+    /// hung up there), so the manager's host may let it go.
+    Release {
+        /// The bundle.
+        bundle: u64,
+    },
 }
 
 impl Note {
@@ -176,6 +182,10 @@ impl Note {
             Note::Ack { seq } => {
                 b.push(4);
                 b.extend_from_slice(&seq.to_le_bytes());
+            }
+            Note::Release { bundle } => {
+                b.push(5);
+                b.extend_from_slice(&bundle.to_le_bytes());
             }
         }
         b
@@ -199,6 +209,7 @@ impl Note {
                 Note::Revoke { seq, ranges }
             }
             4 => Note::Ack { seq: r.u64()? },
+            5 => Note::Release { bundle: r.u64()? },
             _ => return None,
         };
         r.end()?;
@@ -257,6 +268,7 @@ mod tests {
             Note::Ping,
             Note::Pong,
             Note::Ack { seq: 9 },
+            Note::Release { bundle: 12 },
             Note::Revoke {
                 seq: 3,
                 ranges: vec![(4096, 8192), (1 << 40, 1)],
