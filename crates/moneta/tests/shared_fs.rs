@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::hosts::{export_on, key_file, kill_and_wait, Net};
 use common::{built, pattern, text};
+use libmoneta::moneta_abi::control::{Grant, RIGHT_READ, RIGHT_WRITE};
 use libmoneta::{File, Moneta, OpenOptions};
 
 const KIB: usize = 1 << 10;
@@ -371,6 +372,22 @@ fn a_file_written_on_one_host_is_read_on_the_other() {
     let o = as_user("/moneta/secret");
     assert!(!o.status.success(), "another user read a 0600 file of root");
     assert!(text(&o).contains("Permission denied"), "{}", text(&o));
+
+    // Not even B's administrator grants records over A's array past A's manager; B's own
+    // array it still may.
+    let ch = libmoneta::Channel::open(&s.b).unwrap();
+    let grant = |start: u64| {
+        ch.control().grant(Grant {
+            channel: ch.id(),
+            rights: RIGHT_READ | RIGHT_WRITE,
+            start,
+            len: 4096,
+            file: 0,
+        })
+    };
+    let e = grant(4096).unwrap_err();
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    grant(64 << 20).unwrap();
 }
 
 /// A truncate on A racing a writer and a reader on B: the space A frees and gives to another

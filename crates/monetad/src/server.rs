@@ -620,6 +620,15 @@ impl Server {
                 }
             }
             Request::Grant(g) => empty(self.admin(c).and_then(|()| {
+                if let Some(Share::Member(m)) = &self.share {
+                    if m.overlaps(g.start, g.len) {
+                        return Err(fail(
+                            errno::EPERM,
+                            "the range holds the shared file system's array: its manager alone \
+                             grants records there",
+                        ));
+                    }
+                }
                 self.device
                     .update(vec![TableOp::Insert {
                         channel: g.channel,

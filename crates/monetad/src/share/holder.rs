@@ -355,6 +355,9 @@ impl Holder {
             ranges: ranges.to_vec(),
         }
         .encode();
+        // The members that may hold records now; one that joins while this waits can have
+        // none over these ranges (its sessions' calls wait for the file-system lock).
+        let asked: Vec<u64> = m.joined.keys().copied().collect();
         let mut cut = Vec::new();
         for (&id, j) in m.joined.iter() {
             if !j.gone && j.link.send(&note).is_err() {
@@ -371,7 +374,10 @@ impl Holder {
             let now = Instant::now();
             let mut wait = Duration::from_millis(100);
             let mut done = true;
-            for (&id, j) in m.joined.iter() {
+            for &id in &asked {
+                let Some(j) = m.joined.get(&id) else {
+                    continue;
+                };
                 if j.acked >= seq {
                     continue;
                 }

@@ -349,6 +349,14 @@ impl Member {
         ]
     }
 
+    /// Whether `[start, start + len)` touches the shared ranges.
+    pub fn overlaps(&self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        self.ranges
+            .iter()
+            .any(|&(s, l)| start < s.saturating_add(l) && s < end)
+    }
+
     fn inside(&self, start: u64, len: u64) -> bool {
         self.ranges
             .iter()
