@@ -182,6 +182,22 @@ impl<M: Media, C: Clock> Poller<M, C> {
         while let Ok(c) = self.rx.try_recv() {
             any = true;
             self.taken += 1;
+            // Records posted after the drain above and before this request was sent come
+            // before it too: a removal must never be overtaken by an insert posted earlier.
+            if self.shared.posted.load(Ordering::Acquire) != self.applied {
+                let mut late = Vec::new();
+                drain_posts(
+                    &self.post_rx,
+                    &mut self.table,
+                    &self.channels,
+                    &mut self.applied,
+                    Some(&mut late),
+                );
+                let now = self.tick();
+                for id in late {
+                    self.unpark(id, now);
+                }
+            }
             let now = self.tick();
             self.last_control = now;
             match c {
