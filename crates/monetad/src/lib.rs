@@ -342,8 +342,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let share = match (&config.share, &manager) {
         (Some(config::ShareConfig::Listen { addr, key }), Some(m)) => {
             let key = share::link::Key::load(key).map_err(DaemonError::Config)?;
-            let holder = share::Holder::start(addr, key, m.clone()).map_err(DaemonError::Config)?;
-            m.share_revocations(holder.clone());
+            let holder = share::Holder::start(addr, key, m.clone(), array_size)
+                .map_err(DaemonError::Config)?;
             tracing::info!(listen = %addr, "sharing the file system with member hosts");
             Some(server::Share::Holder(holder))
         }
@@ -355,7 +355,15 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
                 .iter()
                 .map(|m| (m.start, m.len))
                 .collect();
-            let member = share::Member::start(addr, key, device.clone(), ranges)
+            // What the member's fence may wait for: its longest forwarded command.
+            let fence = config
+                .device
+                .members
+                .iter()
+                .map(|m| m.timeout)
+                .max()
+                .unwrap_or_default();
+            let member = share::Member::start(addr, key, device.clone(), ranges, fence)
                 .map_err(DaemonError::Config)?;
             Some(server::Share::Member(member))
         }

@@ -378,6 +378,18 @@ impl Device {
         self.call(|ack| Control::Table { ops, ack })
     }
 
+    /// Leases forwarding until `until`: from then on, commands for other members' ranges are
+    /// refused (`MEDIA_ERROR`) once `until` has passed, until the lease is extended. A member of
+    /// a shared file system holds its records only while its lease on the manager stands; a
+    /// daemon that was stopped (or starved) past it must not forward a command on them before
+    /// it has fenced itself.
+    pub fn lease_forwarding(&self, until: std::time::Instant) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ns = super::monotonic_ns().saturating_add(left.as_nanos() as u64);
+        self.shared.forward_until_ns.store(ns, Ordering::SeqCst);
+        self.shared.forward_leased.store(true, Ordering::SeqCst);
+    }
+
     /// Installs records without waiting for the poller: the soft miss's path, which the
     /// client follows at once with a command on those records. The poller applies posted
     /// records before any control request it takes afterwards (so a later removal always comes

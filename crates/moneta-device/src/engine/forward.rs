@@ -10,6 +10,7 @@
 //! channel's local requests. The array's timing model is the local array's: forwarded requests take
 //! the member's time, not the model's.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
 use moneta_abi::Opcode;
@@ -81,6 +82,14 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// Sends a checked request to member `member`, at address `offset` there. It completes
     /// when the member answers ([`Poller::collect_forwards`]).
     pub(super) fn forward(&mut self, mut issued: Issued, member: usize, offset: u64) {
+        if self.shared.forward_leased.load(Ordering::Relaxed)
+            && super::monotonic_ns() > self.shared.forward_until_ns.load(Ordering::Relaxed)
+        {
+            // The lease on the members' ranges ran out: nothing goes to them until it is
+            // extended (see `Device::lease_forwarding`).
+            self.publish_end(issued, Status::MediaError);
+            return;
+        }
         let op = match issued.cmd.opcode {
             Opcode::Read => Op::Read,
             Opcode::Write => Op::Write,

@@ -258,6 +258,18 @@ struct Shared {
     parks: AtomicU64,
     channels_open: AtomicU64,
     channels_reclaimed: AtomicU64,
+    /// Forwarding is leased ([`Device::lease_forwarding`]): commands for members are refused
+    /// past `forward_until_ns` (`CLOCK_MONOTONIC`).
+    forward_leased: AtomicBool,
+    forward_until_ns: AtomicU64,
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (the clock of [`std::time::Instant`] on Linux).
+pub(crate) fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 #[derive(Default, Clone, Copy)]

@@ -13,13 +13,16 @@ use moneta_abi::control::{
 use moneta_abi::fsproto::{FsReply, FsRequest};
 
 use super::link::{Key, Link};
-use super::{Hello, Note, ACK_WAIT, FENCED_AFTER, LEASE};
+use super::{ack_wait, fenced_after, Hello, Note, LEASE};
 use crate::manager::{Manager, Session};
 
 /// Malformed requests a session may send before it is dropped.
 const MAX_PROTOCOL_ERRORS: u32 = 64;
 /// Members joined at once.
 const MAX_MEMBERS: usize = 256;
+/// Connections in their handshake at once; more are closed at once, so that hosts without the
+/// key cannot hold the daemon's threads.
+const MAX_HANDSHAKES: usize = 32;
 
 /// A member host as the manager's host sees it.
 struct Joined {
@@ -28,9 +31,13 @@ struct Joined {
     acked: u64,
     /// When it last said anything.
     last_contact: Instant,
-    /// Its connection ended: it fences itself, and is counted fenced `FENCED_AFTER` after
+    /// Its connection ended: it fences itself, and is counted fenced `fenced` after
     /// `last_contact`.
     gone: bool,
+    /// How long after its last word it is surely fenced.
+    fenced: Duration,
+    /// How long a revocation waits for its answer.
+    ack_wait: Duration,
     /// Its sessions' connections, ended with it.
     sessions: HashMap<u64, Arc<Link>>,
     /// The write ends of the pipes of its clients' fork bundles: a bundle hangs up here (and
@@ -49,6 +56,10 @@ struct Members {
 /// The manager's side of the shared file system (`monetad --share-listen`).
 pub struct Holder {
     key: Key,
+    /// The array's size: a member places it at `[0, array_size)`.
+    array_size: u64,
+    /// Connections in their handshake.
+    handshakes: std::sync::atomic::AtomicUsize,
     manager: Arc<Manager>,
     listen: String,
     members: Mutex<Members>,
@@ -66,8 +77,14 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// Listens at `addr` for members holding `key`.
-    pub fn start(addr: &str, key: Key, manager: Arc<Manager>) -> Result<Arc<Holder>, String> {
+    /// Listens at `addr` for members holding `key`, sharing `manager`'s file system on an
+    /// array of `array_size` bytes.
+    pub fn start(
+        addr: &str,
+        key: Key,
+        manager: Arc<Manager>,
+        array_size: u64,
+    ) -> Result<Arc<Holder>, String> {
         let listener =
             TcpListener::bind(addr).map_err(|e| format!("--share-listen {addr}: {e}"))?;
         let listen = listener
@@ -76,6 +93,8 @@ impl Holder {
             .unwrap_or_else(|_| addr.to_string());
         let holder = Arc::new(Holder {
             key,
+            array_size,
+            handshakes: std::sync::atomic::AtomicUsize::new(0),
             manager,
             listen,
             members: Mutex::new(Members::default()),
@@ -86,6 +105,8 @@ impl Holder {
             calls: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         });
+        // Every revocation reaches the members from before the first can join.
+        holder.manager.share_revocations(holder.clone());
         let h = holder.clone();
         std::thread::Builder::new()
             .name("moneta-share".into())
@@ -104,12 +125,19 @@ impl Holder {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             };
+            if self.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+                self.handshakes.fetch_sub(1, Ordering::AcqRel);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                drop(conn);
+                continue;
+            }
             let me = self.clone();
             let spawned = std::thread::Builder::new()
                 .name("moneta-share-conn".into())
                 .stack_size(256 << 10)
                 .spawn(move || me.serve(conn));
             if let Err(e) = spawned {
+                self.handshakes.fetch_sub(1, Ordering::AcqRel);
                 tracing::error!("cannot start a share connection's thread: {e}");
             }
         }
@@ -117,7 +145,14 @@ impl Holder {
 
     fn serve(&self, conn: TcpStream) {
         let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let link = match Link::accept(conn, &self.key) {
+        let accepted = Link::accept(conn, &self.key);
+        let hello = accepted.as_ref().ok().and_then(|link| {
+            link.receive(Some(super::link::HANDSHAKE))
+                .ok()
+                .and_then(|b| Hello::decode(&b))
+        });
+        self.handshakes.fetch_sub(1, Ordering::AcqRel);
+        let link = match accepted {
             Ok(l) => Arc::new(l),
             Err(e) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -125,12 +160,11 @@ impl Holder {
                 return;
             }
         };
-        let hello = match link.receive(Some(super::link::HANDSHAKE)) {
-            Ok(b) => Hello::decode(&b),
-            Err(_) => None,
-        };
         match hello {
-            Some(Hello::Member { id }) => self.member(id, link, peer),
+            Some(Hello::Member { id, fence_ms }) => {
+                let fence = Duration::from_millis(fence_ms.min(3_600_000));
+                self.member(id, fence, link, peer)
+            }
             Some(Hello::Session {
                 member,
                 uid,
@@ -147,12 +181,15 @@ impl Holder {
 
     /// A member's own connection: answers its pings and takes its answers to revocations
     /// until it goes quiet for a lease or the connection ends.
-    fn member(&self, id: u64, link: Arc<Link>, peer: String) {
+    fn member(&self, id: u64, fence: Duration, link: Arc<Link>, peer: String) {
         {
             let mut m = self.members();
             // Members gone long enough to be surely fenced are forgotten.
+            let before = m.joined.len();
             m.joined
-                .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= FENCED_AFTER));
+                .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= j.fenced));
+            self.fenced
+                .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
             if m.joined.len() >= MAX_MEMBERS || m.joined.contains_key(&id) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%peer, "a member refused: too many members, or a name in use");
@@ -165,11 +202,23 @@ impl Holder {
                     acked: 0,
                     last_contact: Instant::now(),
                     gone: false,
+                    fenced: fenced_after(fence),
+                    ack_wait: ack_wait(fence),
                     sessions: HashMap::new(),
                     bundles: HashMap::new(),
                     peer: peer.clone(),
                 },
             );
+            // Registered: the member may open sessions from now on. Sent under the lock, so
+            // that it comes before any revocation this member is asked (a new connection's
+            // buffers take it at once).
+            let welcome = Note::Welcome {
+                array_size: self.array_size,
+            };
+            if link.send(&welcome.encode()).is_err() {
+                m.joined.remove(&id);
+                return;
+            }
         }
         tracing::info!(%peer, "a member joined the shared file system");
         loop {
@@ -186,9 +235,9 @@ impl Holder {
             };
             j.last_contact = Instant::now();
             match note {
-                Some(Note::Ping) => {
+                Some(Note::Ping { n }) => {
                     drop(m);
-                    if link.send(&Note::Pong.encode()).is_err() {
+                    if link.send(&Note::Pong { n }.encode()).is_err() {
                         break;
                     }
                 }
@@ -345,8 +394,17 @@ impl Holder {
     /// reused): returns once each member has answered that it removed every record over them
     /// and saw every command issued before complete, or is surely fenced.
     pub fn revoke(&self, ranges: &[(u64, u64)]) {
-        let mut m = self.members();
-        if m.joined.is_empty() {
+        // The members that may hold records now; one that joins while this waits can have
+        // none over these ranges (its sessions' calls wait for the file-system lock).
+        let asked: Vec<(u64, Arc<Link>)> = self
+            .members()
+            .joined
+            .iter()
+            .filter(|(_, j)| !j.gone)
+            .map(|(&id, j)| (id, j.link.clone()))
+            .collect();
+        let any_gone = self.members().joined.values().any(|j| j.gone);
+        if asked.is_empty() && !any_gone {
             return;
         }
         let seq = self.revocations.fetch_add(1, Ordering::SeqCst) + 1;
@@ -355,16 +413,15 @@ impl Holder {
             ranges: ranges.to_vec(),
         }
         .encode();
-        // The members that may hold records now; one that joins while this waits can have
-        // none over these ranges (its sessions' calls wait for the file-system lock).
-        let asked: Vec<u64> = m.joined.keys().copied().collect();
-        let mut cut = Vec::new();
-        for (&id, j) in m.joined.iter() {
-            if !j.gone && j.link.send(&note).is_err() {
-                cut.push(id);
-            }
-        }
+        // Sent without the members' lock: a send that waits for room (bounded) must not keep
+        // the members' own threads from answering pings or going.
+        let mut cut: Vec<u64> = asked
+            .iter()
+            .filter(|(_, link)| link.send(&note).is_err())
+            .map(|&(id, _)| id)
+            .collect();
         let sent = Instant::now();
+        let mut m = self.members();
         loop {
             for id in cut.drain(..) {
                 drop(m);
@@ -374,20 +431,22 @@ impl Holder {
             let now = Instant::now();
             let mut wait = Duration::from_millis(100);
             let mut done = true;
-            for &id in &asked {
-                let Some(j) = m.joined.get(&id) else {
-                    continue;
-                };
-                if j.acked >= seq {
+            // Gone members too (those not asked): their records are surely gone only once
+            // they are surely fenced.
+            for (&id, j) in m.joined.iter() {
+                let was_asked = asked.iter().any(|&(a, _)| a == id);
+                if was_asked && j.acked >= seq {
                     continue;
                 }
                 if j.gone {
-                    let fenced = j.last_contact + FENCED_AFTER;
+                    let fenced = j.last_contact + j.fenced;
                     if now < fenced {
                         done = false;
                         wait = wait.min(fenced - now);
                     }
-                } else if now.duration_since(sent) >= ACK_WAIT {
+                } else if !was_asked {
+                    // Joined after the revocation began: it holds nothing of these ranges.
+                } else if now.duration_since(sent) >= j.ack_wait {
                     tracing::warn!(peer = %j.peer, "a member did not answer a revocation: cut off");
                     cut.push(id);
                     done = false;
@@ -409,7 +468,7 @@ impl Holder {
         }
         let before = m.joined.len();
         m.joined
-            .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= FENCED_AFTER));
+            .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= j.fenced));
         self.fenced
             .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
     }

@@ -32,8 +32,29 @@ pub const MAGIC: &[u8; 16] = b"moneta-share\0\0\0\x01";
 pub const MAX_FRAME: usize = 1 << 20;
 /// Bytes of a frame's tag.
 const TAG: usize = 16;
-/// How long the handshake may take.
+/// How long the handshake may take, in all; and the rest of a frame once it began.
 pub const HANDSHAKE: Duration = Duration::from_secs(5);
+/// How long a send may wait for room in the connection before the link counts as failed.
+pub const WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// Reads exactly `buf.len()` bytes before `deadline`.
+fn read_by(mut s: &TcpStream, buf: &mut [u8], deadline: std::time::Instant) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[done..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 /// Why a link failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +65,9 @@ pub enum LinkError {
     /// The other end does not hold the key, or a frame was changed.
     #[error("{0}")]
     Refused(&'static str),
+    /// No frame began within the time given (nothing was read: the link stands).
+    #[error("nothing came")]
+    Quiet,
 }
 
 /// The members' shared key.
@@ -141,14 +165,15 @@ impl Link {
     /// proof.
     pub fn connect(stream: TcpStream, key: &Key) -> Result<Link, LinkError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HANDSHAKE))?;
+        stream.set_write_timeout(Some(WRITE_WAIT))?;
+        let deadline = std::time::Instant::now() + HANDSHAKE;
         let nc = nonce()?;
         let mut s = &stream;
         let mut hello = MAGIC.to_vec();
         hello.extend_from_slice(&nc);
         s.write_all(&hello)?;
         let mut answer = [0u8; 64];
-        s.read_exact(&mut answer)?;
+        read_by(&stream, &mut answer, deadline)?;
         let ns = &answer[..32];
         key.mac(&[b"S", &nc, ns])
             .verify_slice(&answer[32..])
@@ -161,10 +186,13 @@ impl Link {
     /// The manager's end: checks a member's proof of the key and gives its own.
     pub fn accept(stream: TcpStream, key: &Key) -> Result<Link, LinkError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HANDSHAKE))?;
+        stream.set_write_timeout(Some(WRITE_WAIT))?;
+        // One deadline for the whole handshake: a peer trickling bytes holds a thread no
+        // longer than that.
+        let deadline = std::time::Instant::now() + HANDSHAKE;
         let mut s = &stream;
         let mut hello = [0u8; 48];
-        s.read_exact(&mut hello)?;
+        read_by(&stream, &mut hello, deadline)?;
         if &hello[..16] != MAGIC {
             return Err(LinkError::Refused(
                 "not a Moneta member, or another version",
@@ -176,7 +204,7 @@ impl Link {
         answer.extend_from_slice(&key.mac(&[b"S", nc, &ns]).finalize().into_bytes());
         s.write_all(&answer)?;
         let mut proof = [0u8; 32];
-        s.read_exact(&mut proof)?;
+        read_by(&stream, &mut proof, deadline)?;
         key.mac(&[b"C", nc, &ns])
             .verify_slice(&proof)
             .map_err(|_| LinkError::Refused("the member does not hold the key"))?;
@@ -227,12 +255,41 @@ impl Link {
     }
 
     /// Receives one frame, waiting at most `timeout` (forever for `None`) for its first byte
-    /// and as long again for the rest. A frame whose tag fails closes the link.
+    /// ([`LinkError::Quiet`] if none came: nothing was read) and at most [`HANDSHAKE`] for the
+    /// rest. A frame whose tag fails closes the link; any other error leaves it unusable.
     pub fn receive(&self, timeout: Option<Duration>) -> Result<Vec<u8>, LinkError> {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        rx.stream.set_read_timeout(timeout)?;
+        if let Some(t) = timeout {
+            // Waits for the frame's first byte without reading: a frame is read whole or
+            // the link fails, never left half read.
+            let mut fds = [rustix::event::PollFd::new(
+                &rx.stream,
+                rustix::event::PollFlags::IN,
+            )];
+            let ts = rustix::event::Timespec::try_from(t).unwrap_or(rustix::event::Timespec {
+                tv_sec: i64::MAX,
+                tv_nsec: 0,
+            });
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(0) => return Err(LinkError::Quiet),
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => return Err(LinkError::Quiet),
+                Err(e) => return Err(LinkError::Io(e.into())),
+            }
+        }
         let mut len = [0u8; 4];
-        rx.stream.read_exact(&mut len)?;
+        if timeout.is_none() {
+            // Forever for the first byte, then the frame's own bound.
+            rx.stream.set_read_timeout(None)?;
+            rx.stream.read_exact(&mut len[..1])?;
+            read_by(
+                &rx.stream,
+                &mut len[1..],
+                std::time::Instant::now() + HANDSHAKE,
+            )?;
+        } else {
+            read_by(&rx.stream, &mut len, std::time::Instant::now() + HANDSHAKE)?;
+        }
         let len = u32::from_le_bytes(len) as usize;
         if len > MAX_FRAME {
             self.shutdown();
@@ -241,7 +298,7 @@ impl Link {
             ));
         }
         let mut buf = vec![0u8; len + TAG];
-        rx.stream.read_exact(&mut buf)?;
+        read_by(&rx.stream, &mut buf, std::time::Instant::now() + HANDSHAKE)?;
         let n = rx.received;
         let other = if self.me == b'C' { b'S' } else { b'C' };
         let (bytes, tag) = buf.split_at(len);

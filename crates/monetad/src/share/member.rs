@@ -29,8 +29,9 @@ struct Joined {
     link: Arc<Link>,
     /// Counts the member's connections: a session belongs to one.
     epoch: u64,
-    /// The last revocation applied on this connection.
-    applied: u64,
+    /// The last revocation being applied or applied on this connection: no answer decided
+    /// before it installs records any more.
+    revoking: u64,
     sessions: Vec<Weak<Link>>,
 }
 
@@ -55,6 +56,11 @@ pub struct Member {
     connects: AtomicU64,
     calls: AtomicU64,
     stop: AtomicBool,
+    /// The longest a command of this member waits for the manager's array: its fence's bound,
+    /// which the manager's host is told.
+    fence_bound: Duration,
+    /// Pings sent and when, for the lease: it runs from the sending of the last one answered.
+    pings: Mutex<std::collections::VecDeque<(u64, Instant)>>,
     /// This host's side of its clients' fork bundles, by bundle.
     forks: Mutex<HashMap<u64, Fork>>,
     /// Hang-ups of the bundles' pipes (read ends), by bundle.
@@ -65,11 +71,14 @@ pub struct Member {
 /// its child hold, and what each bundled handle was, for the child's claim.
 struct Fork {
     read: OwnedFd,
+    uid: u32,
     handles: HashMap<u64, (u64, u32)>,
 }
 
-/// Most fork bundles of this host's clients waiting at once.
+/// Most fork bundles of this host's clients waiting at once, in all and per user (as the
+/// manager's host counts its own).
 const MAX_FORKS: usize = 4096;
+const MAX_FORKS_PER_UID: usize = 1024;
 
 impl Member {
     /// Joins the file system whose manager listens at `manager` (HOST:PORT), over a link keyed
@@ -79,6 +88,7 @@ impl Member {
         key: Key,
         device: Arc<Device>,
         ranges: Vec<(u64, u64)>,
+        fence_bound: Duration,
     ) -> Result<Arc<Member>, String> {
         if ranges.is_empty() {
             return Err(
@@ -97,6 +107,8 @@ impl Member {
             connects: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            fence_bound,
+            pings: Mutex::new(std::collections::VecDeque::new()),
             forks: Mutex::new(HashMap::new()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC)
                 .map_err(|e| format!("epoll_create: {e}"))?,
@@ -121,16 +133,37 @@ impl Member {
     /// A bundle the manager's host made for a client here: its pipe, watched for the hang-up
     /// that lets the manager's host free it, and what its handles are. The pipe's write end,
     /// for the client.
-    fn forked(&self, bundle: u64, handles: HashMap<u64, (u64, u32)>) -> Result<OwnedFd, Failure> {
-        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| fail(errno::EMFILE, format!("cannot make a pipe: {e}")))?;
+    fn forked(
+        &self,
+        bundle: u64,
+        uid: u32,
+        handles: HashMap<u64, (u64, u32)>,
+    ) -> Result<OwnedFd, Failure> {
+        let r = self.watch_fork(bundle, uid, handles);
+        if r.is_err() {
+            // The manager's host made the bundle: it must hear that nobody here will claim it.
+            self.release(bundle);
+        }
+        r
+    }
+
+    fn watch_fork(
+        &self,
+        bundle: u64,
+        uid: u32,
+        handles: HashMap<u64, (u64, u32)>,
+    ) -> Result<OwnedFd, Failure> {
         let mut forks = self.forks();
-        if forks.len() >= MAX_FORKS {
+        if forks.len() >= MAX_FORKS
+            || forks.values().filter(|f| f.uid == uid).count() >= MAX_FORKS_PER_UID
+        {
             return Err(fail(
                 errno::EAGAIN,
                 "too many fork bundles wait to be claimed; try again later",
             ));
         }
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| fail(errno::EMFILE, format!("cannot make a pipe: {e}")))?;
         epoll::add(
             &self.hangups,
             &read,
@@ -138,8 +171,16 @@ impl Member {
             epoll::EventFlags::empty(),
         )
         .map_err(|e| fail(errno::EIO, format!("cannot watch a bundle's pipe: {e}")))?;
-        forks.insert(bundle, Fork { read, handles });
+        forks.insert(bundle, Fork { read, uid, handles });
         Ok(write)
+    }
+
+    /// Tells the manager's host that nobody here holds bundle `bundle` any more.
+    fn release(&self, bundle: u64) {
+        let link = self.state().joined.as_ref().map(|j| j.link.clone());
+        if let Some(l) = link {
+            let _ = l.send(&Note::Release { bundle }.encode());
+        }
     }
 
     /// Lets bundles go whose pipes hung up (every process holding the write end is gone, or
@@ -159,10 +200,7 @@ impl Member {
                 if let Some(f) = self.forks().remove(&bundle) {
                     let _ = epoll::delete(&self.hangups, &f.read);
                 }
-                let link = self.state().joined.as_ref().map(|j| j.link.clone());
-                if let Some(l) = link {
-                    let _ = l.send(&Note::Release { bundle }.encode());
-                }
+                self.release(bundle);
             }
         }
     }
@@ -204,10 +242,21 @@ impl Member {
                     break u64::from_le_bytes(b);
                 }
             };
-            if link.send(&Hello::Member { id }.encode()).is_err() {
+            let hello = Hello::Member {
+                id,
+                fence_ms: self.fence_bound.as_millis() as u64,
+            };
+            let hello_at = Instant::now();
+            if let Err(e) = self.welcome(&link, hello) {
+                link.shutdown();
+                self.state().last_error = e;
                 std::thread::sleep(RETRY);
                 continue;
             }
+            self.pings().clear();
+            // The lease runs from the hello, which the manager's host heard before it counted
+            // this member in.
+            self.device.lease_forwarding(hello_at + LEASE);
             {
                 let mut st = self.state();
                 st.epoch += 1;
@@ -216,7 +265,7 @@ impl Member {
                     id,
                     link: link.clone(),
                     epoch,
-                    applied: 0,
+                    revoking: 0,
                     sessions: Vec::new(),
                 });
                 st.last_error.clear();
@@ -227,13 +276,23 @@ impl Member {
                 let link = link.clone();
                 std::thread::Builder::new()
                     .name("moneta-share-ping".into())
-                    .spawn(move || {
-                        while link.send(&Note::Ping.encode()).is_ok() {
-                            std::thread::sleep(PING_EVERY);
+                    .spawn({
+                        let me = self.clone();
+                        move || {
+                            for n in 1.. {
+                                me.pings().push_back((n, Instant::now()));
+                                if me.pings().len() > 64 {
+                                    me.pings().pop_front();
+                                }
+                                if link.send(&Note::Ping { n }.encode()).is_err() {
+                                    break;
+                                }
+                                std::thread::sleep(PING_EVERY);
+                            }
                         }
                     })
             };
-            let why = self.listen(&link);
+            let why = self.listen(&link, hello_at);
             link.shutdown();
             self.fence(&why);
             if let Ok(p) = pinger {
@@ -243,36 +302,67 @@ impl Member {
         }
     }
 
-    /// Takes the manager's notes until the connection fails or stays silent for a lease.
-    fn listen(&self, link: &Link) -> String {
-        let mut last = Instant::now();
+    fn pings(&self) -> MutexGuard<'_, std::collections::VecDeque<(u64, Instant)>> {
+        self.pings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Says hello and waits for the manager's host to register this member; checks that its
+    /// array is where this device's member ranges put it.
+    fn welcome(&self, link: &Link, hello: Hello) -> Result<(), String> {
+        link.send(&hello.encode())
+            .map_err(|e| format!("the manager's host: {e}"))?;
+        let note = link
+            .receive(Some(super::link::HANDSHAKE))
+            .map_err(|e| format!("the manager's host did not take this member: {e}"))?;
+        match Note::decode(&note) {
+            Some(Note::Welcome { array_size }) if self.inside(0, array_size) => Ok(()),
+            Some(Note::Welcome { array_size }) => Err(format!(
+                "the manager's array is {array_size} bytes, at [0, {array_size}) of the address \
+                 space, which this device's --member ranges do not hold"
+            )),
+            _ => Err("the manager's host answered no welcome".into()),
+        }
+    }
+
+    /// Takes the manager's notes until the connection fails or no ping has been answered for
+    /// a lease (counted from the sending of the last ping answered, so a member never believes
+    /// in a lease longer than the manager's host counts it).
+    fn listen(&self, link: &Link, joined_at: Instant) -> String {
+        let mut since = joined_at;
         loop {
-            let left = LEASE.saturating_sub(last.elapsed());
-            if left.is_zero() {
-                return "the manager's host was silent for a lease".into();
-            }
-            let note = match link.receive(Some(left)) {
+            let left = LEASE.saturating_sub(since.elapsed());
+            let note = match link.receive(Some(left.max(Duration::from_millis(1)))) {
                 Ok(b) => Note::decode(&b),
+                // Frames already queued are read before the lease is judged, so a revocation
+                // that took long to apply does not count against it.
+                Err(super::link::LinkError::Quiet) if since.elapsed() >= LEASE => {
+                    return "no ping was answered for a lease".into()
+                }
+                Err(super::link::LinkError::Quiet) => continue,
                 Err(e) => return format!("the link to the manager's host failed: {e}"),
             };
-            last = Instant::now();
             match note {
-                Some(Note::Pong) => {}
+                Some(Note::Pong { n }) => {
+                    let sent = self.pings().iter().find(|p| p.0 == n).map(|p| p.1);
+                    if let Some(t) = sent {
+                        since = since.max(t);
+                        self.device.lease_forwarding(since + LEASE);
+                    }
+                }
                 Some(Note::Revoke { seq, ranges }) => {
                     let ops = ranges
                         .iter()
                         .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
                         .collect();
-                    let mut st = self.state();
-                    // Under the state lock: no answer decided before this revocation installs
-                    // a record after it.
+                    // From here no answer decided before this revocation installs a record;
+                    // the records installed before are posted before the removal, which the
+                    // device applies after them.
+                    if let Some(j) = self.state().joined.as_mut() {
+                        j.revoking = j.revoking.max(seq);
+                    }
                     if let Err(e) = self.device.update(ops) {
                         return format!("cannot apply a revocation: {e}");
                     }
-                    if let Some(j) = st.joined.as_mut() {
-                        j.applied = j.applied.max(seq);
-                    }
-                    drop(st);
                     self.revocations.fetch_add(1, Ordering::Relaxed);
                     if link.send(&Note::Ack { seq }.encode()).is_err() {
                         return "the link to the manager's host failed".into();
@@ -287,13 +377,19 @@ impl Member {
     /// the commands in flight), and every session with it, before anything else may happen.
     fn fence(&self, why: &str) {
         tracing::warn!(manager = %self.manager, "left the shared file system: {why}");
-        let mut st = self.state();
-        if let Some(j) = st.joined.take() {
-            for s in j.sessions.iter().filter_map(Weak::upgrade) {
-                s.shutdown();
+        // Nothing more goes to the manager's array through this device until it joins again.
+        self.device.lease_forwarding(Instant::now());
+        {
+            // No answer installs a record from here (no connection to be current for), and
+            // what was posted before comes before the removal below.
+            let mut st = self.state();
+            if let Some(j) = st.joined.take() {
+                for s in j.sessions.iter().filter_map(Weak::upgrade) {
+                    s.shutdown();
+                }
             }
+            st.last_error = why.to_string();
         }
-        st.last_error = why.to_string();
         let ops = self
             .ranges
             .iter()
@@ -382,8 +478,8 @@ pub struct Proxy {
     handles: HashMap<u64, (u64, u32)>,
     /// inode → handles open for reading, for writing.
     per_file: HashMap<u64, (u32, u32)>,
-    /// inode → the tag its records carry.
-    tags: HashMap<u64, u64>,
+    /// inode → the tags its records carry (a file's tag changes when it shrinks).
+    tags: HashMap<u64, Vec<u64>>,
 }
 
 impl Proxy {
@@ -549,7 +645,9 @@ impl Proxy {
         };
         self.after(m, channel, epoch, before, &req, &reply)?;
         let pipe = match &reply {
-            FsReply::Forked { bundle, .. } => Some(m.forked(*bundle, self.handles.clone())?),
+            FsReply::Forked { bundle, .. } => {
+                Some(m.forked(*bundle, self.cred.uid, self.handles.clone())?)
+            }
             _ => None,
         };
         Ok((reply, pipe))
@@ -587,10 +685,12 @@ impl Proxy {
                 };
                 for (old, new) in pairs {
                     if let Some(&(ino, rights)) = f.handles.get(old) {
-                        let c = self.per_file.entry(ino).or_default();
-                        c.0 += u32::from(rights & RIGHT_READ != 0);
-                        c.1 += u32::from(rights & RIGHT_WRITE != 0);
-                        self.handles.insert(*new, (ino, rights));
+                        // A page asked again names handles already counted.
+                        if self.handles.insert(*new, (ino, rights)).is_none() {
+                            let c = self.per_file.entry(ino).or_default();
+                            c.0 += u32::from(rights & RIGHT_READ != 0);
+                            c.1 += u32::from(rights & RIGHT_WRITE != 0);
+                        }
                     }
                 }
             }
@@ -607,16 +707,20 @@ impl Proxy {
                     }
                 }
                 let now = self.rights(ino);
-                let tag = if now == 0 {
-                    self.tags.remove(&ino)
-                } else {
-                    self.tags.get(&ino).copied()
-                };
-                if let (Some(channel), Some(file), true) = (channel, tag, now != was) {
+                if now != was {
                     // What the handles left allow comes back with the next lookup.
-                    m.device
-                        .update(vec![TableOp::RemoveFile { channel, file }])
-                        .map_err(|e| fail(errno::EIO, format!("cannot revoke records: {e}")))?;
+                    let tags = self.tags.remove(&ino).unwrap_or_default();
+                    if let Some(channel) = channel {
+                        let ops: Vec<TableOp> = tags
+                            .into_iter()
+                            .map(|file| TableOp::RemoveFile { channel, file })
+                            .collect();
+                        if !ops.is_empty() {
+                            m.device.update(ops).map_err(|e| {
+                                fail(errno::EIO, format!("cannot revoke records: {e}"))
+                            })?;
+                        }
+                    }
                 }
             }
             (
@@ -626,7 +730,10 @@ impl Proxy {
                 let Some(&(ino, _)) = self.handles.get(handle) else {
                     return Ok(());
                 };
-                self.tags.insert(ino, *file);
+                let tags = self.tags.entry(ino).or_default();
+                if !tags.contains(file) {
+                    tags.push(*file);
+                }
                 let Some(channel) = channel else {
                     return Ok(());
                 };
@@ -654,13 +761,13 @@ impl Proxy {
                     ));
                 }
                 let st = m.state();
-                // Installed only if no revocation decided after the answer has been applied
-                // here: such a one may have freed these very extents. Without the records the
-                // client asks again (a soft miss) and gets a fresh answer.
+                // Installed only if no revocation decided after the answer has begun here: such
+                // a one may have freed these very extents. Without the records the client asks
+                // again (a soft miss) and gets a fresh answer.
                 let current = st
                     .joined
                     .as_ref()
-                    .is_some_and(|j| j.epoch == epoch && j.applied <= before);
+                    .is_some_and(|j| j.epoch == epoch && j.revoking <= before);
                 if current && !ops.is_empty() {
                     // Posted under the state lock: a revocation applied after this is ordered
                     // after the records (the poller takes posts before later updates).

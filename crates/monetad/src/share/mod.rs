@@ -33,17 +33,26 @@ use std::time::Duration;
 pub use holder::Holder;
 pub use member::{Member, Proxy};
 
-/// A member that has not heard from the manager's host for this long fences itself; the
+/// A member fences itself once no ping it sent this long ago or later has been answered; the
 /// manager's host counts a member silent this long as gone.
 pub const LEASE: Duration = Duration::from_secs(2);
 /// How often a member asks whether the manager's host is there.
 pub const PING_EVERY: Duration = Duration::from_millis(500);
-/// How long after its last word a gone member is surely fenced: its lease and its fence, which
-/// waits for the commands it has in flight (at most its `--member-timeout-ms`, 5 s by default).
-pub const FENCED_AFTER: Duration = Duration::from_secs(10);
-/// How long a revocation waits for a member that still speaks but does not answer it before
-/// the manager's host cuts that member off.
-pub const ACK_WAIT: Duration = Duration::from_secs(8);
+/// Added to every bound the two sides compute from each other's settings.
+pub const MARGIN: Duration = Duration::from_secs(2);
+
+/// How long after its last word a gone member is surely fenced: the lease it counts from a
+/// ping sent before that word, then its fence, which waits for the commands it has in flight
+/// (each at most `fence`, the longest `--member-timeout-ms` it declared), and a margin.
+pub fn fenced_after(fence: Duration) -> Duration {
+    LEASE + fence + MARGIN
+}
+
+/// How long a revocation waits for a member that still speaks but has not answered before the
+/// manager's host cuts it off: applying a revocation waits for the member's commands in flight.
+pub fn ack_wait(fence: Duration) -> Duration {
+    fence + MARGIN
+}
 
 /// What a connection to the manager's host is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +62,9 @@ pub enum Hello {
     Member {
         /// The connection's name.
         id: u64,
+        /// The longest a command of the member's waits for the manager's array (its
+        /// `--member-timeout-ms`), in milliseconds: what its fence may wait for.
+        fence_ms: u64,
     },
     /// One client connection of a member host.
     Session {
@@ -77,9 +89,10 @@ impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Hello::Member { id } => {
+            Hello::Member { id, fence_ms } => {
                 b.push(1);
                 b.extend_from_slice(&id.to_le_bytes());
+                b.extend_from_slice(&fence_ms.to_le_bytes());
             }
             Hello::Session {
                 member,
@@ -108,8 +121,9 @@ impl Hello {
         match r.u8()? {
             1 => {
                 let id = r.u64()?;
+                let fence_ms = r.u64()?;
                 r.end()?;
-                Some(Hello::Member { id })
+                Some(Hello::Member { id, fence_ms })
             }
             2 => {
                 let member = r.u64()?;
@@ -138,10 +152,22 @@ impl Hello {
 /// What the manager's host and a member say on the member's own connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
-    /// The member: are you there?
-    Ping,
-    /// The manager's host: yes.
-    Pong,
+    /// The manager's host, first: the member is registered; its array is `array_size` bytes
+    /// at `[0, array_size)` of the address space.
+    Welcome {
+        /// The manager's array.
+        array_size: u64,
+    },
+    /// The member: are you there? (Numbered: the answer says which ping it answers.)
+    Ping {
+        /// The ping's number.
+        n: u64,
+    },
+    /// The manager's host: yes, to ping `n`.
+    Pong {
+        /// The ping's number.
+        n: u64,
+    },
     /// The manager's host: remove every record over these ranges (start, length), and answer
     /// once every command issued before has completed.
     Revoke {
@@ -168,8 +194,18 @@ impl Note {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Note::Ping => b.push(1),
-            Note::Pong => b.push(2),
+            Note::Ping { n } => {
+                b.push(1);
+                b.extend_from_slice(&n.to_le_bytes());
+            }
+            Note::Pong { n } => {
+                b.push(2);
+                b.extend_from_slice(&n.to_le_bytes());
+            }
+            Note::Welcome { array_size } => {
+                b.push(6);
+                b.extend_from_slice(&array_size.to_le_bytes());
+            }
             Note::Revoke { seq, ranges } => {
                 b.push(3);
                 b.extend_from_slice(&seq.to_le_bytes());
@@ -195,8 +231,11 @@ impl Note {
     pub fn decode(b: &[u8]) -> Option<Note> {
         let mut r = Fields(b);
         let n = match r.u8()? {
-            1 => Note::Ping,
-            2 => Note::Pong,
+            1 => Note::Ping { n: r.u64()? },
+            2 => Note::Pong { n: r.u64()? },
+            6 => Note::Welcome {
+                array_size: r.u64()?,
+            },
             3 => {
                 let seq = r.u64()?;
                 let n = r.u32()? as usize;
@@ -247,7 +286,10 @@ mod tests {
     #[test]
     fn frames_read_back_and_malformed_ones_are_refused() {
         let hellos = [
-            Hello::Member { id: 7 },
+            Hello::Member {
+                id: 7,
+                fence_ms: 5000,
+            },
             Hello::Session {
                 member: 7,
                 uid: 1000,
@@ -265,8 +307,11 @@ mod tests {
             assert_eq!(Hello::decode(&longer), None);
         }
         let notes = [
-            Note::Ping,
-            Note::Pong,
+            Note::Ping { n: 1 },
+            Note::Pong { n: 1 },
+            Note::Welcome {
+                array_size: 1 << 30,
+            },
             Note::Ack { seq: 9 },
             Note::Release { bundle: 12 },
             Note::Revoke {
@@ -280,6 +325,7 @@ mod tests {
             assert_eq!(Note::decode(&b[..b.len() - 1]), None);
         }
         assert_eq!(Note::decode(&[9]), None);
+        assert_eq!(Note::decode(&[1]), None);
         assert_eq!(Note::decode(&[]), None);
         // A count of ranges that no frame could hold.
         let mut huge = vec![3];
