@@ -244,9 +244,22 @@ pub fn release_stale(image: &Path) -> Result<bool, String> {
                     image.display()
                 );
                 let c = std::ffi::CString::new(point.as_str()).map_err(|e| e.to_string())?;
-                // SAFETY: a NUL-terminated path.
-                if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+                // A use of an instant (a process forked while it held a file there, until its
+                // exec closes it) is waited out; a lasting one is reported.
+                let mut tries = 0;
+                let unmounted = loop {
+                    // SAFETY: a NUL-terminated path.
+                    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+                        break Ok(());
+                    }
                     let e = std::io::Error::last_os_error();
+                    tries += 1;
+                    if e.raw_os_error() != Some(libc::EBUSY) || tries >= 20 {
+                        break Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                };
+                if let Err(e) = unmounted {
                     return Err(format!(
                         "{} is still mounted on {point} by a daemon that was killed, and in use \
                          there ({e}); unmount it once the programs using it are done (umount \
