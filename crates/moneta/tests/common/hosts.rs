@@ -84,6 +84,8 @@ impl Net {
         };
         c.args(args)
             .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("{program}: {e}"))
     }
