@@ -43,84 +43,40 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     range: None,
 });
 
-/// A raw daemon's array range, granted to a channel: the plugin's one channel, or, on the
-/// array of a shared file system, one channel per client connection.
+/// A raw daemon's array range, granted to the plugin's channel once.
 struct Raw {
     ch: Arc<Channel>,
     start: u64,
     len: u64,
     write: bool,
-    /// The array of a shared file system (`monetad --share-listen`), served to its members'
-    /// devices: the manager's revocations take the range's records away from every channel,
-    /// this one's too (after the commands in flight on the freed space complete), and the
-    /// range is granted again when a command misses them, unless the manager has cut the
-    /// members' export connections off since this connection began (`share.cuts` moved): then
-    /// the connection ends, since what comes on it may be a request its member gave up on.
-    shared: Option<Cuts>,
-}
-
-/// A shared array's connection: the manager's count of cuts when it began.
-struct Cuts {
-    at_open: u64,
-    cut: std::sync::atomic::AtomicBool,
+    /// The array of a shared file system: the manager's revocations take the range's records
+    /// away from every channel, this one's too (after the commands in flight on the freed
+    /// space complete), and the range is granted again when a command misses them.
+    shared: bool,
 }
 
 impl Raw {
-    /// The manager's count of cuts (`share.cuts`), if it can be read.
-    fn cuts(&self) -> Option<u64> {
-        self.ch
-            .control()
-            .model()
-            .ok()?
-            .get("share.cuts")?
-            .parse()
-            .ok()
-    }
-
-    fn grant(&self) -> std::result::Result<(), ClientError> {
-        self.ch.control().grant(Grant {
-            channel: self.ch.id(),
-            rights: if self.write {
-                RIGHT_READ | RIGHT_WRITE
-            } else {
-                RIGHT_READ
-            },
-            start: self.start,
-            len: self.len,
-            file: 0,
-        })
-    }
-
     /// Runs `op`; on a shared file system's array, once more after granting the range again
-    /// if a revocation took its records, while no cut came since the connection began.
+    /// if a revocation took its records.
     fn run(&self, mut op: impl FnMut() -> std::result::Result<(), ClientError>) -> Result<()> {
-        let Some(c) = &self.shared else {
-            return op().map_err(err);
-        };
-        // NBD_ESHUTDOWN: the client is to connect again (a member's link does).
-        let ended = || {
-            Error::new(
-                libc::ESHUTDOWN,
-                "the manager cut the members' export connections off; connect again",
-            )
-        };
-        if c.cut.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(ended());
-        }
         match op() {
-            Err(ClientError::Status(libmoneta::moneta_abi::Status::PermissionMiss)) => {
-                // Checked before the grant and after it: a cut that comes later takes the new
-                // records too, after the command below (if it was issued first) completed.
-                let current = |r: &Raw| r.cuts() == Some(c.at_open);
-                if !current(self) {
-                    c.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return Err(ended());
-                }
-                self.grant().map_err(err)?;
-                if !current(self) {
-                    c.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return Err(ended());
-                }
+            Err(ClientError::Status(libmoneta::moneta_abi::Status::PermissionMiss))
+                if self.shared =>
+            {
+                self.ch
+                    .control()
+                    .grant(Grant {
+                        channel: self.ch.id(),
+                        rights: if self.write {
+                            RIGHT_READ | RIGHT_WRITE
+                        } else {
+                            RIGHT_READ
+                        },
+                        start: self.start,
+                        len: self.len,
+                        file: 0,
+                    })
+                    .map_err(err)?;
                 op().map_err(err)
             }
             r => r.map_err(err),
@@ -136,7 +92,7 @@ fn shares_its_file_system(socket: &std::path::Path) -> bool {
         .is_ok_and(|m| m.get("share.role") == Some("manager"))
 }
 
-static RAW: OnceLock<std::result::Result<Arc<Raw>, (i32, String)>> = OnceLock::new();
+static RAW: OnceLock<std::result::Result<Raw, (i32, String)>> = OnceLock::new();
 
 /// Parses a size with an optional K, M, G or T suffix (powers of 1024).
 fn size(s: &str) -> Option<u64> {
@@ -182,7 +138,7 @@ enum Backend {
     /// A file of the daemon's ext4 or XFS, opened through the kernel for the connection.
     Kernel(KernelFile),
     /// The raw range.
-    Raw(Arc<Raw>),
+    Raw(&'static Raw),
 }
 
 /// One client connection.
@@ -191,35 +147,25 @@ struct Export {
     write: bool,
 }
 
-/// Whether the daemon shares its file system, learned at the first client connection.
-static SHARED: OnceLock<std::result::Result<bool, (i32, String)>> = OnceLock::new();
-
-/// The raw range: granted the first time to the whole plugin's channel, or, on a shared file
-/// system's array, to a channel of this client connection's own.
-fn raw(start: u64, len: u64, readonly: bool) -> Result<Arc<Raw>> {
-    let socket = settings()
-        .socket
-        .clone()
-        .unwrap_or_else(libmoneta::paths::default_socket);
-    let shared = SHARED
-        .get_or_init(|| {
-            let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
-            // Never under a file system, which the range would overwrite, unless the file
-            // system is shared with member hosts: their devices write its files' bytes through
-            // the range under the records its manager gives them (docs/distributed.md).
-            let shared = shares_its_file_system(&socket);
-            if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
-                return Err((
-                    libc::EINVAL,
-                    "the daemon serves a file system: export its files (file=), not its array"
-                        .into(),
-                ));
-            }
-            Ok(shared)
-        })
-        .clone()
-        .map_err(|(e, m)| Error::new(e, m))?;
-    let open = || -> std::result::Result<Arc<Raw>, (i32, String)> {
+/// The raw range, granted the first time (to the whole plugin's channel).
+fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
+    let r = RAW.get_or_init(|| {
+        let socket = settings()
+            .socket
+            .clone()
+            .unwrap_or_else(libmoneta::paths::default_socket);
+        let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
+        // Never under a file system, which the range would overwrite, unless the file system
+        // is shared with member hosts: their devices write its files' bytes through the range
+        // under the records its manager gives them (docs/distributed.md).
+        let shared = shares_its_file_system(&socket);
+        if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
+            return Err((
+                libc::EINVAL,
+                "the daemon serves a file system: export its files (file=), not its array".into(),
+            ));
+        }
+        drop(m);
         let ch = Channel::open(&socket).map_err(|e| (e.errno(), e.to_string()))?;
         let size = ch.info().array_size;
         let len = if len == 0 {
@@ -233,34 +179,29 @@ fn raw(start: u64, len: u64, readonly: bool) -> Result<Arc<Raw>> {
                 format!("range {start}+{len} is not inside the array ({size} bytes)"),
             ));
         }
-        let mut r = Raw {
+        let rights = if readonly {
+            RIGHT_READ
+        } else {
+            RIGHT_READ | RIGHT_WRITE
+        };
+        ch.control()
+            .grant(Grant {
+                channel: ch.id(),
+                rights,
+                start,
+                len,
+                file: 0,
+            })
+            .map_err(|e| (e.errno(), e.to_string()))?;
+        Ok(Raw {
             ch: Arc::new(ch),
             start,
             len,
             write: !readonly,
-            shared: None,
-        };
-        if shared {
-            // The count first: a cut after it takes the grant below too.
-            let at_open = r.cuts().ok_or((
-                libc::EIO,
-                "the daemon's count of cuts (share.cuts) cannot be read".to_string(),
-            ))?;
-            r.shared = Some(Cuts {
-                at_open,
-                cut: std::sync::atomic::AtomicBool::new(false),
-            });
-        }
-        r.grant().map_err(|e| (e.errno(), e.to_string()))?;
-        Ok(Arc::new(r))
-    };
-    if shared {
-        return open().map_err(|(e, m)| Error::new(e, m));
-    }
-    RAW.get_or_init(open)
-        .as_ref()
-        .map(Arc::clone)
-        .map_err(|(e, m)| Error::new(*e, m.clone()))
+            shared,
+        })
+    });
+    r.as_ref().map_err(|(e, m)| Error::new(*e, m.clone()))
 }
 
 impl Server for Export {
@@ -343,10 +284,9 @@ impl Server for Export {
         };
         if let Some((start, len)) = range {
             let r = raw(start, len, readonly)?;
-            let write = r.write && !readonly;
             return Ok(Box::new(Export {
                 backend: Backend::Raw(r),
-                write,
+                write: r.write && !readonly,
             }));
         }
         let path = file.expect("checked by config_complete");

@@ -176,14 +176,10 @@ pub enum Note {
         /// The ranges.
         ranges: Vec<(u64, u64)>,
     },
-    /// The member: revocation `seq` is done. `failed`: a request it forwarded failed since
-    /// its last answer, and may yet reach the array (NBD cannot take one back), so the manager's
-    /// host cuts the members' export connections off before the space is reused.
+    /// The member: revocation `seq` is done.
     Ack {
         /// Its number.
         seq: u64,
-        /// A forwarded request failed meanwhile.
-        failed: bool,
     },
     /// The member: no process of its host can claim fork bundle `bundle` any more (its pipe
     /// hung up there), so the manager's host may let it go.
@@ -219,10 +215,9 @@ impl Note {
                     b.extend_from_slice(&l.to_le_bytes());
                 }
             }
-            Note::Ack { seq, failed } => {
+            Note::Ack { seq } => {
                 b.push(4);
                 b.extend_from_slice(&seq.to_le_bytes());
-                b.push(u8::from(*failed));
             }
             Note::Release { bundle } => {
                 b.push(5);
@@ -252,14 +247,7 @@ impl Note {
                     .collect::<Option<Vec<_>>>()?;
                 Note::Revoke { seq, ranges }
             }
-            4 => Note::Ack {
-                seq: r.u64()?,
-                failed: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    _ => return None,
-                },
-            },
+            4 => Note::Ack { seq: r.u64()? },
             5 => Note::Release { bundle: r.u64()? },
             _ => return None,
         };
@@ -324,10 +312,7 @@ mod tests {
             Note::Welcome {
                 array_size: 1 << 30,
             },
-            Note::Ack {
-                seq: 9,
-                failed: true,
-            },
+            Note::Ack { seq: 9 },
             Note::Release { bundle: 12 },
             Note::Revoke {
                 seq: 3,
