@@ -123,6 +123,18 @@ fn rw() -> OpenOptions {
     o
 }
 
+/// File `/v` of `len` bytes of 0x11, and the array filled (`/filler`, bytes 0x22) but for half
+/// of that: a file made after v is truncated takes most of its space from what v freed.
+fn nearly_full_but_v(a: &Moneta, len: usize) {
+    let v = make(a, "/v");
+    write_all(&v, &vec![0x11; len], 0);
+    drop(v);
+    let st = a.statfs().unwrap();
+    let free = (st.chunks_free * st.chunk_size) as usize;
+    let filler = make(a, "/filler");
+    write_all(&filler, &vec![0x22; free - len / 2], 0);
+}
+
 /// A new (or emptied) file, open for reading and writing.
 fn make(m: &Moneta, path: &str) -> File {
     m.open(path, rw().create(true).truncate(true)).unwrap()
@@ -431,16 +443,7 @@ fn a_truncate_on_one_host_leaves_no_stale_bytes_on_the_other() {
     let a = Moneta::connect(&s.a).unwrap();
     const LEN: usize = 256 * KIB;
     const PIECE: usize = 16 * KIB;
-    let v = make(&a, "/v");
-    write_all(&v, &vec![0x11; LEN], 0);
-    drop(v);
-    // The array nearly full, so that each new file takes most of its space from what v just
-    // freed.
-    let st = a.statfs().unwrap();
-    let free = (st.chunks_free * st.chunk_size) as usize;
-    let filler = make(&a, "/filler");
-    write_all(&filler, &vec![0x22; free - LEN / 2], 0);
-    drop(filler);
+    nearly_full_but_v(&a, LEN);
 
     let stop = Arc::new(AtomicBool::new(false));
     let wrong = Arc::new(AtomicU64::new(0));
@@ -831,15 +834,7 @@ fn a_member_stopped_past_its_lease_forwards_nothing_when_it_runs_again() {
 
     let a = Moneta::connect(&s.a).unwrap();
     const LEN: usize = 256 * KIB;
-    let v = make(&a, "/v");
-    write_all(&v, &vec![0x11; LEN], 0);
-    drop(v);
-    // Nearly full, so that the new file takes v's space.
-    let st = a.statfs().unwrap();
-    let free = (st.chunks_free * st.chunk_size) as usize;
-    let filler = make(&a, "/filler");
-    write_all(&filler, &vec![0x22; free - LEN / 2], 0);
-    drop(filler);
+    nearly_full_but_v(&a, LEN);
 
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));

@@ -71,18 +71,23 @@ impl Net {
         self.run(h, env!("CARGO_BIN_EXE_moneta"), args)
     }
 
-    /// A program on host `h`, started and left running (`ip netns exec` execs it, so the
-    /// child's process id is the program's).
-    pub fn spawn(&self, h: usize, program: &str, args: &[&str]) -> std::process::Child {
-        let mut c = match &self.spaces {
+    /// `program` to run on host `h`.
+    fn command(&self, h: usize, program: &str) -> Process {
+        match &self.spaces {
             Some(s) => {
                 let mut c = Process::new("ip");
                 c.args(["netns", "exec", &s[h], program]);
                 c
             }
             None => Process::new(program),
-        };
-        c.args(args)
+        }
+    }
+
+    /// A program on host `h`, started and left running (`ip netns exec` execs it, so the
+    /// child's process id is the program's).
+    pub fn spawn(&self, h: usize, program: &str, args: &[&str]) -> std::process::Child {
+        self.command(h, program)
+            .args(args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -92,15 +97,8 @@ impl Net {
 
     /// A program on host `h`.
     pub fn run(&self, h: usize, program: &str, args: &[&str]) -> std::process::Output {
-        let mut c = match &self.spaces {
-            Some(s) => {
-                let mut c = Process::new("ip");
-                c.args(["netns", "exec", &s[h], program]);
-                c
-            }
-            None => Process::new(program),
-        };
-        c.args(args)
+        self.command(h, program)
+            .args(args)
             .output()
             .unwrap_or_else(|e| panic!("{program} (scripts/test.sh installs it): {e}"))
     }
