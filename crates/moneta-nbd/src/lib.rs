@@ -43,40 +43,118 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     range: None,
 });
 
-/// A raw daemon's array range, granted to the plugin's channel once.
+/// A raw daemon's array range, granted to a channel: the plugin's one channel, or, on the
+/// array of a shared file system, one channel per client connection.
 struct Raw {
     ch: Arc<Channel>,
     start: u64,
     len: u64,
     write: bool,
-    /// The array of a shared file system: the manager's revocations take the range's records
-    /// away from every channel, this one's too (after the commands in flight on the freed
-    /// space complete), and the range is granted again when a command misses them.
-    shared: bool,
+    /// The array of a shared file system (`monetad --share-listen`), served to its members'
+    /// devices: the manager's revocations take the range's records away from every channel,
+    /// this one's too (after the commands in flight on the freed space complete), and the
+    /// range is granted again when a command misses them, unless the manager has cut the
+    /// members' export connections off since this connection began (`share.cuts` moved): then
+    /// the connection ends, since what comes on it may be a request its member gave up on.
+    shared: Option<Cuts>,
+}
+
+/// A shared array's connection: the manager's count of cuts when it began, and whether a cut
+/// has since ended it.
+///
+/// A command runs under `turn` shared; a grant, with the checks of the count around it, runs
+/// under `turn` alone. So no command of the connection runs between a grant made after a cut
+/// and the check that ends the connection: a command either ran before the cut's removal of
+/// every record (which waits for it) or finds the connection ended.
+struct Cuts {
+    at_open: u64,
+    cut: std::sync::atomic::AtomicBool,
+    turn: std::sync::RwLock<()>,
+}
+
+impl Cuts {
+    fn ended(&self) -> bool {
+        self.cut.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn end(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Raw {
+    /// The manager's count of cuts (`share.cuts`), if it can be read.
+    fn cuts(&self) -> Option<u64> {
+        self.ch
+            .control()
+            .model()
+            .ok()?
+            .get("share.cuts")?
+            .parse()
+            .ok()
+    }
+
+    fn grant(&self) -> std::result::Result<(), ClientError> {
+        self.ch.control().grant(Grant {
+            channel: self.ch.id(),
+            rights: if self.write {
+                RIGHT_READ | RIGHT_WRITE
+            } else {
+                RIGHT_READ
+            },
+            start: self.start,
+            len: self.len,
+            file: 0,
+        })
+    }
+
+    /// Whether no cut came since the connection began (a count that cannot be read counts
+    /// as a cut).
+    fn current(&self, c: &Cuts) -> bool {
+        self.cuts() == Some(c.at_open)
+    }
+
     /// Runs `op`; on a shared file system's array, once more after granting the range again
-    /// if a revocation took its records.
+    /// if a revocation took its records, while no cut came since the connection began.
     fn run(&self, mut op: impl FnMut() -> std::result::Result<(), ClientError>) -> Result<()> {
-        match op() {
-            Err(ClientError::Status(libmoneta::moneta_abi::Status::PermissionMiss))
-                if self.shared =>
-            {
-                self.ch
-                    .control()
-                    .grant(Grant {
-                        channel: self.ch.id(),
-                        rights: if self.write {
-                            RIGHT_READ | RIGHT_WRITE
-                        } else {
-                            RIGHT_READ
-                        },
-                        start: self.start,
-                        len: self.len,
-                        file: 0,
-                    })
-                    .map_err(err)?;
+        let Some(c) = &self.shared else {
+            return op().map_err(err);
+        };
+        // NBD_ESHUTDOWN: the client is to connect again (a member's link does).
+        let ended = || {
+            Error::new(
+                libc::ESHUTDOWN,
+                "the manager cut the members' export connections off; connect again",
+            )
+        };
+        let shared = || c.turn.read().unwrap_or_else(|e| e.into_inner());
+        let first = {
+            let _turn = shared();
+            if c.ended() {
+                return Err(ended());
+            }
+            op()
+        };
+        match first {
+            Err(ClientError::Status(libmoneta::moneta_abi::Status::PermissionMiss)) => {
+                {
+                    let _alone = c.turn.write().unwrap_or_else(|e| e.into_inner());
+                    // Checked before the grant and after it: a cut that comes later takes the
+                    // new records too, after the commands then in flight completed.
+                    if c.ended() || !self.current(c) {
+                        c.end();
+                        return Err(ended());
+                    }
+                    self.grant().map_err(err)?;
+                    if !self.current(c) {
+                        c.end();
+                        return Err(ended());
+                    }
+                }
+                let _turn = shared();
+                if c.ended() {
+                    return Err(ended());
+                }
                 op().map_err(err)
             }
             r => r.map_err(err),
@@ -92,7 +170,7 @@ fn shares_its_file_system(socket: &std::path::Path) -> bool {
         .is_ok_and(|m| m.get("share.role") == Some("manager"))
 }
 
-static RAW: OnceLock<std::result::Result<Raw, (i32, String)>> = OnceLock::new();
+static RAW: OnceLock<std::result::Result<Arc<Raw>, (i32, String)>> = OnceLock::new();
 
 /// Parses a size with an optional K, M, G or T suffix (powers of 1024).
 fn size(s: &str) -> Option<u64> {
@@ -138,7 +216,7 @@ enum Backend {
     /// A file of the daemon's ext4 or XFS, opened through the kernel for the connection.
     Kernel(KernelFile),
     /// The raw range.
-    Raw(&'static Raw),
+    Raw(Arc<Raw>),
 }
 
 /// One client connection.
@@ -147,25 +225,35 @@ struct Export {
     write: bool,
 }
 
-/// The raw range, granted the first time (to the whole plugin's channel).
-fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
-    let r = RAW.get_or_init(|| {
-        let socket = settings()
-            .socket
-            .clone()
-            .unwrap_or_else(libmoneta::paths::default_socket);
-        let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
-        // Never under a file system, which the range would overwrite, unless the file system
-        // is shared with member hosts: their devices write its files' bytes through the range
-        // under the records its manager gives them (docs/distributed.md).
-        let shared = shares_its_file_system(&socket);
-        if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
-            return Err((
-                libc::EINVAL,
-                "the daemon serves a file system: export its files (file=), not its array".into(),
-            ));
-        }
-        drop(m);
+/// Whether the daemon shares its file system, learned at the first client connection.
+static SHARED: OnceLock<std::result::Result<bool, (i32, String)>> = OnceLock::new();
+
+/// The raw range: granted the first time to the whole plugin's channel, or, on a shared file
+/// system's array, to a channel of this client connection's own.
+fn raw(start: u64, len: u64, readonly: bool) -> Result<Arc<Raw>> {
+    let socket = settings()
+        .socket
+        .clone()
+        .unwrap_or_else(libmoneta::paths::default_socket);
+    let shared = SHARED
+        .get_or_init(|| {
+            let m = Moneta::connect(&socket).map_err(|e| (e.errno(), e.to_string()))?;
+            // Never under a file system, which the range would overwrite, unless the file
+            // system is shared with member hosts: their devices write its files' bytes through
+            // the range under the records its manager gives them (docs/distributed.md).
+            let shared = shares_its_file_system(&socket);
+            if !shared && (m.statfs().is_ok() || matches!(m.kernel_fs(), Ok(Some(_)))) {
+                return Err((
+                    libc::EINVAL,
+                    "the daemon serves a file system: export its files (file=), not its array"
+                        .into(),
+                ));
+            }
+            Ok(shared)
+        })
+        .clone()
+        .map_err(|(e, m)| Error::new(e, m))?;
+    let open = || -> std::result::Result<Arc<Raw>, (i32, String)> {
         let ch = Channel::open(&socket).map_err(|e| (e.errno(), e.to_string()))?;
         let size = ch.info().array_size;
         let len = if len == 0 {
@@ -179,29 +267,40 @@ fn raw(start: u64, len: u64, readonly: bool) -> Result<&'static Raw> {
                 format!("range {start}+{len} is not inside the array ({size} bytes)"),
             ));
         }
-        let rights = if readonly {
-            RIGHT_READ
-        } else {
-            RIGHT_READ | RIGHT_WRITE
-        };
-        ch.control()
-            .grant(Grant {
-                channel: ch.id(),
-                rights,
-                start,
-                len,
-                file: 0,
-            })
-            .map_err(|e| (e.errno(), e.to_string()))?;
-        Ok(Raw {
+        let mut r = Raw {
             ch: Arc::new(ch),
             start,
             len,
             write: !readonly,
-            shared,
-        })
-    });
-    r.as_ref().map_err(|(e, m)| Error::new(*e, m.clone()))
+            shared: None,
+        };
+        if shared {
+            // The count first: a cut after it takes the grant below too.
+            let at_open = r.cuts().ok_or((
+                libc::EIO,
+                "the daemon's count of cuts (share.cuts) cannot be read".to_string(),
+            ))?;
+            r.shared = Some(Cuts {
+                at_open,
+                cut: std::sync::atomic::AtomicBool::new(false),
+                turn: std::sync::RwLock::new(()),
+            });
+        }
+        r.grant().map_err(|e| (e.errno(), e.to_string()))?;
+        if let Some(c) = r.shared.as_ref().filter(|c| !r.current(c)) {
+            // A cut came between the count and the grant, and may have missed the grant: the
+            // connection serves nothing (its client connects again).
+            c.end();
+        }
+        Ok(Arc::new(r))
+    };
+    if shared {
+        return open().map_err(|(e, m)| Error::new(e, m));
+    }
+    RAW.get_or_init(open)
+        .as_ref()
+        .map(Arc::clone)
+        .map_err(|(e, m)| Error::new(*e, m.clone()))
 }
 
 impl Server for Export {
@@ -284,9 +383,10 @@ impl Server for Export {
         };
         if let Some((start, len)) = range {
             let r = raw(start, len, readonly)?;
+            let write = r.write && !readonly;
             return Ok(Box::new(Export {
                 backend: Backend::Raw(r),
-                write: r.write && !readonly,
+                write,
             }));
         }
         let path = file.expect("checked by config_complete");

@@ -39,6 +39,8 @@ struct Shared {
     image: Option<PathBuf>,
     /// Where members reach A's manager, when not at A's address.
     share_from: Option<String>,
+    /// Where members reach A's export (HOST:PORT), when not at A's address.
+    nbd_via: Option<String>,
 }
 
 fn moneta(args: &[&str]) -> std::process::Output {
@@ -168,6 +170,7 @@ impl Shared {
             port: 11000 + 2 * u16::from(n),
             export_pid: None,
             share_from: None,
+            nbd_via: None,
         };
         s.start_a();
         let b = s.b.clone();
@@ -223,10 +226,12 @@ impl Shared {
 
     /// A member whose range of the manager's array is `len` long.
     fn start_member_with(&self, socket: &Path, key: &str, len: &str) {
+        let nbd = self
+            .nbd_via
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", self.net.a_addr, self.port + 1));
         let member = format!(
-            "0:{len}=nbds://member@{}:{}/?tls-psk-file={}",
-            self.net.a_addr,
-            self.port + 1,
+            "0:{len}=nbds://member@{nbd}/?tls-psk-file={}",
             self.dir.join("psk").display()
         );
         let from = self
@@ -905,4 +910,148 @@ fn read_through(socket: &Path, path: &str, len: usize) -> Vec<u8> {
             Err(e) => panic!("{path} cannot be read through {}: {e}", socket.display()),
         }
     }
+}
+
+/// Key `KEY` of the device report of the daemon at `socket`.
+fn model(socket: &Path, key: &str) -> String {
+    libmoneta::Control::connect(socket)
+        .and_then(|c| c.model())
+        .ok()
+        .and_then(|m| m.get(key).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A relay like [`RELAY`] that holds what its clients send, and their ends, while the file
+/// `argv[4]` exists, and passes it all on once the file is gone: a network that delays a
+/// request past its sender's timeout and delivers it later.
+const HOLDING_RELAY: &str = "
+import os, socket, sys, threading, time
+host, port, listen, flag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('127.0.0.1', listen))
+l.listen(16)
+def held():
+    return os.path.exists(flag)
+def pipe(a, b, holds):
+    kept = []
+    a.settimeout(0.02)
+    ended = False
+    while not ended or kept:
+        if not ended:
+            try:
+                d = a.recv(65536)
+                if d:
+                    kept.append(d)
+                else:
+                    ended = True
+            except socket.timeout:
+                pass
+            except OSError:
+                ended = True
+        elif holds and held():
+            time.sleep(0.02)
+            continue
+        if kept and not (holds and held()):
+            try:
+                b.sendall(b''.join(kept))
+            except OSError:
+                return
+            kept = []
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+while True:
+    c, _ = l.accept()
+    u = socket.create_connection((host, port))
+    threading.Thread(target=pipe, args=(c, u, True), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c, False), daemon=True).start()
+";
+
+/// A write the member's link gave up on (the member's timeout, its NBD request held up in the
+/// network) reaches the manager's export only after the manager freed its space and gave it to
+/// another file: the member said so when it answered the revocation, the manager cut the
+/// export connections off, and the late write is refused there.
+#[test]
+fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
+    let mut s = Shared::new("cut", 19, false);
+    if s.net.spaces.is_none() {
+        eprintln!("not root: this test needs the hosts' own networks");
+        return;
+    }
+    // B again, its NBD link through a relay on its own host.
+    let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
+    let relay_port = s.port + 100;
+    let hold = s.dir.join("hold");
+    let _relay = Relay(s.net.spawn(
+        1,
+        "python3",
+        &[
+            "-c",
+            HOLDING_RELAY,
+            &s.net.a_addr,
+            &(s.port + 1).to_string(),
+            &relay_port.to_string(),
+            hold.to_str().unwrap(),
+        ],
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    s.nbd_via = Some(format!("127.0.0.1:{relay_port}"));
+    let b_sock = s.b.clone();
+    s.start_member(&b_sock, "psk");
+    s.wait_joined(&b_sock);
+
+    let a = Moneta::connect(&s.a).unwrap();
+    const LEN: usize = 256 * KIB;
+    let v = make(&a, "/v");
+    write_all(&v, &vec![0x11; LEN], 0);
+    drop(v);
+    let st = a.statfs().unwrap();
+    let free = (st.chunks_free * st.chunk_size) as usize;
+    let filler = make(&a, "/filler");
+    write_all(&filler, &vec![0x22; free - LEN / 2], 0);
+    drop(filler);
+
+    // B writes v until a write of it is held up and given up on.
+    let b = Moneta::connect(&s.b).unwrap();
+    let f = b.open("/v", &rw()).unwrap();
+    let mine = vec![0xB1; 16 * KIB];
+    write_all(&f, &mine, 0);
+    std::fs::write(&hold, b"").unwrap();
+    let given_up = (0..LEN)
+        .step_by(mine.len())
+        .find(|&off| f.write_at(&mine, off as u64).is_err());
+    assert!(
+        given_up.is_some(),
+        "no write of B failed while the network held them"
+    );
+    drop((f, b));
+    assert!(
+        model(&s.b, "members.0.failures").parse::<u64>().unwrap() > 0,
+        "B counts the request it gave up on"
+    );
+
+    // v's space goes to w; the member's answer to the revocation says a request failed.
+    let cuts: u64 = share(&s.a, "cuts").parse().unwrap();
+    a.truncate("/v", 0).unwrap();
+    assert!(
+        share(&s.a, "cuts").parse::<u64>().unwrap() > cuts,
+        "the member's failed write cut the export connections off"
+    );
+    let w = make(&a, "/w");
+    write_all(&w, &vec![0xA7; LEN], 0);
+
+    // What the network held now reaches the export.
+    std::fs::remove_file(&hold).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let back = read_all(&w, LEN);
+    assert!(
+        back.iter().all(|&x| x == 0xA7),
+        "{} bytes of w were written by a request the member had given up on",
+        back.iter().filter(|&&x| x != 0xA7).count()
+    );
+    // The member's link connects again and it reads w whole.
+    assert_eq!(read_through(&s.b, "/w", LEN), back);
+    let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
 }

@@ -17,18 +17,20 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// `libmoneta.so` beside the binaries (built here when a partial `cargo test` did not).
+/// `libmoneta.so` beside the binaries, brought up to date once per test process (`cargo test`
+/// leaves it as the last `cargo build` made it).
 fn library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let dir = bin_dir();
     let so = dir.join("libmoneta.so");
-    if !so.exists() {
+    BUILT.get_or_init(|| {
         let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-p", "libmoneta-c"]);
+        c.args(["build", "--quiet", "-p", "libmoneta-c"]);
         if dir.ends_with("release") {
             c.arg("--release");
         }
         assert!(c.status().unwrap().success(), "cargo build -p libmoneta-c");
-    }
+    });
     assert!(so.exists(), "{} missing", so.display());
     so
 }

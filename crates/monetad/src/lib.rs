@@ -342,7 +342,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let share = match (&config.share, &manager) {
         (Some(config::ShareConfig::Listen { addr, key }), Some(m)) => {
             let key = share::link::Key::load(key).map_err(DaemonError::Config)?;
-            let holder = share::Holder::start(addr, key, m.clone(), array_size)
+            let holder = share::Holder::start(addr, key, m.clone(), device.clone(), array_size)
                 .map_err(DaemonError::Config)?;
             tracing::info!(listen = %addr, "sharing the file system with member hosts");
             Some(server::Share::Holder(holder))

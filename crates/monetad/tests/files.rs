@@ -854,10 +854,11 @@ fn c_example_program() {
         .unwrap()
         .to_path_buf();
     let so = dir.join("libmoneta.so");
-    if !so.exists() {
-        // `cargo test -p monetad` alone does not build the C library; build it.
+    {
+        // `cargo test` does not build the C library, or leaves it as the last `cargo build`
+        // made it: bring it up to date.
         let mut c = std::process::Command::new(env!("CARGO"));
-        c.args(["build", "-p", "libmoneta-c"]);
+        c.args(["build", "--quiet", "-p", "libmoneta-c"]);
         if dir.ends_with("release") {
             c.arg("--release");
         }

@@ -378,6 +378,15 @@ impl Device {
         self.call(|ack| Control::Table { ops, ack })
     }
 
+    /// Forwarded requests that failed (their member's timeout, a broken or missing link),
+    /// counted before each such request completes.
+    pub fn forward_failures(&self) -> u64 {
+        self.links
+            .iter()
+            .map(|(_, s)| s.failures.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Leases forwarding until `until`: from then on, commands for other members' ranges are
     /// refused (`MEDIA_ERROR`) once `until` has passed, until the lease is extended. A member of
     /// a shared file system holds its records only while its lease on the manager stands; a

@@ -414,14 +414,18 @@ impl Thread {
             return;
         };
         let mut answers = Vec::new();
+        let mut ended = false;
         while let Some((cookie, r)) = c.next_completed() {
             if let Some(i) = self.in_flight.iter().position(|f| f.0 == cookie) {
                 let (_, token, len, _) = self.in_flight.swap_remove(i);
-                if let Err(e) = &r {
+                if let Err((e, errno)) = &r {
                     // Recorded, not logged: a client may ask for requests the member refuses
                     // as often as it likes.
                     self.stats
                         .record(format!("member {}: a request failed: {e}", self.config.uri));
+                    // NBD_ESHUTDOWN: the server will serve nothing more on this connection
+                    // (a shared file system's manager cut it off): connect again.
+                    ended |= *errno == libc::ESHUTDOWN;
                 } else {
                     self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
                 }
@@ -429,6 +433,16 @@ impl Thread {
             }
         }
         let broken = c.broken();
+        if ended {
+            for (token, ok) in answers {
+                self.answer(token, ok);
+            }
+            self.break_link(format!(
+                "member {}: the member ended the connection (ESHUTDOWN)",
+                self.config.uri
+            ));
+            return;
+        }
         for (token, ok) in answers {
             self.answer(token, ok);
         }

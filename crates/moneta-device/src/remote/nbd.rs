@@ -65,6 +65,7 @@ entry_points! {
     create = "nbd_create": unsafe extern "C" fn() -> Handle;
     close = "nbd_close": unsafe extern "C" fn(Handle);
     get_error = "nbd_get_error": unsafe extern "C" fn() -> *const c_char;
+    get_errno = "nbd_get_errno": unsafe extern "C" fn() -> c_int;
     set_uri_allow_local_file = "nbd_set_uri_allow_local_file": unsafe extern "C" fn(Handle, bool) -> c_int;
     aio_connect_uri = "nbd_aio_connect_uri": unsafe extern "C" fn(Handle, *const c_char) -> c_int;
     aio_is_ready = "nbd_aio_is_ready": unsafe extern "C" fn(Handle) -> c_int;
@@ -245,8 +246,9 @@ impl Conn {
         }
     }
 
-    /// The next completed command: its cookie and whether it succeeded (`Err` with the reason).
-    pub fn next_completed(&self) -> Option<(u64, Result<(), String>)> {
+    /// The next completed command: its cookie and whether it succeeded (`Err` with the reason
+    /// and the errno the server answered).
+    pub fn next_completed(&self) -> Option<(u64, Result<(), Failed>)> {
         // SAFETY: live handle.
         let c = unsafe { (self.lib.aio_peek_command_completed)(self.h) };
         if c <= 0 {
@@ -259,7 +261,8 @@ impl Conn {
             if r == 1 {
                 Ok(())
             } else {
-                Err(last_error(self.lib))
+                // SAFETY: thread-local, set by the call just made.
+                Err((last_error(self.lib), unsafe { (self.lib.get_errno)() }))
             },
         ))
     }
@@ -327,6 +330,9 @@ impl Drop for Conn {
         unsafe { (self.lib.close)(self.h) }
     }
 }
+
+/// Why a command failed: libnbd's message and the errno the server answered.
+pub type Failed = (String, i32);
 
 fn last_error(lib: &Lib) -> String {
     // SAFETY: nbd_get_error returns a thread-local string or null.

@@ -17,23 +17,21 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// The shared libraries the commands load (`libmoneta.so` for `moneta run`,
-/// `libmoneta_nbd.so` for `moneta export`) and `monetad`, built here when a partial
-/// `cargo test` did not; returns the path of `file`.
+/// `libmoneta_nbd.so` for `moneta export`), brought up to date once per test process, and
+/// `monetad`, built if a partial `cargo test` did not; returns the path of `file`. (`cargo test`
+/// builds the executables, but it leaves the shared libraries beside them as the last `cargo
+/// build` made them, which may be older than the tree.)
 pub fn built(file: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let dir = bin_dir();
-    let path = dir.join(file);
-    let all = ["libmoneta.so", "libmoneta_nbd.so", "monetad"];
-    if all.iter().any(|f| !dir.join(f).exists()) {
+    BUILT.get_or_init(|| {
         let mut c = Command::new(env!("CARGO"));
-        c.args([
-            "build",
-            "-p",
-            "libmoneta-c",
-            "-p",
-            "moneta-nbd",
-            "-p",
-            "monetad",
-        ]);
+        c.args(["build", "--quiet", "-p", "libmoneta-c", "-p", "moneta-nbd"]);
+        if !dir.join("monetad").exists() {
+            // Only when missing: built here, it would take the place of the one `cargo test`
+            // built (with the workspace's features), to be built again by the next run.
+            c.args(["-p", "monetad"]);
+        }
         if dir.ends_with("release") {
             c.arg("--release");
         }
@@ -41,7 +39,8 @@ pub fn built(file: &str) -> PathBuf {
             c.status().unwrap().success(),
             "cargo build of the libraries"
         );
-    }
+    });
+    let path = dir.join(file);
     assert!(path.exists(), "{} missing", path.display());
     path
 }

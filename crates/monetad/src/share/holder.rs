@@ -38,6 +38,8 @@ struct Joined {
     fenced: Duration,
     /// How long a revocation waits for its answer.
     ack_wait: Duration,
+    /// The highest revocation it answered saying a forwarded request of its had failed.
+    failed_at: u64,
     /// Its sessions' connections, ended with it.
     sessions: HashMap<u64, Arc<Link>>,
     /// The write ends of the pipes of its clients' fork bundles: a bundle hangs up here (and
@@ -56,6 +58,11 @@ struct Members {
 /// The manager's side of the shared file system (`monetad --share-listen`).
 pub struct Holder {
     key: Key,
+    /// The device, whose export channels a cut takes every record from.
+    device: Arc<moneta_device::Device>,
+    /// Cuts of the members' export connections made (`share.cuts`): an export connection
+    /// opened before a cut never writes again.
+    cuts: AtomicU64,
     /// The array's size: a member places it at `[0, array_size)`.
     array_size: u64,
     /// Connections in their handshake.
@@ -83,6 +90,7 @@ impl Holder {
         addr: &str,
         key: Key,
         manager: Arc<Manager>,
+        device: Arc<moneta_device::Device>,
         array_size: u64,
     ) -> Result<Arc<Holder>, String> {
         let listener =
@@ -93,6 +101,8 @@ impl Holder {
             .unwrap_or_else(|_| addr.to_string());
         let holder = Arc::new(Holder {
             key,
+            device,
+            cuts: AtomicU64::new(0),
             array_size,
             handshakes: std::sync::atomic::AtomicUsize::new(0),
             manager,
@@ -204,6 +214,7 @@ impl Holder {
                     gone: false,
                     fenced: fenced_after(fence),
                     ack_wait: ack_wait(fence),
+                    failed_at: 0,
                     sessions: HashMap::new(),
                     bundles: HashMap::new(),
                     peer: peer.clone(),
@@ -241,8 +252,11 @@ impl Holder {
                         break;
                     }
                 }
-                Some(Note::Ack { seq }) => {
+                Some(Note::Ack { seq, failed }) => {
                     j.acked = j.acked.max(seq);
+                    if failed {
+                        j.failed_at = j.failed_at.max(seq);
+                    }
                     drop(m);
                     self.changed.notify_all();
                 }
@@ -258,12 +272,35 @@ impl Holder {
         self.gone(id);
     }
 
-    /// Member `id` is gone: its connection and its sessions end. It fences itself; until
-    /// `FENCED_AFTER` has passed, revocations wait for that.
+    /// Cuts every export connection of the members off: what a member sent before and has
+    /// not reached the array yet never will. The count moves first, then every record of the
+    /// array goes from every channel (waiting for the commands in flight); an export
+    /// connection that then misses sees the count moved and ends itself, and the members'
+    /// links connect again. The manager's own clients' records come back with their next
+    /// lookups.
+    pub fn cut(&self, why: &str) {
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+        tracing::warn!("the members' export connections are cut off: {why}");
+        if let Err(e) = self
+            .device
+            .update(vec![moneta_device::TableOp::RemoveRangeAll {
+                start: 0,
+                len: self.array_size,
+            }])
+        {
+            tracing::error!("cannot cut the members' export connections off: {e}");
+        }
+    }
+
+    /// Member `id` is gone: its connection and its sessions end, and so do the export
+    /// connections (a member stopped mid-request may still have some on their way). It fences
+    /// itself; until it is surely fenced, revocations wait for that.
     fn gone(&self, id: u64) {
         let mut m = self.members();
+        let mut cut = false;
         if let Some(j) = m.joined.get_mut(&id) {
             if !j.gone {
+                cut = true;
                 j.gone = true;
                 j.link.shutdown();
                 for s in j.sessions.values() {
@@ -274,6 +311,9 @@ impl Holder {
             }
         }
         drop(m);
+        if cut {
+            self.cut("a member left");
+        }
         self.changed.notify_all();
     }
 
@@ -466,11 +506,20 @@ impl Holder {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        // A member whose forwarded request failed may still have it on its way to the array:
+        // cut the export connections off before the space is reused.
+        let failed = asked
+            .iter()
+            .any(|(id, _)| m.joined.get(id).is_some_and(|j| j.failed_at >= seq));
         let before = m.joined.len();
         m.joined
             .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= j.fenced));
         self.fenced
             .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
+        drop(m);
+        if failed {
+            self.cut("a member's forwarded request failed");
+        }
     }
 
     /// `share.*` pairs for `moneta status`.
@@ -502,6 +551,10 @@ impl Holder {
             (
                 "share.revocations".into(),
                 self.revocations.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "share.cuts".into(),
+                self.cuts.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "share.fenced".into(),

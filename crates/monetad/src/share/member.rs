@@ -59,6 +59,8 @@ pub struct Member {
     /// The longest a command of this member waits for the manager's array: its fence's bound,
     /// which the manager's host is told.
     fence_bound: Duration,
+    /// Forwarded requests that had failed when the last revocation was answered.
+    failures_told: AtomicU64,
     /// Pings sent and when, for the lease: it runs from the sending of the last one answered.
     pings: Mutex<std::collections::VecDeque<(u64, Instant)>>,
     /// This host's side of its clients' fork bundles, by bundle.
@@ -108,6 +110,7 @@ impl Member {
             calls: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             fence_bound,
+            failures_told: AtomicU64::new(0),
             pings: Mutex::new(std::collections::VecDeque::new()),
             forks: Mutex::new(HashMap::new()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC)
@@ -254,6 +257,10 @@ impl Member {
                 continue;
             }
             self.pings().clear();
+            // Failures before this connection were the manager's to cut when it counted the
+            // last one gone.
+            self.failures_told
+                .store(self.device.forward_failures(), Ordering::SeqCst);
             // The lease runs from the hello, which the manager's host heard before it counted
             // this member in.
             self.device.lease_forwarding(hello_at + LEASE);
@@ -364,7 +371,11 @@ impl Member {
                         return format!("cannot apply a revocation: {e}");
                     }
                     self.revocations.fetch_add(1, Ordering::Relaxed);
-                    if link.send(&Note::Ack { seq }.encode()).is_err() {
+                    // Every request issued before the revocation has completed by now, the
+                    // failed ones counted.
+                    let failures = self.device.forward_failures();
+                    let failed = self.failures_told.swap(failures, Ordering::SeqCst) < failures;
+                    if link.send(&Note::Ack { seq, failed }.encode()).is_err() {
                         return "the link to the manager's host failed".into();
                     }
                 }

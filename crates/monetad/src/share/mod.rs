@@ -176,10 +176,14 @@ pub enum Note {
         /// The ranges.
         ranges: Vec<(u64, u64)>,
     },
-    /// The member: revocation `seq` is done.
+    /// The member: revocation `seq` is done. `failed`: a request it forwarded failed since
+    /// its last answer, and may yet reach the array (NBD cannot take one back), so the manager's
+    /// host cuts the members' export connections off before the space is reused.
     Ack {
         /// Its number.
         seq: u64,
+        /// A forwarded request failed meanwhile.
+        failed: bool,
     },
     /// The member: no process of its host can claim fork bundle `bundle` any more (its pipe
     /// hung up there), so the manager's host may let it go.
@@ -215,9 +219,10 @@ impl Note {
                     b.extend_from_slice(&l.to_le_bytes());
                 }
             }
-            Note::Ack { seq } => {
+            Note::Ack { seq, failed } => {
                 b.push(4);
                 b.extend_from_slice(&seq.to_le_bytes());
+                b.push(u8::from(*failed));
             }
             Note::Release { bundle } => {
                 b.push(5);
@@ -247,7 +252,14 @@ impl Note {
                     .collect::<Option<Vec<_>>>()?;
                 Note::Revoke { seq, ranges }
             }
-            4 => Note::Ack { seq: r.u64()? },
+            4 => Note::Ack {
+                seq: r.u64()?,
+                failed: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            },
             5 => Note::Release { bundle: r.u64()? },
             _ => return None,
         };
@@ -312,7 +324,10 @@ mod tests {
             Note::Welcome {
                 array_size: 1 << 30,
             },
-            Note::Ack { seq: 9 },
+            Note::Ack {
+                seq: 9,
+                failed: true,
+            },
             Note::Release { bundle: 12 },
             Note::Revoke {
                 seq: 3,
