@@ -79,14 +79,15 @@ pub fn text(r: &ModelReport) -> String {
         let g = |n: &str| r.get(&format!("members.{i}.{n}")).unwrap_or("?");
         let n = |n: &str| g(n).parse::<u64>().unwrap_or(0);
         out += &format!(
-            "member {i}: [{:#x}, {:#x}) at {uri}: {}, {} requests ({} in flight, {} failed), \
-             {} bytes, {} connections\n",
+            "member {i}: [{:#x}, {:#x}) at {uri}: {}, {} requests ({} in flight, {} failed, \
+             {} of them writes given up in flight), {} bytes, {} connections\n",
             n("start"),
             n("start") + n("len"),
             g("state"),
             g("requests"),
             g("in_flight"),
             g("failures"),
+            g("uncertain_writes"),
             g("bytes"),
             g("connects"),
         );
@@ -101,13 +102,14 @@ pub fn text(r: &ModelReport) -> String {
         Some("manager") => {
             out += &format!(
                 "shared file system: manager at {}, {} members ({}), {} sessions, {} calls, \
-                 {} revocations, {} members fenced, {} connections refused\n",
+                 {} revocations, {} cuts, {} members fenced, {} connections refused\n",
                 g("listen"),
                 g("members"),
                 g("peers"),
                 g("sessions"),
                 g("calls"),
                 g("revocations"),
+                g("cuts"),
                 g("fenced"),
                 g("refused"),
             );

@@ -378,12 +378,13 @@ impl Device {
         self.call(|ack| Control::Table { ops, ack })
     }
 
-    /// Forwarded requests that failed (their member's timeout, a broken or missing link),
-    /// counted before each such request completes.
-    pub fn forward_failures(&self) -> u64 {
+    /// Forwarded writes given up while they may have been on their way to their member (in
+    /// flight on a connection that broke or did not answer in time), counted before each such
+    /// write completes: they may still land at the member.
+    pub fn forward_uncertain_writes(&self) -> u64 {
         self.links
             .iter()
-            .map(|(_, s)| s.failures.load(Ordering::Relaxed))
+            .map(|(_, s)| s.uncertain_writes.load(Ordering::Relaxed))
             .sum()
     }
 
@@ -495,6 +496,7 @@ impl Device {
                 (k("requests"), g(&s.requests)),
                 (k("bytes"), g(&s.bytes)),
                 (k("failures"), g(&s.failures)),
+                (k("uncertain_writes"), g(&s.uncertain_writes)),
                 (k("in_flight"), g(&s.in_flight)),
                 (k("connects"), g(&s.connects)),
                 (k("export_size"), g(&s.remote_size)),

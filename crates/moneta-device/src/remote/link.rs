@@ -83,6 +83,10 @@ pub struct LinkStats {
     pub bytes: AtomicU64,
     /// Requests that failed (the member's error, a broken link, or the link down).
     pub failures: AtomicU64,
+    /// Of those, writes given up while they may have been on their way to the member: in
+    /// flight on a connection that broke or left one unanswered past the timeout. Such a write
+    /// may still land there (NBD cannot take a request back). Counted before it is answered.
+    pub uncertain_writes: AtomicU64,
     /// Connections made.
     pub connects: AtomicU64,
     /// Requests at the member now.
@@ -205,8 +209,8 @@ struct Thread {
     queued: Vec<Job>,
     /// When a connection under way is given up.
     connect_by: Instant,
-    /// Requests at the member: (cookie, token, bytes, deadline).
-    in_flight: Vec<(u64, u64, usize, Instant)>,
+    /// Requests at the member: (cookie, token, bytes, deadline, whether it writes).
+    in_flight: Vec<(u64, u64, usize, Instant, bool)>,
     next_attempt: Instant,
 }
 
@@ -338,6 +342,7 @@ impl Thread {
                     job.token,
                     moved,
                     Instant::now() + self.config.timeout,
+                    job.op == Op::Write,
                 ));
                 self.stats
                     .in_flight
@@ -417,7 +422,7 @@ impl Thread {
         let mut ended = false;
         while let Some((cookie, r)) = c.next_completed() {
             if let Some(i) = self.in_flight.iter().position(|f| f.0 == cookie) {
-                let (_, token, len, _) = self.in_flight.swap_remove(i);
+                let (_, token, len, _, _) = self.in_flight.swap_remove(i);
                 if let Err((e, errno)) = &r {
                     // Recorded, not logged: a client may ask for requests the member refuses
                     // as often as it likes.
@@ -465,7 +470,10 @@ impl Thread {
         // Closed first: libnbd touches no buffer after this.
         self.conn = None;
         self.down(why);
-        for (_, token, _, _) in std::mem::take(&mut self.in_flight) {
+        for (_, token, _, _, write) in std::mem::take(&mut self.in_flight) {
+            if write {
+                self.stats.uncertain_writes.fetch_add(1, Ordering::Relaxed);
+            }
             self.answer(token, false);
         }
         self.stats.in_flight.store(0, Ordering::Relaxed);

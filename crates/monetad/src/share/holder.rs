@@ -38,7 +38,7 @@ struct Joined {
     fenced: Duration,
     /// How long a revocation waits for its answer.
     ack_wait: Duration,
-    /// The highest revocation it answered saying a forwarded request of its had failed.
+    /// The highest revocation it answered saying it had given up on a forwarded write.
     failed_at: u64,
     /// Its sessions' connections, ended with it.
     sessions: HashMap<u64, Arc<Link>>,
@@ -506,7 +506,7 @@ impl Holder {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        // A member whose forwarded request failed may still have it on its way to the array:
+        // A member that gave up on a forwarded write may still have it on its way to the array:
         // cut the export connections off before the space is reused.
         let failed = asked
             .iter()
@@ -518,7 +518,7 @@ impl Holder {
             .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
         drop(m);
         if failed {
-            self.cut("a member's forwarded request failed");
+            self.cut("a member gave up on a forwarded write");
         }
     }
 

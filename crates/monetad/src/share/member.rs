@@ -59,8 +59,10 @@ pub struct Member {
     /// The longest a command of this member waits for the manager's array: its fence's bound,
     /// which the manager's host is told.
     fence_bound: Duration,
-    /// Forwarded requests that had failed when the last revocation was answered.
-    failures_told: AtomicU64,
+    /// Forwarded writes given up on while they may have been on their way
+    /// ([`moneta_device::Device::forward_uncertain_writes`]) when the last revocation was
+    /// answered.
+    uncertain_told: AtomicU64,
     /// Pings sent and when, for the lease: it runs from the sending of the last one answered.
     pings: Mutex<std::collections::VecDeque<(u64, Instant)>>,
     /// This host's side of its clients' fork bundles, by bundle.
@@ -110,7 +112,7 @@ impl Member {
             calls: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             fence_bound,
-            failures_told: AtomicU64::new(0),
+            uncertain_told: AtomicU64::new(0),
             pings: Mutex::new(std::collections::VecDeque::new()),
             forks: Mutex::new(HashMap::new()),
             hangups: epoll::create(epoll::CreateFlags::CLOEXEC)
@@ -257,10 +259,10 @@ impl Member {
                 continue;
             }
             self.pings().clear();
-            // Failures before this connection were the manager's to cut when it counted the
-            // last one gone.
-            self.failures_told
-                .store(self.device.forward_failures(), Ordering::SeqCst);
+            // Writes given up before this connection were the manager's to cut off when it
+            // counted the last one gone.
+            self.uncertain_told
+                .store(self.device.forward_uncertain_writes(), Ordering::SeqCst);
             // The lease runs from the hello, which the manager's host heard before it counted
             // this member in.
             self.device.lease_forwarding(hello_at + LEASE);
@@ -372,9 +374,9 @@ impl Member {
                     }
                     self.revocations.fetch_add(1, Ordering::Relaxed);
                     // Every request issued before the revocation has completed by now, the
-                    // failed ones counted.
-                    let failures = self.device.forward_failures();
-                    let failed = self.failures_told.swap(failures, Ordering::SeqCst) < failures;
+                    // writes given up on counted.
+                    let uncertain = self.device.forward_uncertain_writes();
+                    let failed = self.uncertain_told.swap(uncertain, Ordering::SeqCst) < uncertain;
                     if link.send(&Note::Ack { seq, failed }.encode()).is_err() {
                         return "the link to the manager's host failed".into();
                     }

@@ -176,13 +176,14 @@ pub enum Note {
         /// The ranges.
         ranges: Vec<(u64, u64)>,
     },
-    /// The member: revocation `seq` is done. `failed`: a request it forwarded failed since
-    /// its last answer, and may yet reach the array (NBD cannot take one back), so the manager's
-    /// host cuts the members' export connections off before the space is reused.
+    /// The member: revocation `seq` is done. `failed`: since its last answer it gave up on a
+    /// write it forwarded while the write may have been on its way (its connection broke or did
+    /// not answer in time), so the write may yet reach the array (NBD cannot take one back), and
+    /// the manager's host cuts the members' export connections off before the space is reused.
     Ack {
         /// Its number.
         seq: u64,
-        /// A forwarded request failed meanwhile.
+        /// A forwarded write was given up on meanwhile.
         failed: bool,
     },
     /// The member: no process of its host can claim fork bundle `bundle` any more (its pipe
