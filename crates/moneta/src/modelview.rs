@@ -206,12 +206,13 @@ fn array_text(r: &ModelReport) -> String {
     if r.get("emulation.completions").is_some() {
         out += &format!(
             "  {:<20} {} completions at the model's times, {} more than 1 µs late (mean {} ns, \
-             worst {} ns)\n",
+             worst {} ns), each published {} ns ahead\n",
             "emulation",
             g("emulation.completions"),
             g("emulation.late"),
             g("emulation.mean_late_ns"),
             g("emulation.max_late_ns"),
+            g("emulation.lead_ns"),
         );
     }
     if r.get("buffer.hits").is_some() {

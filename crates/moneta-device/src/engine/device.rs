@@ -517,6 +517,7 @@ impl Device {
                     ("emulation.late", late.late),
                     ("emulation.mean_late_ns", mean),
                     ("emulation.max_late_ns", late.max_ns),
+                    ("emulation.lead_ns", late.lead_ns),
                 ] {
                     p.push((k.into(), v.to_string()));
                 }

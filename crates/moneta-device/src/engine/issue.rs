@@ -420,19 +420,50 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     /// Publishes the completions due by `now`; whether there were any.
     fn complete_due(&mut self, now: u64) -> bool {
+        if self.model.is_some() {
+            return self.complete_due_modelled(now);
+        }
         let mut done = std::mem::take(&mut self.done);
-        let model = &mut self.model;
-        self.sched.complete_ready(now, |ready, r| {
-            if let Some(m) = model.as_mut() {
-                if r.status == Status::Ok && matches!(r.cmd.opcode, Opcode::Read | Opcode::Write) {
-                    m.completed(ready, now);
-                }
+        self.sched.complete_ready(now, |_, r| done.push(r));
+        let any = !done.is_empty();
+        for r in done.drain(..) {
+            self.finish(r);
+        }
+        self.done = done;
+        any
+    }
+
+    /// [`Poller::complete_due`] under the model: publishes the completions due within its lead
+    /// of `now` (see [`super::timing::Timed::publish_cost`]), counts how late each was, and
+    /// times the first one's publication.
+    #[inline(never)]
+    fn complete_due_modelled(&mut self, now: u64) -> bool {
+        let Some(model) = self.model.as_mut() else {
+            return false;
+        };
+        let by = now + model.lead();
+        let mut done = std::mem::take(&mut self.done);
+        self.sched.complete_ready(by, |ready, r| {
+            if r.status == Status::Ok && matches!(r.cmd.opcode, Opcode::Read | Opcode::Write) {
+                model.completed(ready, by);
             }
             done.push(r)
         });
         let any = !done.is_empty();
+        let mut timing = true;
         for r in done.drain(..) {
+            let timed = timing
+                && r.status == Status::Ok
+                && matches!(r.cmd.opcode, Opcode::Read | Opcode::Write)
+                && r.cmd.completion != moneta_abi::Completion::Forward;
             self.finish(r);
+            if timed {
+                timing = false;
+                let cost = self.clock.now_ns().saturating_sub(now);
+                if let Some(m) = self.model.as_mut() {
+                    m.publish_cost(cost);
+                }
+            }
         }
         self.done = done;
         any
