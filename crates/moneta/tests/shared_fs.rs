@@ -588,6 +588,8 @@ fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durabl
     let mut s = Shared::new("kill", 14, true);
     let a = Moneta::connect(&s.a).unwrap();
     let kept = pattern(5, MIB + 17);
+    let cuts = || share(&s.a, "cuts").parse::<u64>().unwrap();
+    let cuts_before = cuts();
     {
         let b = Moneta::connect(&s.b).unwrap();
         let f = make(&b, "/kept");
@@ -606,6 +608,13 @@ fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durabl
         share(&s.a, "members") == "0"
     });
     eprintln!("member gone after {gone:?}");
+    // The export connections are cut off as A counts B gone.
+    wait_for(
+        "A cuts the export connections off",
+        Duration::from_secs(5),
+        || cuts() > cuts_before,
+    );
+    assert_eq!(cuts(), cuts_before + 1);
     // A serves its own clients meanwhile, and frees the dead member's file's space once the
     // member is surely fenced, not never.
     let t = Instant::now();
@@ -613,6 +622,8 @@ fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durabl
     let took = t.elapsed();
     eprintln!("the truncate took {took:?}");
     assert!(took < Duration::from_secs(15), "{took:?}");
+    // And again before the space was reused, B being surely fenced by then.
+    assert_eq!(cuts(), cuts_before + 2);
     let f = make(&a, "/after");
     write_all(&f, b"still serving", 0);
     drop(f);
@@ -1025,6 +1036,14 @@ fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
             .parse::<u64>()
             .unwrap()
     };
+
+    // The first B, stopped at the start, is counted fenced at the first revocation after its
+    // fence, which cuts the connections off: that comes first here.
+    let scratch = make(&a, "/scratch");
+    write_all(&scratch, &[0x44; 4 * KIB], 0);
+    drop(scratch);
+    a.truncate("/scratch", 0).unwrap();
+    assert_eq!(share(&s.a, "fenced"), "1");
 
     // A read held up and given up on changes nothing at the array: freeing space after it
     // cuts nothing off.

@@ -17,21 +17,25 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// The shared libraries the commands load (`libmoneta.so` for `moneta run`,
-/// `libmoneta_nbd.so` for `moneta export`), brought up to date once per test process, and
-/// `monetad`, built if a partial `cargo test` did not; returns the path of `file`. (`cargo test`
-/// builds the executables, but it leaves the shared libraries beside them as the last `cargo
-/// build` made them, which may be older than the tree.)
+/// `libmoneta_nbd.so` for `moneta export`) and `monetad`, brought up to date once per test
+/// process; returns the path of `file`. (`cargo test` leaves the shared libraries beside the
+/// executables as the last `cargo build` made them, and a `cargo test` of this package alone
+/// leaves `monetad` so too: either may be older than the tree.)
 pub fn built(file: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let dir = bin_dir();
     BUILT.get_or_init(|| {
         let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "--quiet", "-p", "libmoneta-c", "-p", "moneta-nbd"]);
-        if !dir.join("monetad").exists() {
-            // Only when missing: built here, it would take the place of the one `cargo test`
-            // built (with the workspace's features), to be built again by the next run.
-            c.args(["-p", "monetad"]);
-        }
+        c.args([
+            "build",
+            "--quiet",
+            "-p",
+            "libmoneta-c",
+            "-p",
+            "moneta-nbd",
+            "-p",
+            "monetad",
+        ]);
         if dir.ends_with("release") {
             c.arg("--release");
         }

@@ -514,11 +514,16 @@ impl Holder {
         let before = m.joined.len();
         m.joined
             .retain(|_, j| !(j.gone && j.last_contact.elapsed() >= j.fenced));
-        self.fenced
-            .fetch_add((before - m.joined.len()) as u64, Ordering::Relaxed);
+        let fenced = (before - m.joined.len()) as u64;
+        self.fenced.fetch_add(fenced, Ordering::Relaxed);
         drop(m);
         if failed {
             self.cut("a member gave up on a forwarded write");
+        } else if fenced > 0 {
+            // Cut again now that it is surely fenced: the cut when it went took the connections
+            // it had, but until its fence it may have connected again and sent writes that are
+            // still on their way.
+            self.cut("a member that left is fenced");
         }
     }
 
