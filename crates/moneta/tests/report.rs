@@ -213,6 +213,34 @@ fn the_tiny_report_runs_every_experiment() {
     }
     assert!(is_png(&dir.join("mount-latency-read.png")));
     assert!(html.contains("through the mount"), "the mount's reading");
+    // The three Rs article's Figure 3b: every transport, reads and writes (CI installs nbdkit
+    // and libnbd, which the remote bench needs).
+    assert!(html.contains("id=\"remote\""));
+    let v = get("remote");
+    if !v.is_empty() || std::env::var("CI").as_deref() == Ok("true") {
+        for t in ["local", "forwarded", "nbd-client"] {
+            for op in ["read", "write"] {
+                assert!(
+                    v.iter().any(|r| r["transport"] == t
+                        && r["op"] == op
+                        && r["ops"].as_u64() == Some(300)
+                        && r["mib_s"].as_f64() > Some(0.0)),
+                    "remote: no {t} {op}"
+                );
+            }
+        }
+        assert!(is_png(&dir.join("remote-latency-read.png")));
+        assert!(html.contains("Figure 3b") && html.contains("284"));
+        assert!(
+            html.contains("through the NBD client"),
+            "the remote reading"
+        );
+    } else {
+        assert!(
+            html.contains("could not run here"),
+            "remote neither ran nor said why"
+        );
+    }
     // The paper's figure is quoted, and the commands are there.
     assert!(html.contains("Moneta-D Figure 3"));
     assert!(html.contains("moneta bench --path moneta"));

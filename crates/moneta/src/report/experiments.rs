@@ -32,6 +32,7 @@ pub(crate) enum Exp {
     Fairness,
     Power,
     Wear,
+    Remote,
 }
 
 /// Every experiment, in page order.
@@ -50,6 +51,7 @@ pub(crate) fn all() -> Vec<Exp> {
         Exp::Fairness,
         Exp::Power,
         Exp::Wear,
+        Exp::Remote,
         Exp::Apps,
     ]
 }
@@ -161,6 +163,7 @@ impl Exp {
             Exp::Fairness => "fairness",
             Exp::Power => "power",
             Exp::Wear => "wear",
+            Exp::Remote => "remote",
         }
     }
 
@@ -182,6 +185,7 @@ impl Exp {
             Exp::Fairness => "Small requests beside large ones: scheduling (modelled array)",
             Exp::Power => "Power and efficiency against request size (modelled array)",
             Exp::Wear => "Wear under a hot spot, with and without start-gap (modelled array)",
+            Exp::Remote => "Remote access: distributed Moneta against a software block transport",
         }
     }
 
@@ -384,6 +388,7 @@ impl Exp {
             Exp::KernelFs => super::kernelfs::steps(set, env),
             Exp::Mount => super::mount::steps(set, env),
             Exp::Apps => vec![Step::Apps],
+            Exp::Remote => super::remote::steps(set),
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::steps(self.id(), set)
             }
@@ -409,7 +414,7 @@ impl Exp {
         }
         for step in steps {
             match step {
-                Step::Bench { args, .. } => s
+                Step::Bench { args, .. } | Step::Remote { args, .. } => s
                     .commands
                     .push(format!("moneta bench {} --json", args.join(" "))),
                 Step::Apps => s.commands.push(format!(
@@ -435,6 +440,29 @@ impl Exp {
             };
             write_data(dir, self.id(), &apps_values(&recs), &mut s)?;
             apps_section(&recs, dir, &mut s)?;
+            return Ok(s);
+        }
+        if self == Exp::Remote {
+            let mut data = Vec::new();
+            let mut failed = Vec::new();
+            for (step, out) in steps.iter().zip(outputs) {
+                match (step, out) {
+                    (Step::Remote { label, .. }, Output::Remote(Ok(points))) => {
+                        data.extend(points.iter().map(|p| (label.clone(), p)));
+                    }
+                    (Step::Remote { label, .. }, Output::Remote(Err(e))) => {
+                        failed.push(format!("{label}: {e}"));
+                    }
+                    _ => {}
+                }
+            }
+            write_data(dir, self.id(), &super::remote::values(&data), &mut s)?;
+            super::remote::present(&data, &failed, dir, &mut s)?;
+            if set.kind == SetArg::Tiny {
+                s.notes.push(
+                    "Tiny set: a few hundred operations per point, for checking only.".into(),
+                );
+            }
             return Ok(s);
         }
         if self == Exp::KernelFs && steps.is_empty() {
@@ -466,7 +494,7 @@ impl Exp {
             Exp::Iops => iops(&data, dir, &mut s)?,
             Exp::KernelFs => super::kernelfs::present(&data, env, dir, &mut s)?,
             Exp::Mount => super::mount::present(&data, dir, &mut s)?,
-            Exp::Apps => unreachable!("handled above"),
+            Exp::Apps | Exp::Remote => unreachable!("handled above"),
             Exp::ArrayLatency | Exp::ArrayBandwidth | Exp::Fairness | Exp::Power | Exp::Wear => {
                 super::array::present(self.id(), &data, dir, &mut s)?
             }

@@ -14,6 +14,7 @@ mod kernelfs;
 mod mount;
 mod paper;
 pub mod plot;
+mod remote;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -46,7 +47,7 @@ pub struct ReportArgs {
     pub out: PathBuf,
     /// Only these experiments (comma-separated): breakdown, bandwidth, completion,
     /// permissions, async, iops, kernel-fs, mount, array-latency, array-bandwidth, fairness,
-    /// power, wear, apps.
+    /// power, wear, remote, apps.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -139,12 +140,15 @@ pub(crate) enum Step {
     Bench { label: String, args: Vec<String> },
     /// The applications benchmark.
     Apps,
+    /// `moneta bench --path remote` with these arguments.
+    Remote { label: String, args: Vec<String> },
 }
 
 /// What a step produced.
 pub(crate) enum Output {
     Bench(Vec<bench::Record>),
     Apps(Result<Vec<crate::apps::AppRecord>, String>),
+    Remote(Result<Vec<bench::remote::RemotePoint>, String>),
 }
 
 /// Runs the report; prints where the page is.
@@ -186,7 +190,7 @@ pub fn run(a: ReportArgs) -> Result<(), String> {
         let mut outputs = Vec::with_capacity(steps.len());
         for step in &steps {
             let label = match step {
-                Step::Bench { label, .. } => label.as_str(),
+                Step::Bench { label, .. } | Step::Remote { label, .. } => label.as_str(),
                 Step::Apps => "applications",
             };
             bar.set_message(format!("{}: {label}", exp.id()));
@@ -233,6 +237,11 @@ fn run_step(step: &Step, out: &Path, set: Set) -> Result<Output, String> {
                 .map_err(|e| format!("moneta bench {}: {e}", args.join(" ")))
         }
         Step::Apps => Ok(Output::Apps(run_apps(out, set))),
+        // A machine without nbdkit or libnbd cannot run it: the section says why.
+        Step::Remote { args, .. } => Ok(Output::Remote(bench_args(args).and_then(|mut a| {
+            a.quiet = true;
+            bench::remote::run_remote(&a)
+        }))),
     }
 }
 
@@ -468,7 +477,7 @@ mod tests {
                 let steps = e.steps(&set, &env);
                 assert!(!steps.is_empty(), "{}", e.id());
                 for s in steps {
-                    if let Step::Bench { args, .. } = s {
+                    if let Step::Bench { args, .. } | Step::Remote { args, .. } = s {
                         bench_args(&args).unwrap_or_else(|err| panic!("{args:?}: {err}"));
                     }
                 }
