@@ -87,6 +87,20 @@ fn write_all(f: &File, data: &[u8], at: u64) {
 struct Relay(std::process::Child);
 
 impl Relay {
+    /// Stops B and starts `script` on B's host, relaying 127.0.0.1:(A's port + 100) to A's
+    /// `to_port`, with `extra` arguments after the three every relay takes; the address B is
+    /// to use instead of A's.
+    fn instead_of_b(s: &Shared, script: &str, to_port: u16, extra: &[&str]) -> (Relay, String) {
+        let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
+        let listen = s.port + 100;
+        let (to, listen_s) = (to_port.to_string(), listen.to_string());
+        let mut args = vec!["-c", script, &s.net.a_addr, &to, &listen_s];
+        args.extend(extra);
+        let relay = Relay(s.net.spawn(1, "python3", &args));
+        std::thread::sleep(Duration::from_millis(500));
+        (relay, format!("127.0.0.1:{listen}"))
+    }
+
     fn signal(&self, sig: i32) {
         // SAFETY: signalling a process this test started.
         unsafe { libc::kill(self.0.id() as i32, sig) };
@@ -829,21 +843,8 @@ fn a_member_stopped_past_its_lease_forwards_nothing_when_it_runs_again() {
         return;
     }
     // B joins again through a relay on its own host, which the test can stop.
-    let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
-    let relay_port = s.port + 100;
-    let relay = Relay(s.net.spawn(
-        1,
-        "python3",
-        &[
-            "-c",
-            RELAY,
-            &s.net.a_addr,
-            &s.port.to_string(),
-            &relay_port.to_string(),
-        ],
-    ));
-    std::thread::sleep(Duration::from_millis(500));
-    s.share_from = Some(format!("127.0.0.1:{relay_port}"));
+    let (relay, via) = Relay::instead_of_b(&s, RELAY, s.port, &[]);
+    s.share_from = Some(via);
     let b_sock = s.b.clone();
     s.start_member(&b_sock, "psk");
     s.wait_joined(&b_sock);
@@ -992,23 +993,10 @@ fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
         return;
     }
     // B again, its NBD link through a relay on its own host.
-    let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
-    let relay_port = s.port + 100;
     let hold = s.dir.join("hold");
-    let _relay = Relay(s.net.spawn(
-        1,
-        "python3",
-        &[
-            "-c",
-            HOLDING_RELAY,
-            &s.net.a_addr,
-            &(s.port + 1).to_string(),
-            &relay_port.to_string(),
-            hold.to_str().unwrap(),
-        ],
-    ));
-    std::thread::sleep(Duration::from_millis(500));
-    s.nbd_via = Some(format!("127.0.0.1:{relay_port}"));
+    let (_relay, via) =
+        Relay::instead_of_b(&s, HOLDING_RELAY, s.port + 1, &[hold.to_str().unwrap()]);
+    s.nbd_via = Some(via);
     let b_sock = s.b.clone();
     s.start_member(&b_sock, "psk");
     s.wait_joined(&b_sock);
