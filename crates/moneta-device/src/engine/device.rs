@@ -51,13 +51,12 @@ impl Device {
             None
         } else {
             crate::remote::nbd::available().map_err(DeviceError::Config)?;
-            let (done_tx, done_rx) = mpsc::channel();
             let links = config
                 .members
                 .iter()
-                .map(|m| crate::remote::Link::spawn(m.clone(), done_tx.clone(), waker.try_clone()?))
+                .map(|m| crate::remote::Link::spawn(m.clone(), waker.try_clone()?))
                 .collect::<std::io::Result<Vec<_>>>()?;
-            Some(forward::Remote::new(links, config.local_at, done_rx))
+            Some(forward::Remote::new(links, config.local_at))
         };
         let links = remote
             .as_ref()

@@ -1,6 +1,6 @@
 //! Forwarding: requests whose range another member holds (see [`crate::remote`]) go, once the
-//! permission table has allowed them, to that member's link; the answer comes back here and
-//! completes the request like any other.
+//! permission table has allowed them, out on that member's link, which the poller drives itself;
+//! the pass that reads the answer completes the request like any other.
 //!
 //! A forwarded request keeps a reserved place in the scheduler's issue order until the member
 //! answers, so a revocation waits for it as for a local request (revocation before reuse), a
@@ -11,14 +11,13 @@
 //! the member's time, not the model's.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 
 use moneta_abi::Opcode;
 
 use super::*;
 use crate::clock::Clock;
 use crate::media::Media;
-use crate::remote::link::{Job, Op};
+use crate::remote::link::{Answer, Job, Op};
 pub(super) use crate::remote::Place;
 use crate::remote::{locate, Link, MemberConfig};
 
@@ -34,30 +33,37 @@ const MAX_HINTS: u32 = 16;
 /// The most one hint asks a member to read ahead (an NBD command's length is 32 bits).
 const HINT_LEN: u64 = 32 << 20;
 
+/// How often a pass with other work looks at the links (see [`Poller::collect_forwards`]).
+const LOOK_EVERY_BUSY: u64 = 4;
+
 /// The poller's side of the members.
 pub(super) struct Remote {
     pub links: Vec<Link>,
     configs: Vec<MemberConfig>,
     /// Where the local array lies in the address space.
     local_at: u64,
-    done: mpsc::Receiver<(u64, bool)>,
+    /// Answers given and not yet applied.
+    answers: Vec<Answer>,
     /// Requests at a member: (token, reserved place, request).
     pub pending: Vec<(u64, u64, Issued)>,
     /// Hints sent to each member and not yet answered (see [`HINT`]).
     hints: Vec<u32>,
     next: u64,
+    /// Passes that came to the links (see [`Poller::collect_forwards`]).
+    looks: u64,
 }
 
 impl Remote {
-    pub fn new(links: Vec<Link>, local_at: u64, done: mpsc::Receiver<(u64, bool)>) -> Remote {
+    pub fn new(links: Vec<Link>, local_at: u64) -> Remote {
         Remote {
             configs: links.iter().map(|l| l.config.clone()).collect(),
             local_at,
             hints: vec![0; links.len()],
             links,
-            done,
+            answers: Vec::new(),
             pending: Vec::new(),
             next: 0,
+            looks: 0,
         }
     }
 
@@ -107,9 +113,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
                         len,
                         offset,
                     };
-                    if remote.links[member].send(job) {
-                        remote.hints[member] += 1;
-                    }
+                    remote.hints[member] += 1;
+                    remote.links[member].send(job, &mut remote.answers);
                 }
                 return;
             }
@@ -145,24 +150,28 @@ impl<M: Media, C: Clock> Poller<M, C> {
             len: issued.cmd.len as usize,
             offset,
         };
-        if remote.links[member].send(job) {
-            remote.pending.push((token, seq, issued));
-        } else {
-            self.sched.forget(seq);
-            self.publish_end(issued, Status::MediaError);
-        }
+        remote.pending.push((token, seq, issued));
+        remote.links[member].send(job, &mut remote.answers);
     }
 
-    /// Completes the requests the members have answered.
-    pub(super) fn collect_forwards(&mut self) -> bool {
+    /// Completes the requests the members have answered. A pass that had other work (`busy`)
+    /// looks at the links' sockets only one time in [`LOOK_EVERY_BUSY`]: a look is a system
+    /// call, and an answer takes tens of microseconds over the network anyway.
+    pub(super) fn collect_forwards(&mut self, busy: bool) -> bool {
         let Some(remote) = self.remote.as_mut() else {
             return false;
         };
-        if remote.pending.is_empty() && remote.hints.iter().all(|&h| h == 0) {
+        remote.looks = remote.looks.wrapping_add(1);
+        if !busy || remote.looks.is_multiple_of(LOOK_EVERY_BUSY) {
+            for link in remote.links.iter_mut().filter(|l| l.busy()) {
+                link.drive(&mut remote.answers);
+            }
+        }
+        if remote.answers.is_empty() {
             return false;
         }
         let mut answered = Vec::new();
-        while let Ok((token, ok)) = remote.done.try_recv() {
+        for (token, ok) in std::mem::take(&mut remote.answers) {
             if token & HINT != 0 {
                 if let Some(h) = remote.hints.get_mut((token & !HINT) as usize) {
                     *h = h.saturating_sub(1);

@@ -78,7 +78,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             busy |= self.dispatch();
             busy |= self.complete();
             busy |= self.collect_flushes();
-            busy |= self.collect_forwards();
+            busy |= self.collect_forwards(busy);
             self.settle_fences();
             passes = passes.wrapping_add(1);
             if busy {

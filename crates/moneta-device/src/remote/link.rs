@@ -1,15 +1,24 @@
-//! A link to one member: a thread that owns the NBD connection, issues every forwarded request
-//! as it comes (several in flight), and hands each answer back to the poller.
+//! A link to one member: an NBD connection that the device's poller drives itself. The poller
+//! issues every forwarded request on the connection as it comes (several in flight), looks at
+//! the socket in its own passes while requests are out, and completes each request in the pass
+//! that reads its answer: no other thread is on a request's way, so a forwarded command costs
+//! the network and the member, not wake-ups of threads between them.
+//!
+//! Making a connection is the one slow part (name lookup, TCP, the TLS handshake), so a thread
+//! of the link's own, the *connector*, makes it and hands the ready connection to the poller.
+//! It then watches the socket for a hang-up while the poller holds it (so a link whose member
+//! went away is seen down even when nothing is forwarded), and connects again after the poller
+//! gave a broken connection up.
 //!
 //! Failure has a bounded cost. A request the member leaves unanswered for the member's timeout
 //! fails, and so does every other request in flight on the link: the connection is closed
-//! (nothing more is sent on it) and opened again later. Connecting is asynchronous too, and
-//! bounded by the same timeout: requests that come meanwhile wait for the connection and fail
-//! if it is not made. While the link is down, forwarded requests fail at once. Either way the command completes with `MEDIA_ERROR`, and the local
-//! array and the other links keep serving.
+//! (nothing more is sent on it) and made again later. Requests that come while a connection is
+//! being made wait for it, at most the same timeout, and fail if it is not made; between
+//! attempts they fail at once. Either way the command completes with `MEDIA_ERROR`, and the
+//! local array and the other links keep serving.
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +55,8 @@ pub struct Job {
     pub offset: u64,
 }
 
-// SAFETY: `buf` points into a channel mapping that stays until the request is answered (a
-// channel is removed only when nothing of it is in flight).
-unsafe impl Send for Job {}
+/// An answer to a forwarded request: its token and whether it succeeded.
+pub type Answer = (u64, bool);
 
 /// The state of a link, as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,197 +138,182 @@ impl LinkStats {
     }
 }
 
-/// The poller's end of a link.
-pub struct Link {
-    /// The member it reaches.
-    pub config: MemberConfig,
-    /// Its counters.
-    pub stats: Arc<LinkStats>,
-    jobs: mpsc::Sender<Job>,
-    bell: OwnedFd,
+/// What the connector tells the poller.
+enum Event {
+    /// An attempt began; requests wait for it until the instant given.
+    Connecting(Instant),
+    /// The connection is made: the poller's from now on.
+    Up(Conn),
+    /// The attempt failed; requests fail at once until the next one.
+    Down,
+}
+
+/// A request at the member.
+struct Out {
+    cookie: u64,
+    token: u64,
+    /// Bytes it moves when it succeeds (none for a hint).
+    moved: usize,
+    deadline: Instant,
+    write: bool,
 }
 
 /// How long a link that failed waits before it connects again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
+/// The poller's end of a link: the connection while it is up, and the requests on it.
+pub struct Link {
+    /// The member it reaches.
+    pub config: MemberConfig,
+    /// Its counters.
+    pub stats: Arc<LinkStats>,
+    conn: Option<Conn>,
+    /// While there is no connection: until when the attempt under way is waited for (`None`
+    /// between attempts, when requests fail at once).
+    connect_by: Option<Instant>,
+    /// Requests that came while the connection was being made.
+    queued: Vec<Job>,
+    out: Vec<Out>,
+    events: mpsc::Receiver<Event>,
+    /// Told when the poller gave a connection up (dropped: the link is going away).
+    lost: Option<mpsc::Sender<()>>,
+    /// The connector's bell, written after `lost` is.
+    bell: OwnedFd,
+    /// Set by the connector when it sent an event or saw the socket hang up.
+    attention: Arc<AtomicBool>,
+}
+
+// SAFETY: the jobs' buffers point into channel mappings that stay until the request is answered
+// (a channel is removed only when nothing of it is in flight); the poller owns the link.
+unsafe impl Send for Link {}
+
 impl Link {
-    /// Starts the link's thread. Answers go to `done` as (token, success), each followed by a
-    /// write to `waker` (the poller's).
-    pub fn spawn(
-        config: MemberConfig,
-        done: mpsc::Sender<(u64, bool)>,
-        waker: OwnedFd,
-    ) -> std::io::Result<Link> {
-        let (jobs, rx) = mpsc::channel();
+    /// Starts the link's connector, which writes `waker` (the poller's) whenever the poller
+    /// should look at the link while it may be asleep.
+    pub fn spawn(config: MemberConfig, waker: OwnedFd) -> std::io::Result<Link> {
+        let (events_tx, events) = mpsc::channel();
+        let (lost, lost_rx) = mpsc::channel();
         let bell = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )?;
         let stats = Arc::new(LinkStats::default());
-        let thread = Thread {
+        let attention = Arc::new(AtomicBool::new(false));
+        let connector = Connector {
             config: config.clone(),
             stats: stats.clone(),
-            rx,
+            events: events_tx,
+            lost: lost_rx,
             bell: bell.try_clone()?,
-            done,
             waker,
-            conn: None,
-            ready: false,
-            queued: Vec::new(),
-            connect_by: Instant::now(),
-            in_flight: Vec::new(),
-            next_attempt: Instant::now(),
+            attention: attention.clone(),
         };
         std::thread::Builder::new()
             .name("moneta-link".into())
             .spawn(move || {
                 let _stop = crate::failstop::FailStop::new("link to a member");
-                thread.run()
+                connector.run()
             })?;
         Ok(Link {
+            connect_by: Some(Instant::now() + config.timeout),
             config,
             stats,
-            jobs,
+            conn: None,
+            queued: Vec::new(),
+            out: Vec::new(),
+            events,
+            lost: Some(lost),
             bell,
+            attention,
         })
     }
 
-    /// Hands a request to the link's thread. `false` when the thread has gone.
-    pub fn send(&self, job: Job) -> bool {
-        if self.jobs.send(job).is_err() {
-            return false;
-        }
-        let _ = rustix::io::write(&self.bell, &1u64.to_ne_bytes());
-        true
-    }
-}
-
-struct Thread {
-    config: MemberConfig,
-    stats: Arc<LinkStats>,
-    rx: mpsc::Receiver<Job>,
-    bell: OwnedFd,
-    done: mpsc::Sender<(u64, bool)>,
-    waker: OwnedFd,
-    conn: Option<Conn>,
-    /// Whether `conn` has finished its handshake.
-    ready: bool,
-    /// Requests that came while `conn` was connecting.
-    queued: Vec<Job>,
-    /// When a connection under way is given up.
-    connect_by: Instant,
-    /// Requests at the member: (cookie, token, bytes, deadline, whether it writes).
-    in_flight: Vec<(u64, u64, usize, Instant, bool)>,
-    next_attempt: Instant,
-}
-
-impl Thread {
-    fn run(mut self) {
-        let mut open = true;
-        while open || !self.in_flight.is_empty() || !self.queued.is_empty() {
-            if self.conn.is_none() && Instant::now() >= self.next_attempt {
-                self.connect();
-            }
-            loop {
-                match self.rx.try_recv() {
-                    Ok(job) => self.issue(job),
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
-                }
-            }
-            self.wait();
-            self.settle();
-            self.collect();
-        }
+    /// Whether the link has something for the poller to drive: requests out or waiting, or
+    /// news from the connector.
+    pub fn busy(&self) -> bool {
+        !self.out.is_empty() || !self.queued.is_empty() || self.attention.load(Ordering::Acquire)
     }
 
-    /// Starts connecting; [`Thread::settle`] sees it through.
-    fn connect(&mut self) {
-        self.stats.set(LinkState::Connecting);
-        match Conn::start(&self.config.uri) {
-            Ok(c) => {
-                self.conn = Some(c);
-                self.ready = false;
-                self.connect_by = Instant::now() + self.config.timeout;
-            }
-            Err(e) => self.down(format!("cannot reach member {}: {e}", self.config.uri)),
-        }
-    }
-
-    /// A connection under way: up once its handshake is done and the export is large enough;
-    /// down when it failed or took longer than the timeout.
-    fn settle(&mut self) {
-        let Some(c) = &self.conn else { return };
-        if self.ready {
-            return;
-        }
-        let why = if c.ready() {
-            match c.size() {
-                Ok(size) if size >= self.config.len => {
-                    self.stats.remote_size.store(size, Ordering::Relaxed);
-                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                    self.stats.set(LinkState::Up);
-                    tracing::info!(uri = %self.config.uri, size, "link to member up");
-                    self.ready = true;
-                    for job in std::mem::take(&mut self.queued) {
-                        self.issue_again(job);
-                    }
-                    return;
-                }
-                Ok(size) => format!(
-                    "the export holds {size} bytes, fewer than the member's range ({})",
-                    self.config.len
-                ),
-                Err(e) => e,
-            }
-        } else if c.broken() {
-            c.error()
-        } else if Instant::now() >= self.connect_by {
-            format!("no connection within {:?}", self.config.timeout)
-        } else {
-            return;
-        };
-        self.conn = None;
-        self.down(format!("cannot reach member {}: {why}", self.config.uri));
-    }
-
-    /// Issues a request that waited for the connection (counted when it came).
-    fn issue_again(&mut self, job: Job) {
-        self.stats.requests.fetch_sub(1, Ordering::Relaxed);
-        self.issue(job);
-    }
-
-    fn down(&mut self, why: String) {
-        for job in std::mem::take(&mut self.queued) {
-            self.answer(job.token, false);
-        }
-        self.stats.set(LinkState::Down);
-        self.stats.failed(why);
-        self.next_attempt = Instant::now() + RECONNECT_AFTER;
-    }
-
-    fn issue(&mut self, job: Job) {
+    /// Forwards a request: issued at once when the link is up, kept while it connects, failed
+    /// when it is down. Its answer goes to `answers`, now or from a later [`Link::drive`].
+    pub fn send(&mut self, job: Job, answers: &mut Vec<Answer>) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let Some(c) = self.conn.as_ref() else {
-            // Down: refused at once.
-            self.answer(job.token, false);
-            return;
-        };
-        if !self.ready {
+        self.take_events(answers);
+        if self.conn.is_some() {
+            self.issue(job, answers);
+        } else if self.connect_by.is_some() {
             // Connecting: it waits for the connection, at most the timeout.
             self.queued.push(job);
+        } else {
+            // Down: refused at once.
+            self.answer(job.token, false, answers);
+        }
+    }
+
+    /// One look at the link from the poller's pass: what the connector said, the socket (read
+    /// and written as far as it goes without waiting), the answers it holds, and the deadlines.
+    pub fn drive(&mut self, answers: &mut Vec<Answer>) {
+        if self.attention.load(Ordering::Acquire) {
+            self.take_events(answers);
+        }
+        let now = Instant::now();
+        if self.conn.is_none() {
+            if self.connect_by.is_some_and(|by| now >= by) {
+                // The connector gives this attempt up at the same instant and says so.
+                self.connect_by = None;
+                for job in std::mem::take(&mut self.queued) {
+                    self.answer(job.token, false, answers);
+                }
+            }
             return;
         }
+        self.pump();
+        self.collect(now, answers);
+    }
+
+    /// Applies what the connector sent.
+    fn take_events(&mut self, answers: &mut Vec<Answer>) {
+        self.attention.store(false, Ordering::Release);
+        let mut hung_up = true;
+        while let Ok(ev) = self.events.try_recv() {
+            hung_up = false;
+            match ev {
+                Event::Connecting(by) => self.connect_by = Some(by),
+                Event::Up(conn) => {
+                    self.conn = Some(conn);
+                    self.connect_by = None;
+                    for job in std::mem::take(&mut self.queued) {
+                        self.issue(job, answers);
+                    }
+                }
+                Event::Down => {
+                    self.connect_by = None;
+                    for job in std::mem::take(&mut self.queued) {
+                        self.answer(job.token, false, answers);
+                    }
+                }
+            }
+        }
+        if hung_up && self.conn.is_some() {
+            // Woken without an event: the connector saw the socket hang up. A look at the
+            // socket finds it closed, and the link breaks in `collect`.
+            self.pump();
+            self.collect(Instant::now(), answers);
+        }
+    }
+
+    fn issue(&mut self, job: Job, answers: &mut Vec<Answer>) {
+        let Some(c) = self.conn.as_ref() else {
+            self.answer(job.token, false, answers);
+            return;
+        };
         if job.op == Op::Write && c.read_only() {
-            self.answer(job.token, false);
+            self.answer(job.token, false, answers);
             return;
         }
         if job.op == Op::Cache && !c.can_cache() {
             // A hint the member cannot take is done.
-            self.answer(job.token, true);
+            self.answer(job.token, true, answers);
             return;
         }
         // SAFETY: the buffer stays valid until the answer (see `Job`); on failure of the
@@ -335,54 +328,38 @@ impl Thread {
         };
         match r {
             Ok(cookie) => {
-                // A hint moves no bytes.
-                let moved = if job.op == Op::Cache { 0 } else { job.len };
-                self.in_flight.push((
+                self.out.push(Out {
                     cookie,
-                    job.token,
-                    moved,
-                    Instant::now() + self.config.timeout,
-                    job.op == Op::Write,
-                ));
+                    token: job.token,
+                    moved: if job.op == Op::Cache { 0 } else { job.len },
+                    deadline: Instant::now() + self.config.timeout,
+                    write: job.op == Op::Write,
+                });
                 self.stats
                     .in_flight
-                    .store(self.in_flight.len() as u64, Ordering::Relaxed);
+                    .store(self.out.len() as u64, Ordering::Relaxed);
             }
             Err(e) if job.op == Op::Cache => {
                 // A hint libnbd would not send says nothing of the connection.
-                self.answer(job.token, false);
+                self.answer(job.token, false, answers);
                 self.stats
                     .record(format!("member {}: a hint failed: {e}", self.config.uri));
             }
             Err(e) => {
-                self.answer(job.token, false);
-                self.break_link(format!("member {}: {e}", self.config.uri));
+                self.answer(job.token, false, answers);
+                self.break_link(format!("member {}: {e}", self.config.uri), answers);
             }
         }
     }
 
-    /// Sleeps until the connection or the bell has something, a deadline passes, or it is time
-    /// to connect again.
-    fn wait(&mut self) {
-        let now = Instant::now();
-        let mut until = now + Duration::from_secs(1);
-        if let Some(d) = self.in_flight.iter().map(|f| f.3).min() {
-            until = until.min(d);
+    /// Moves the connection's bytes as far as the socket allows without waiting: a look at
+    /// the socket (one `poll` with no timeout), then libnbd reads or writes what is ready.
+    fn pump(&self) {
+        let Some(c) = &self.conn else { return };
+        let (fd, dir) = c.poll_want();
+        if fd < 0 || dir & (DIRECTION_READ | DIRECTION_WRITE) == 0 {
+            return;
         }
-        match &self.conn {
-            None => until = until.min(self.next_attempt),
-            Some(_) if !self.ready => until = until.min(self.connect_by),
-            Some(_) => {}
-        }
-        let timeout = until.saturating_duration_since(now);
-        let ts = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        let (fd, dir) = match &self.conn {
-            Some(c) => c.poll_want(),
-            None => (-1, 0),
-        };
         let mut flags = PollFlags::empty();
         if dir & DIRECTION_READ != 0 {
             flags |= PollFlags::IN;
@@ -391,100 +368,301 @@ impl Thread {
             flags |= PollFlags::OUT;
         }
         // SAFETY: the connection's socket stays open while `conn` lives, for this call.
-        let sock = (fd >= 0).then(|| unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
-        let mut fds = vec![PollFd::new(&self.bell, PollFlags::IN)];
-        if let Some(s) = &sock {
-            fds.push(PollFd::from_borrowed_fd(s.as_fd(), flags));
-        }
-        if poll(&mut fds, Some(&ts)).is_err() {
+        let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+        let mut fds = [PollFd::from_borrowed_fd(sock, flags)];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if !matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0) {
             return;
         }
-        let bell = !fds[0].revents().is_empty();
-        let ready = fds.get(1).map(|f| f.revents());
-        drop(fds);
-        if bell {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(&self.bell, &mut b);
-        }
-        if let (Some(c), Some(r)) = (&self.conn, ready) {
-            let readable = r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
-            c.notify(readable, r.contains(PollFlags::OUT));
-        }
+        let r = fds[0].revents();
+        c.notify(
+            r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR),
+            r.contains(PollFlags::OUT),
+        );
     }
 
     /// Answers the requests the member has answered; fails the link when one is overdue or
     /// the connection broke.
-    fn collect(&mut self) {
-        let Some(c) = self.conn.as_ref().filter(|_| self.ready) else {
+    fn collect(&mut self, now: Instant, answers: &mut Vec<Answer>) {
+        let Some(c) = self.conn.as_ref() else { return };
+        let mut ended = false;
+        let mut any = false;
+        while let Some((cookie, r)) = c.next_completed() {
+            let Some(i) = self.out.iter().position(|o| o.cookie == cookie) else {
+                continue;
+            };
+            let o = self.out.swap_remove(i);
+            any = true;
+            if let Err((e, errno)) = &r {
+                // Recorded, not logged: a client may ask for requests the member refuses as
+                // often as it likes.
+                self.stats
+                    .record(format!("member {}: a request failed: {e}", self.config.uri));
+                // NBD_ESHUTDOWN: the server will serve nothing more on this connection (a
+                // shared file system's manager cut it off): connect again.
+                ended |= *errno == libc::ESHUTDOWN;
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats
+                    .bytes
+                    .fetch_add(o.moved as u64, Ordering::Relaxed);
+            }
+            answers.push((o.token, r.is_ok()));
+        }
+        if any {
+            self.stats
+                .in_flight
+                .store(self.out.len() as u64, Ordering::Relaxed);
+        }
+        let why = if ended {
+            "the member ended the connection (ESHUTDOWN)".to_string()
+        } else if c.broken() {
+            "the connection broke".to_string()
+        } else if self.out.iter().any(|o| o.deadline <= now) {
+            format!("no answer within {:?}", self.config.timeout)
+        } else {
             return;
         };
-        let mut answers = Vec::new();
-        let mut ended = false;
-        while let Some((cookie, r)) = c.next_completed() {
-            if let Some(i) = self.in_flight.iter().position(|f| f.0 == cookie) {
-                let (_, token, len, _, _) = self.in_flight.swap_remove(i);
-                if let Err((e, errno)) = &r {
-                    // Recorded, not logged: a client may ask for requests the member refuses
-                    // as often as it likes.
-                    self.stats
-                        .record(format!("member {}: a request failed: {e}", self.config.uri));
-                    // NBD_ESHUTDOWN: the server will serve nothing more on this connection
-                    // (a shared file system's manager cut it off): connect again.
-                    ended |= *errno == libc::ESHUTDOWN;
-                } else {
-                    self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
-                }
-                answers.push((token, r.is_ok()));
-            }
-        }
-        let broken = c.broken();
-        if ended {
-            for (token, ok) in answers {
-                self.answer(token, ok);
-            }
-            self.break_link(format!(
-                "member {}: the member ended the connection (ESHUTDOWN)",
-                self.config.uri
-            ));
-            return;
-        }
-        for (token, ok) in answers {
-            self.answer(token, ok);
-        }
-        self.stats
-            .in_flight
-            .store(self.in_flight.len() as u64, Ordering::Relaxed);
-        let now = Instant::now();
-        if broken {
-            self.break_link(format!("member {}: the connection broke", self.config.uri));
-        } else if self.in_flight.iter().any(|f| f.3 <= now) {
-            self.break_link(format!(
-                "member {}: no answer within {:?}",
-                self.config.uri, self.config.timeout
-            ));
-        }
+        self.break_link(format!("member {}: {why}", self.config.uri), answers);
     }
 
-    /// Closes the connection and fails everything in flight on it.
-    fn break_link(&mut self, why: String) {
+    /// Closes the connection, fails everything in flight on it, and has the connector make a
+    /// new one.
+    fn break_link(&mut self, why: String, answers: &mut Vec<Answer>) {
         // Closed first: libnbd touches no buffer after this.
         self.conn = None;
-        self.down(why);
-        for (_, token, _, _, write) in std::mem::take(&mut self.in_flight) {
-            if write {
+        self.connect_by = None;
+        self.stats.set(LinkState::Down);
+        self.stats.failed(why);
+        for o in std::mem::take(&mut self.out) {
+            if o.write {
                 self.stats.uncertain_writes.fetch_add(1, Ordering::Relaxed);
             }
-            self.answer(token, false);
+            self.answer(o.token, false, answers);
         }
         self.stats.in_flight.store(0, Ordering::Relaxed);
+        if let Some(lost) = &self.lost {
+            let _ = lost.send(());
+            let _ = rustix::io::write(&self.bell, &1u64.to_ne_bytes());
+        }
     }
 
-    fn answer(&self, token: u64, ok: bool) {
+    fn answer(&self, token: u64, ok: bool, answers: &mut Vec<Answer>) {
         if !ok {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
         }
-        if self.done.send((token, ok)).is_ok() {
-            let _ = rustix::io::write(&self.waker, &1u64.to_ne_bytes());
+        answers.push((token, ok));
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // The connector ends when it finds the sender gone.
+        self.lost = None;
+        let _ = rustix::io::write(&self.bell, &1u64.to_ne_bytes());
+    }
+}
+
+/// The link's own thread: makes connections and hands them to the poller.
+struct Connector {
+    config: MemberConfig,
+    stats: Arc<LinkStats>,
+    events: mpsc::Sender<Event>,
+    lost: mpsc::Receiver<()>,
+    bell: OwnedFd,
+    waker: OwnedFd,
+    attention: Arc<AtomicBool>,
+}
+
+/// What the poller said, as the connector finds it.
+enum Word {
+    Nothing,
+    Lost,
+    Stop,
+}
+
+impl Connector {
+    fn run(self) {
+        loop {
+            let by = Instant::now() + self.config.timeout;
+            self.stats.set(LinkState::Connecting);
+            if !self.tell(Event::Connecting(by)) {
+                return;
+            }
+            match self.connect(by) {
+                Ok(Some(conn)) => {
+                    let watch = conn_socket(&conn);
+                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    self.stats.set(LinkState::Up);
+                    tracing::info!(uri = %self.config.uri, "link to member up");
+                    if !self.tell(Event::Up(conn)) || !self.watch(watch) {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(why) => {
+                    self.stats.set(LinkState::Down);
+                    self.stats
+                        .failed(format!("cannot reach member {}: {why}", self.config.uri));
+                    if !self.tell(Event::Down) {
+                        return;
+                    }
+                }
+            }
+            if !self.pause(RECONNECT_AFTER) {
+                return;
+            }
         }
     }
+
+    /// Sends an event and wakes the poller; `false` when the link has gone.
+    fn tell(&self, ev: Event) -> bool {
+        if self.events.send(ev).is_err() {
+            return false;
+        }
+        self.nudge();
+        true
+    }
+
+    /// Has the poller look at the link.
+    fn nudge(&self) {
+        self.attention.store(true, Ordering::Release);
+        let _ = rustix::io::write(&self.waker, &1u64.to_ne_bytes());
+    }
+
+    fn word(&self) -> Word {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.bell, &mut b);
+        match self.lost.try_recv() {
+            Ok(()) => Word::Lost,
+            Err(mpsc::TryRecvError::Empty) => Word::Nothing,
+            Err(mpsc::TryRecvError::Disconnected) => Word::Stop,
+        }
+    }
+
+    /// Makes a connection by `by`: `Ok(None)` when the link went away meanwhile.
+    fn connect(&self, by: Instant) -> Result<Option<Conn>, String> {
+        let c = Conn::start(&self.config.uri)?;
+        loop {
+            if c.ready() {
+                return match c.size() {
+                    Ok(size) if size >= self.config.len => {
+                        self.stats.remote_size.store(size, Ordering::Relaxed);
+                        Ok(Some(c))
+                    }
+                    Ok(size) => Err(format!(
+                        "the export holds {size} bytes, fewer than the member's range ({})",
+                        self.config.len
+                    )),
+                    Err(e) => Err(e),
+                };
+            }
+            if c.broken() {
+                return Err(c.error());
+            }
+            let now = Instant::now();
+            if now >= by {
+                return Err(format!("no connection within {:?}", self.config.timeout));
+            }
+            let (fd, dir) = c.poll_want();
+            let mut flags = PollFlags::empty();
+            if dir & DIRECTION_READ != 0 {
+                flags |= PollFlags::IN;
+            }
+            if dir & DIRECTION_WRITE != 0 {
+                flags |= PollFlags::OUT;
+            }
+            // SAFETY: the connection's socket stays open while `c` lives, for this call.
+            let sock = (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
+            let mut fds = vec![PollFd::new(&self.bell, PollFlags::IN)];
+            if let Some(s) = &sock {
+                fds.push(PollFd::from_borrowed_fd(s.as_fd(), flags));
+            }
+            let wait = by.saturating_duration_since(now);
+            let ts = rustix::time::Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            if poll(&mut fds, Some(&ts)).is_err() {
+                continue;
+            }
+            let bell = !fds[0].revents().is_empty();
+            let ready = fds.get(1).map(|f| f.revents());
+            drop(fds);
+            if bell && matches!(self.word(), Word::Stop) {
+                return Ok(None);
+            }
+            if let Some(r) = ready {
+                let readable = r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
+                c.notify(readable, r.contains(PollFlags::OUT));
+            }
+        }
+    }
+
+    /// While the poller holds the connection: waits for it to say it gave the connection up
+    /// (`true`) or that the link went away (`false`), and wakes it if the socket hangs up
+    /// meanwhile, so a member that went away is seen even when nothing is forwarded.
+    fn watch(&self, sock: Option<OwnedFd>) -> bool {
+        let mut sock = sock;
+        loop {
+            let mut fds = vec![PollFd::new(&self.bell, PollFlags::IN)];
+            if let Some(s) = &sock {
+                fds.push(PollFd::new(s, PollFlags::RDHUP));
+            }
+            if poll(&mut fds, None).is_err() {
+                continue;
+            }
+            let bell = !fds[0].revents().is_empty();
+            let hung_up = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+            drop(fds);
+            if hung_up {
+                // Once: the poller finds the socket closed and gives the connection up.
+                sock = None;
+                self.nudge();
+            }
+            if bell {
+                match self.word() {
+                    Word::Nothing => {}
+                    Word::Lost => return true,
+                    Word::Stop => return false,
+                }
+            }
+        }
+    }
+
+    /// Waits `d`; `false` when the link went away meanwhile.
+    fn pause(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        loop {
+            let wait = until.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return true;
+            }
+            let ts = rustix::time::Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            let mut fds = [PollFd::new(&self.bell, PollFlags::IN)];
+            if matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+                && matches!(self.word(), Word::Stop)
+            {
+                return false;
+            }
+        }
+    }
+}
+
+/// A second descriptor of the connection's socket, for the connector to watch for a hang-up
+/// while the poller holds the connection. Dropped (closed) when the poller gives it up.
+fn conn_socket(c: &Conn) -> Option<OwnedFd> {
+    let (fd, _) = c.poll_want();
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the socket is open while `c` lives, for this call.
+    let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_dupfd_cloexec(sock, 0).ok()
 }

@@ -2,9 +2,9 @@
 //! member uses, loaded at run time: a daemon without members never needs the library, and one
 //! with members says clearly when it is missing (Debian: `libnbd0`).
 //!
-//! Only the asynchronous calls are used: a link's thread issues every forwarded request at
-//! once and drives the connection from its own `poll`, so several requests are in flight on
-//! one connection.
+//! Only the asynchronous calls are used: the device's poller issues every forwarded request at
+//! once and moves the connection's bytes when its socket is ready, never waiting on it, so
+//! several requests are in flight on one connection.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::OnceLock;
