@@ -485,20 +485,24 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
     let pid = c.export_pid.unwrap();
     // SAFETY: signalling the export this test started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    // Meanwhile all 64 tags of another channel wait for the member, more than the device's
-    // physical tags: another channel's local reads go on at their pace all the same.
+    // Meanwhile 63 tags of another channel wait for the member, more than the device's
+    // physical tags: local reads go on at their pace all the same, through another channel
+    // and through that one's last tag (the poller, which sleeps while its channels wait only
+    // for members, wakes for them).
     let stalled = Channel::open(&c.a).unwrap();
-    stalled
-        .control()
-        .grant(Grant {
-            channel: stalled.id(),
-            rights: RIGHT_READ,
-            start: REMOTE,
-            len: MIB,
-            file: 0,
-        })
-        .unwrap();
-    let tags: Vec<Tag> = (0..64).map(|_| stalled.tag()).collect();
+    for start in [REMOTE, 0] {
+        stalled
+            .control()
+            .grant(Grant {
+                channel: stalled.id(),
+                rights: RIGHT_READ,
+                start,
+                len: MIB,
+                file: 0,
+            })
+            .unwrap();
+    }
+    let tags: Vec<Tag> = (0..63).map(|_| stalled.tag()).collect();
     for &tag in &tags {
         stalled.prepare(
             tag,
@@ -507,11 +511,26 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
     }
     stalled.ring(u64::MAX);
     let mut buf = vec![0u8; 4096];
+    let sleeps = || {
+        libmoneta::control::Control::connect(&c.a)
+            .unwrap()
+            .status()
+            .unwrap()
+            .poller_sleeps
+    };
+    let slept = sleeps();
     let t = Instant::now();
     let mut local_reads = 0;
     while t.elapsed() < Duration::from_millis(500) {
+        if local_reads % 8 == 0 {
+            // Long enough for the poller, with only the member's commands in flight, to park
+            // the channels and sleep: the next read must wake it.
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let r = Instant::now();
-        a.read(4096 * (local_reads % 64), &mut buf, Completion::Dma)
+        let through = if local_reads % 2 == 0 { &a } else { &stalled };
+        through
+            .read(4096 * (local_reads % 64), &mut buf, Completion::Dma)
             .unwrap();
         assert!(
             r.elapsed() < Duration::from_millis(500),
@@ -521,6 +540,10 @@ fn a_failed_member_fails_its_commands_in_bounded_time_and_comes_back() {
         local_reads += 1;
     }
     assert!(local_reads > 20, "{local_reads} local reads in 0.5 s");
+    assert!(
+        sleeps() > slept,
+        "the poller never slept while the channels waited for the member"
+    );
     assert_eq!(
         status_of(a.read(REMOTE, &mut buf, Completion::Dma)),
         Status::MediaError

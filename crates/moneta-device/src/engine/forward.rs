@@ -82,6 +82,14 @@ impl Remote {
     pub fn holds(&self, id: u32) -> bool {
         self.pending.iter().any(|(_, _, r)| r.channel == id)
     }
+
+    /// The tags of channel `id` whose requests are at a member.
+    pub fn tags_of(&self, id: u32) -> u64 {
+        self.pending
+            .iter()
+            .filter(|(_, _, r)| r.channel == id)
+            .fold(0, |m, (_, _, r)| m | 1u64 << r.tag)
+    }
 }
 
 impl<M: Media, C: Clock> Poller<M, C> {
@@ -184,6 +192,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         let any = !answered.is_empty();
+        if any {
+            // The channels are quiet from this completion on (see `publish_end`), not from
+            // whenever the clock was last read: their next request should find the poller
+            // awake.
+            self.tick();
+        }
         for (seq, r, ok) in answered {
             self.sched.forget(seq);
             if ok {

@@ -3,10 +3,10 @@
 
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moneta_abi::{PARKED, POLLING};
-use rustix::event::epoll;
+use rustix::event::{epoll, poll, PollFd, PollFlags};
 
 use super::*;
 use crate::clock::Clock;
@@ -61,31 +61,139 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
         // Control requests come in bursts (a client's soft misses): stay awake a while after
         // one, as after channel activity, so the next is not delayed by a wake-up.
-        let quiet = self.active.is_empty()
-            && now.saturating_sub(self.last_control) >= park_after
+        let calm = now.saturating_sub(self.last_control) >= park_after
             && self.retag.waiting() == 0
             && self.flushing.is_empty()
             && self.flush_wait.is_empty()
             && self.fences.is_empty()
             && self.removals.is_empty()
             && self.shutdown.is_none();
-        if quiet && !due_soon {
-            // Woken a little early, to wait out the rest on the clock.
-            let timeout = self
-                .next_due()
-                .map(|t| Duration::from_nanos(t.saturating_sub(now + DUE_SOON_NS)));
-            self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
-            self.publish();
-            // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees
-            // the flag and writes the waker, or this sees its post.
-            self.shared.sleeping.store(true, Ordering::SeqCst);
-            if self.shared.posted.load(Ordering::SeqCst) == self.applied {
-                self.poll_kicks(timeout);
-            }
-            self.shared.sleeping.store(false, Ordering::SeqCst);
-            self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
+        if calm && !due_soon && self.active.is_empty() {
+            self.sleep(now);
+        } else if calm && !due_soon && self.waits_for_members_only(now) {
+            self.sleep_for_members(now);
         } else if !due_soon && self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
             self.poll_kicks(Some(Duration::ZERO));
+        }
+    }
+
+    /// Sleeps until a kick, a control request, an answer of a member to a request out, or
+    /// the next thing due (woken a little early, to wait out the rest on the clock).
+    fn sleep(&mut self, now: u64) {
+        let mut timeout = self
+            .next_due()
+            .map(|t| Duration::from_nanos(t.saturating_sub(now + DUE_SOON_NS)));
+        let deadline = self
+            .remote
+            .as_ref()
+            .and_then(|r| r.links.iter().filter_map(|l| l.next_deadline()).min());
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
+        self.shared.poller_sleeps.fetch_add(1, Ordering::Relaxed);
+        self.publish();
+        // Pairs with a poster's load of `sleeping` after it sent (Dekker): either it sees
+        // the flag and writes the waker, or this sees its post.
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        if self.shared.posted.load(Ordering::SeqCst) == self.applied {
+            self.wait_for_events(timeout);
+        }
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+        self.shared.poller_wakeups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Waits in `epoll_wait` for kicks and the waker, and, while requests are out at members,
+    /// for their links' sockets too (one `poll` over the epoll descriptor and the sockets).
+    fn wait_for_events(&mut self, timeout: Option<Duration>) {
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        });
+        let kicked = {
+            let mut fds = vec![PollFd::new(&self.epoll, PollFlags::IN)];
+            if let Some(r) = &self.remote {
+                fds.extend(
+                    r.links
+                        .iter()
+                        .filter_map(|l| l.wait_on())
+                        .map(|(fd, flags)| PollFd::from_borrowed_fd(fd, flags)),
+                );
+            }
+            if fds.len() == 1 {
+                None
+            } else if poll(&mut fds, ts.as_ref()).is_err() {
+                Some(false)
+            } else {
+                Some(!fds[0].revents().is_empty())
+            }
+        };
+        match kicked {
+            // No link to wait for: the kicks alone.
+            None => self.poll_kicks(timeout),
+            Some(true) => self.poll_kicks(Some(Duration::ZERO)),
+            Some(false) => {
+                let now = self.tick();
+                self.look_at_deaf(now);
+            }
+        }
+    }
+
+    /// Whether the poller has nothing to do but wait for members' answers, and has had
+    /// nothing else for [`MEMBER_SLEEP_AFTER_NS`]: every active channel's commands in flight
+    /// are at members, and each channel can kick (a channel without a kick pipe could not wake
+    /// the poller with its next command) and is not closing.
+    fn waits_for_members_only(&self, now: u64) -> bool {
+        let Some(remote) = &self.remote else {
+            return false;
+        };
+        if remote.pending.is_empty() || now.saturating_sub(self.last_busy) < MEMBER_SLEEP_AFTER_NS {
+            return false;
+        }
+        self.active.iter().all(|&id| {
+            self.channels[id as usize].as_ref().is_some_and(|ch| {
+                let working = ch.in_flight & !ch.order.held_tags;
+                !ch.deaf && !ch.closing && working & !remote.tags_of(id) == 0
+            })
+        })
+    }
+
+    /// Parks the active channels, whose commands are all at members, and sleeps until a
+    /// member answers (or a kick, or anything else that wakes a sleeping poller); then polls
+    /// them again. A spinning poller would take, on a machine with few CPUs, the CPU the
+    /// network and a member on the same machine need; the one wake-up this costs is the one a
+    /// client of the network pays anyway. If a channel was rung meanwhile, nothing sleeps.
+    fn sleep_for_members(&mut self, now: u64) {
+        let mut parked = Vec::with_capacity(self.active.len());
+        let mut rung = false;
+        for &id in &self.active {
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
+            let h = ch.mem.header();
+            h.parked.store(PARKED, Ordering::SeqCst);
+            // Pairs with the client's doorbell flip before it reads `parked`.
+            if h.doorbell.load(Ordering::SeqCst) != ch.seen {
+                h.parked.store(POLLING, Ordering::SeqCst);
+                rung = true;
+                break;
+            }
+            ch.parked = true;
+            parked.push(id);
+        }
+        if !rung {
+            self.active.clear();
+            self.sleep(now);
+        }
+        let now = self.tick();
+        for id in parked {
+            if rung {
+                // Still in the active set: only the flags go back.
+                let ch = self.channels[id as usize].as_mut().expect("active channel");
+                ch.parked = false;
+                ch.mem.header().parked.store(POLLING, Ordering::SeqCst);
+            } else {
+                // Unless a kick brought it back already.
+                self.unpark(id, now);
+            }
         }
     }
 

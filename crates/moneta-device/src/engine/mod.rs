@@ -10,7 +10,8 @@
 //! parked (its need-wakeup flag is set) and leaves the active set; a client that rings a parked
 //! channel's doorbell writes the channel's kick pipe, which brings the channel back. When
 //! nothing is active or in flight the poller sleeps in `epoll_wait`, so an idle daemon uses no
-//! CPU.
+//! CPU; when the active channels wait only for other members' answers, it parks them and
+//! sleeps until an answer (or a kick) comes.
 
 mod completion;
 mod config;
@@ -505,6 +506,11 @@ const YIELD_AFTER_NS: u64 = 2_000;
 /// How close a scheduled completion must be for the idle poller to wait for it on the clock
 /// rather than yield its core or look at kick pipes (either can take a few microseconds).
 const DUE_SOON_NS: u64 = 20_000;
+
+/// How long a poller whose channels wait only for members' answers goes on polling before it
+/// parks them and sleeps until an answer comes (see `Poller::sleep_for_members`): the next
+/// request of a client that just had its answer finds the poller awake.
+const MEMBER_SLEEP_AFTER_NS: u64 = 10_000;
 
 /// Idle passes between looks at the clock (for parking and sleeping).
 const IDLE_CHECK_PASSES: u64 = 16;

@@ -234,6 +234,36 @@ impl Link {
         !self.out.is_empty() || !self.queued.is_empty() || self.attention.load(Ordering::Acquire)
     }
 
+    /// What a poller with nothing else to do sleeps on for this link: the socket, and whether
+    /// libnbd waits to read or to write it. `None` while no request is out.
+    pub fn wait_on(&self) -> Option<(BorrowedFd<'_>, PollFlags)> {
+        let c = self.conn.as_ref().filter(|_| !self.out.is_empty())?;
+        let (fd, dir) = c.poll_want();
+        if fd < 0 {
+            return None;
+        }
+        let mut flags = PollFlags::empty();
+        if dir & DIRECTION_READ != 0 {
+            flags |= PollFlags::IN;
+        }
+        if dir & DIRECTION_WRITE != 0 {
+            flags |= PollFlags::OUT;
+        }
+        // SAFETY: the socket stays open while `conn` lives, which the borrow of `self` holds.
+        Some((unsafe { BorrowedFd::borrow_raw(fd) }, flags))
+    }
+
+    /// When the link must be looked at even if nothing happens: the first deadline of a
+    /// request out, or the end of the attempt that queued requests wait for.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let out = self.out.iter().map(|o| o.deadline).min();
+        let queued = self.connect_by.filter(|_| !self.queued.is_empty());
+        match (out, queued) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Forwards a request: issued at once when the link is up, kept while it connects, failed
     /// when it is down. Its answer goes to `answers`, now or from a later [`Link::drive`].
     pub fn send(&mut self, job: Job, answers: &mut Vec<Answer>) {
