@@ -209,9 +209,9 @@ pub(super) fn present(
             "{}. The article's comparison: iSCSI adds 284 µs and Fibre Channel 86 µs to a 4 KB \
              read, and distributed Moneta gets 107x iSCSI's bandwidth for small requests and \
              4.5x for large ones. There the network interface is hardware on the device; here \
-             the forward is a thread of the device's daemon that issues NBD commands with \
-             libnbd, on the same cores as everything else (docs/performance.md says where the \
-             time goes).",
+             the device's poller issues the NBD commands itself with libnbd, and the member \
+             runs on the same cores as the client and the device (docs/performance.md says \
+             where the time goes).",
             parts.join("; ")
         );
     }
