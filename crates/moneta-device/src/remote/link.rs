@@ -268,7 +268,9 @@ impl Link {
     /// when it is down. Its answer goes to `answers`, now or from a later [`Link::drive`].
     pub fn send(&mut self, job: Job, answers: &mut Vec<Answer>) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        self.take_events(answers);
+        if self.attention.load(Ordering::Acquire) {
+            self.take_events(answers);
+        }
         if self.conn.is_some() {
             self.issue(job, answers);
         } else if self.connect_by.is_some() {
@@ -301,7 +303,8 @@ impl Link {
         self.collect(now, answers);
     }
 
-    /// Applies what the connector sent.
+    /// Applies what the connector sent (it set `attention` when it did, or when it saw the
+    /// socket hang up).
     fn take_events(&mut self, answers: &mut Vec<Answer>) {
         self.attention.store(false, Ordering::Release);
         let mut hung_up = true;
