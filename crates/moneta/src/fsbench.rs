@@ -17,6 +17,8 @@
 //! - `nvfs-leased`: `lock-unlock` as libmoneta makes it on a file the process alone has
 //!   open: answered in the channel's lock lease (docs/abi.md §3.8); `referred` counts the
 //!   calls that asked the daemon all the same.
+//! - `nvfs-file`: `write-fsync` as libmoneta makes it (`File::sync_all` after a 4 KiB write):
+//!   at the `device` durability level, answered in the library.
 //! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
 //!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
@@ -220,6 +222,7 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     out.last_mut().expect("pushed").ops = st.fs_calls;
     out.extend(kept_stats(&ch, n)?);
     out.push(leased_locks(socket, n)?);
+    out.push(file_fsync(socket, n)?);
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
     out.extend(kernel_calls(&kdir, n).map_err(err)?);
@@ -358,6 +361,30 @@ fn leased_locks(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> 
     // The calls that asked the daemon after all (the first, which brings the lease).
     r.referred = (2 * n as u64).saturating_sub(libmoneta::locks_leased() - leased);
     Ok(r)
+}
+
+/// `fsync` as libmoneta makes it (`File::sync_all`), each after a 4 KiB `File::write_at`,
+/// only the `fsync` timed, as the kernel's is: at the array's `device` durability level (this
+/// bench's volatile array), where every write that returned is in the array, it is answered
+/// in the library (docs/nvfs.md, "Durability levels"). Records `nvfs-file`.
+fn file_fsync(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
+    use libmoneta::{Moneta, OpenOptions};
+    let m = Moneta::connect(socket).map_err(err)?;
+    let f = m
+        .open(
+            "/d1/d2/synced",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .map_err(err)?;
+    let data = [0x5au8; 4096];
+    let mut each = Vec::with_capacity(n);
+    for _ in 0..n {
+        f.write_at(&data, 0).map_err(err)?;
+        let (r, ns) = timed(|| f.sync_all());
+        r.map_err(err)?;
+        each.push(ns);
+    }
+    Ok(record("nvfs-file", "write-fsync", each, 0.0))
 }
 
 /// A file-system call made one way or another.

@@ -684,12 +684,16 @@ fn the_file_system_calls_both_ways_and_the_kernels() {
             assert!(r["p50_ns"].as_u64().unwrap() > 0, "{r}");
         }
     }
-    // Kept answers of fstat and stat, as libmoneta gives them.
-    for op in ["fstat", "stat"] {
+    // Kept answers of fstat and stat, as libmoneta gives them, and its fsync through a file.
+    for (path, op) in [
+        ("nvfs-kept", "fstat"),
+        ("nvfs-kept", "stat"),
+        ("nvfs-file", "write-fsync"),
+    ] {
         let r = recs
             .iter()
-            .find(|r| r["path"] == "nvfs-kept" && r["op"] == op)
-            .unwrap_or_else(|| panic!("no nvfs-kept {op} in {recs:?}"));
+            .find(|r| r["path"] == path && r["op"] == op)
+            .unwrap_or_else(|| panic!("no {path} {op} in {recs:?}"));
         assert!(r["ops"].as_u64().unwrap() >= 100, "{r}");
     }
     // Through the channel the device answered the calls (9 per round, 100 rounds, counted
