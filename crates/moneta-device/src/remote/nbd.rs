@@ -234,13 +234,14 @@ impl Conn {
     }
 
     /// Tells libnbd the socket is readable or writable.
+    /// One of the two at a time: the first may change what the connection waits for, and the
+    /// other, if it still holds, is seen at the next look.
     pub fn notify(&self, readable: bool, writable: bool) {
         // SAFETY: live handle.
         unsafe {
             if readable {
                 (self.lib.aio_notify_read)(self.h);
-            }
-            if writable {
+            } else if writable {
                 (self.lib.aio_notify_write)(self.h);
             }
         }
