@@ -935,9 +935,12 @@ fn model(socket: &Path, key: &str) -> String {
 
 /// A relay like [`RELAY`] that holds what its clients send, and their ends, while the file
 /// `argv[4]` exists, and passes it all on once the file is gone: a network that delays a
-/// request past its sender's timeout and delivers it later.
+/// request past its sender's timeout and delivers it later. While the file `argv[4].reset`
+/// exists too, a client whose bytes it holds has its connection reset (the client sees its
+/// link break at once) and the bytes still go on later: a request on a broken connection
+/// that the server receives all the same.
 const HOLDING_RELAY: &str = "
-import os, socket, sys, threading, time
+import os, socket, struct, sys, threading, time
 host, port, listen, flag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -950,6 +953,11 @@ def pipe(a, b, holds):
     a.settimeout(0.02)
     ended = False
     while not ended or kept:
+        if holds and kept and not ended and held() and os.path.exists(flag + '.reset'):
+            a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))
+            a.close()
+            ended = True
+            continue
         if not ended:
             try:
                 d = a.recv(65536)
@@ -987,13 +995,29 @@ while True:
 /// export connections off, and the late write is refused there.
 #[test]
 fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
-    let mut s = Shared::new("cut", 19, false);
+    given_up_write_never_lands("cut", 19, false);
+}
+
+/// The same with the member's connection reset under a write the network holds: the write
+/// fails at once, with the connection, and may still reach the export; it counts as given up
+/// all the same.
+#[test]
+fn a_write_on_a_connection_that_broke_never_lands_in_reused_space() {
+    given_up_write_never_lands("reset", 20, true);
+}
+
+/// B's write held up in the network until B gives it up (`reset`: B's connection is reset
+/// under it; otherwise B's timeout runs out), while A frees its space and gives it to another
+/// file; then the network lets the write go.
+fn given_up_write_never_lands(name: &str, net: u8, reset: bool) {
+    let mut s = Shared::new(name, net, false);
     if s.net.spaces.is_none() {
         eprintln!("not root: this test needs the hosts' own networks");
         return;
     }
     // B again, its NBD link through a relay on its own host.
     let hold = s.dir.join("hold");
+    let reset_flag = s.dir.join("hold.reset");
     let (_relay, via) =
         Relay::instead_of_b(&s, HOLDING_RELAY, s.port + 1, &[hold.to_str().unwrap()]);
     s.nbd_via = Some(via);
@@ -1057,6 +1081,10 @@ fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
 
     // B writes v until a write of it is held up and given up on.
     std::fs::write(&hold, b"").unwrap();
+    if reset {
+        std::fs::write(&reset_flag, b"").unwrap();
+    }
+    let t = Instant::now();
     let given_up = (0..LEN)
         .step_by(mine.len())
         .find(|&off| f.write_at(&mine, off as u64).is_err());
@@ -1064,6 +1092,15 @@ fn a_write_the_member_gave_up_on_never_lands_in_reused_space() {
         given_up.is_some(),
         "no write of B failed while the network held them"
     );
+    if reset {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "B's write failed only after {:?}, not with its connection",
+            t.elapsed()
+        );
+        // Its link's next connections are held, not reset.
+        std::fs::remove_file(&reset_flag).unwrap();
+    }
     drop((f, b));
     assert!(uncertain() > 0, "B counts the write it gave up on");
 

@@ -306,10 +306,10 @@ impl Link {
     /// Applies what the connector sent (it set `attention` when it did, or when it saw the
     /// socket hang up).
     fn take_events(&mut self, answers: &mut Vec<Answer>) {
-        self.attention.store(false, Ordering::Release);
-        let mut hung_up = true;
+        // A read-modify-write: it reads the connector's latest store, so an event sent before
+        // that store is seen below, and one sent after it leaves the flag set.
+        self.attention.swap(false, Ordering::AcqRel);
         while let Ok(ev) = self.events.try_recv() {
-            hung_up = false;
             match ev {
                 Event::Connecting(by) => self.connect_by = Some(by),
                 Event::Up(conn) => {
@@ -327,9 +327,9 @@ impl Link {
                 }
             }
         }
-        if hung_up && self.conn.is_some() {
-            // Woken without an event: the connector saw the socket hang up. A look at the
-            // socket finds it closed, and the link breaks in `collect`.
+        if self.conn.is_some() {
+            // The connector may have seen the socket hang up (then with an event or without):
+            // a look at the socket finds it closed, and the link breaks in `collect`.
             self.pump();
             self.collect(Instant::now(), answers);
         }
@@ -421,6 +421,9 @@ impl Link {
     /// the connection broke.
     fn collect(&mut self, now: Instant, answers: &mut Vec<Answer>) {
         let Some(c) = self.conn.as_ref() else { return };
+        // Looked at before the answers are taken: when the connection breaks, libnbd completes
+        // every command on it with ENOTCONN, and a write among them may have left already.
+        let broken = c.broken();
         let mut ended = false;
         let mut any = false;
         while let Some((cookie, r)) = c.next_completed() {
@@ -437,6 +440,10 @@ impl Link {
                 // NBD_ESHUTDOWN: the server will serve nothing more on this connection (a
                 // shared file system's manager cut it off): connect again.
                 ended |= *errno == libc::ESHUTDOWN;
+                if o.write && (broken || *errno == libc::ENOTCONN) {
+                    // Given up with its connection, not refused by the member.
+                    self.stats.uncertain_writes.fetch_add(1, Ordering::Relaxed);
+                }
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
             } else {
                 self.stats
