@@ -570,6 +570,56 @@ print('python: ok')
     );
 }
 
+/// Creates follow the umask: the one the program started with, and each it sets, as the
+/// kernel applies them (the shim keeps the umask as the program sets it, and applies it
+/// itself); a `vfork` child that sets its own before its `exec` leaves the parent's alone, and
+/// a forked child's is its own.
+#[test]
+fn creates_follow_the_umask() {
+    need("python3");
+    let d = Daemon::start("64M");
+    let script = r#"
+import os, stat, subprocess
+def mode(p):
+    return stat.S_IMODE(os.stat(p).st_mode)
+def made(name, umask_seen):
+    os.close(os.open('/moneta/um/' + name, os.O_CREAT | os.O_WRONLY, 0o666))
+    os.mkdir('/moneta/um/' + name + '.d', 0o777)
+    f, d = mode('/moneta/um/' + name), mode('/moneta/um/' + name + '.d')
+    assert (f, d) == (0o666 & ~umask_seen, 0o777 & ~umask_seen), (name, oct(f), oct(d))
+os.mkdir('/moneta/um', 0o755)
+os.chmod('/moneta/um', 0o755)
+made('inherited', 0o027)
+assert os.umask(0o077) == 0o027
+made('after-077', 0o077)
+assert os.umask(0o002) == 0o077
+made('after-002', 0o002)
+# A child that sets its own umask before it runs its program (vfork, on this memory).
+subprocess.run(['true'], umask=0o000, check=True)
+made('after-child', 0o002)
+# A forked child's umask is its own, and so is its parent's.
+pid = os.fork()
+if pid == 0:
+    try:
+        os.umask(0o070)
+        made('in-fork-child', 0o070)
+        os._exit(0)
+    except BaseException as e:
+        print(e)
+        os._exit(1)
+assert os.waitpid(pid, 0)[1] == 0
+made('after-fork', 0o002)
+print('umask: ok')
+"#;
+    let cmd = "umask 027; exec python3 -c \"$0\"";
+    let o = d.run(&["sh", "-c", cmd, script], None);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("umask: ok"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// git maps its files (`.git/config`, every file `git add` takes over 32 KiB, packs): a
 /// repository under the prefix takes commits, shows diffs, packs, checks and clones itself, on
 /// a volatile array and on a persistent one.

@@ -651,6 +651,7 @@ pub unsafe extern "C" fn posix_spawnp(
 /// The previous image's hand-over and working directory, taken at load time (before
 /// `main`).
 extern "C" fn take_over() {
+    super::hooks::learn_umask();
     if super::active() {
         paths::inherit_cwd();
     }

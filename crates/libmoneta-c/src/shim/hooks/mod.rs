@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, OsStr};
 use std::os::fd::IntoRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libc::{mode_t, off64_t, off_t, size_t, ssize_t};
@@ -74,14 +74,43 @@ unsafe fn slice_mut<'a>(ptr: *mut c_void, n: usize) -> &'a mut [u8] {
     }
 }
 
-/// The current `umask` (read by setting and restoring it, as the kernel offers no read).
-fn umask() -> mode_t {
-    // SAFETY: plain system calls.
+/// The process's `umask` as the shim knows it, so that a create learns it without a system
+/// call: read when the library is loaded (by setting and restoring it, as the kernel offers no
+/// read) and kept by the `umask` hook ([`perms::umask`]). A forked child inherits it with the
+/// memory. A program that changes its umask with a raw system call, past the C library, is not
+/// seen; nor is a `vfork` child's own change, which stays the child's (it runs on its parent's
+/// memory until it calls `exec`).
+static UMASK: AtomicU32 = AtomicU32::new(0o022);
+/// The process [`UMASK`] belongs to: set at load and in a forked child (`pthread_atfork`), so
+/// that a `vfork` child, another process on the same memory, leaves it alone.
+static UMASK_OWNER: AtomicI32 = AtomicI32::new(0);
+/// Held while the kernel's umask and [`UMASK`] change together.
+static UMASK_TURN: Mutex<()> = Mutex::new(());
+
+/// The current `umask`.
+fn current_umask() -> mode_t {
+    UMASK.load(Ordering::Acquire)
+}
+
+/// Reads the umask and takes [`UMASK`] for this process; run when the library is loaded,
+/// before the program's `main`.
+pub(crate) fn learn_umask() {
+    extern "C" fn forked_child() {
+        UMASK_OWNER.store(getpid(), Ordering::Release);
+    }
+    // SAFETY: plain system calls; registering a handler that only stores.
     unsafe {
         let m = libc::syscall(libc::SYS_umask, 0o022) as mode_t;
         libc::syscall(libc::SYS_umask, m);
-        m
+        UMASK.store(m, Ordering::Release);
+        libc::pthread_atfork(None, None, Some(forked_child));
     }
+    UMASK_OWNER.store(getpid(), Ordering::Release);
+}
+
+fn getpid() -> i32 {
+    // SAFETY: a plain system call (not the C library's cached one).
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
 }
 
 /// A kernel descriptor that stands for a Moneta file (see [`fds`]).

@@ -61,7 +61,7 @@ pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t
         path,
         -1,
         |m, np| m
-            .mkdir(p(&np), (mode & 0o7777) & !umask())
+            .mkdir(p(&np), (mode & 0o7777) & !current_umask())
             .map(|_| 0)
             .map_err(eno),
         real!(mkdirat: fn(c_int, *const c_char, mode_t) -> c_int)(dirfd, path, mode)

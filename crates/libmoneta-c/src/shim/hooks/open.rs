@@ -17,7 +17,7 @@ pub(super) fn open_moneta(
         oflags = libc::O_RDONLY | (flags & (libc::O_DIRECTORY | libc::O_NOFOLLOW));
     }
     let mode = if flags & libc::O_CREAT != 0 {
-        (mode & 0o7777) & !umask()
+        (mode & 0o7777) & !current_umask()
     } else {
         0
     };

@@ -40,6 +40,19 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: mode_t) -> c_int {
     unsafe { fchmodat(libc::AT_FDCWD, path, mode, 0) }
 }
 
+/// `umask(2)`: set through the C library and kept for the creates (see `current_umask`).
+#[no_mangle]
+pub extern "C" fn umask(mask: mode_t) -> mode_t {
+    let _turn = UMASK_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the C library's umask, which cannot fail.
+    let old = unsafe { real!(umask: fn(mode_t) -> mode_t)(mask) };
+    // A `vfork` child runs on its parent's memory, and its umask is its own.
+    if getpid() == UMASK_OWNER.load(Ordering::Acquire) {
+        UMASK.store(mask & 0o777, Ordering::Release);
+    }
+    old
+}
+
 /// `fchmod(2)`.
 #[no_mangle]
 pub extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
