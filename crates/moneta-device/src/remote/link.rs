@@ -17,14 +17,14 @@
 //! attempts they fail at once. Either way the command completes with `MEDIA_ERROR`, and the
 //! local array and the other links keep serving.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
 
-use super::nbd::{Conn, DIRECTION_READ, DIRECTION_WRITE};
+use super::nbd::Conn;
 use super::MemberConfig;
 
 /// What a forwarded request does at the member.
@@ -237,20 +237,10 @@ impl Link {
     /// What a poller with nothing else to do sleeps on for this link: the socket, and whether
     /// libnbd waits to read or to write it. `None` while no request is out.
     pub fn wait_on(&self) -> Option<(BorrowedFd<'_>, PollFlags)> {
-        let c = self.conn.as_ref().filter(|_| !self.out.is_empty())?;
-        let (fd, dir) = c.poll_want();
-        if fd < 0 {
-            return None;
-        }
-        let mut flags = PollFlags::empty();
-        if dir & DIRECTION_READ != 0 {
-            flags |= PollFlags::IN;
-        }
-        if dir & DIRECTION_WRITE != 0 {
-            flags |= PollFlags::OUT;
-        }
-        // SAFETY: the socket stays open while `conn` lives, which the borrow of `self` holds.
-        Some((unsafe { BorrowedFd::borrow_raw(fd) }, flags))
+        self.conn
+            .as_ref()
+            .filter(|_| !self.out.is_empty())?
+            .waits_on()
     }
 
     /// When the link must be looked at even if nothing happens: the first deadline of a
@@ -389,32 +379,17 @@ impl Link {
     /// the socket (one `poll` with no timeout), then libnbd reads or writes what is ready.
     fn pump(&self) {
         let Some(c) = &self.conn else { return };
-        let (fd, dir) = c.poll_want();
-        if fd < 0 || dir & (DIRECTION_READ | DIRECTION_WRITE) == 0 {
+        let Some((sock, flags)) = c.waits_on().filter(|(_, f)| !f.is_empty()) else {
             return;
-        }
-        let mut flags = PollFlags::empty();
-        if dir & DIRECTION_READ != 0 {
-            flags |= PollFlags::IN;
-        }
-        if dir & DIRECTION_WRITE != 0 {
-            flags |= PollFlags::OUT;
-        }
-        // SAFETY: the connection's socket stays open while `conn` lives, for this call.
-        let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+        };
         let mut fds = [PollFd::from_borrowed_fd(sock, flags)];
         let zero = rustix::time::Timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        if !matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0) {
-            return;
+        if matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0) {
+            c.notify(fds[0].revents());
         }
-        let r = fds[0].revents();
-        c.notify(
-            r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR),
-            r.contains(PollFlags::OUT),
-        );
     }
 
     /// Answers the requests the member has answered; fails the link when one is overdue or
@@ -607,19 +582,9 @@ impl Connector {
             if now >= by {
                 return Err(format!("no connection within {:?}", self.config.timeout));
             }
-            let (fd, dir) = c.poll_want();
-            let mut flags = PollFlags::empty();
-            if dir & DIRECTION_READ != 0 {
-                flags |= PollFlags::IN;
-            }
-            if dir & DIRECTION_WRITE != 0 {
-                flags |= PollFlags::OUT;
-            }
-            // SAFETY: the connection's socket stays open while `c` lives, for this call.
-            let sock = (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
             let mut fds = vec![PollFd::new(&self.bell, PollFlags::IN)];
-            if let Some(s) = &sock {
-                fds.push(PollFd::from_borrowed_fd(s.as_fd(), flags));
+            if let Some((sock, flags)) = c.waits_on() {
+                fds.push(PollFd::from_borrowed_fd(sock, flags));
             }
             let wait = by.saturating_duration_since(now);
             let ts = rustix::time::Timespec {
@@ -636,8 +601,7 @@ impl Connector {
                 return Ok(None);
             }
             if let Some(r) = ready {
-                let readable = r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR);
-                c.notify(readable, r.contains(PollFlags::OUT));
+                c.notify(r);
             }
         }
     }
@@ -698,11 +662,6 @@ impl Connector {
 /// A second descriptor of the connection's socket, for the connector to watch for a hang-up
 /// while the poller holds the connection. Dropped (closed) when the poller gives it up.
 fn conn_socket(c: &Conn) -> Option<OwnedFd> {
-    let (fd, _) = c.poll_want();
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the socket is open while `c` lives, for this call.
-    let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+    let (sock, _) = c.waits_on()?;
     rustix::io::fcntl_dupfd_cloexec(sock, 0).ok()
 }

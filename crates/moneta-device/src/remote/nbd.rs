@@ -7,7 +7,10 @@
 //! several requests are in flight on one connection.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
+
+use rustix::event::{PollFd, PollFlags};
 
 /// libnbd's `nbd_completion_callback`; a null callback asks for none (completions are
 /// collected with `nbd_aio_peek_command_completed`).
@@ -25,9 +28,9 @@ const NO_CALLBACK: Completion = Completion {
 };
 
 /// libnbd's `LIBNBD_AIO_DIRECTION_READ`: it waits for the socket to be readable.
-pub const DIRECTION_READ: c_uint = 1;
+const DIRECTION_READ: c_uint = 1;
 /// libnbd's `LIBNBD_AIO_DIRECTION_WRITE`: it waits for the socket to be writable.
-pub const DIRECTION_WRITE: c_uint = 2;
+const DIRECTION_WRITE: c_uint = 2;
 
 type Handle = *mut c_void;
 
@@ -222,26 +225,40 @@ impl Conn {
         }
     }
 
-    /// The connection's socket and the directions libnbd waits for on it.
-    pub fn poll_want(&self) -> (c_int, c_uint) {
+    /// The connection's socket and what to wait for on it (`poll`'s events): readable, writable
+    /// or both, as libnbd waits. `None` while it has no socket.
+    pub fn waits_on(&self) -> Option<(BorrowedFd<'_>, PollFlags)> {
         // SAFETY: live handle.
-        unsafe {
+        let (fd, dir) = unsafe {
             (
                 (self.lib.aio_get_fd)(self.h),
                 (self.lib.aio_get_direction)(self.h),
             )
+        };
+        if fd < 0 {
+            return None;
         }
+        let mut flags = PollFlags::empty();
+        if dir & DIRECTION_READ != 0 {
+            flags |= PollFlags::IN;
+        }
+        if dir & DIRECTION_WRITE != 0 {
+            flags |= PollFlags::OUT;
+        }
+        // SAFETY: the socket stays open while the handle lives, which the borrow of `self`
+        // holds.
+        Some((unsafe { BorrowedFd::borrow_raw(fd) }, flags))
     }
 
-    /// Tells libnbd the socket is readable or writable.
-    /// One of the two at a time: the first may change what the connection waits for, and the
-    /// other, if it still holds, is seen at the next look.
-    pub fn notify(&self, readable: bool, writable: bool) {
+    /// Tells libnbd what `poll` found on the socket (`revents`): readable (or hung up, or in
+    /// error), else writable. One at a time: the first may change what the connection waits
+    /// for, and the other, if it still holds, is seen at the next look.
+    pub fn notify(&self, revents: PollFlags) {
         // SAFETY: live handle.
         unsafe {
-            if readable {
+            if revents.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR) {
                 (self.lib.aio_notify_read)(self.h);
-            } else if writable {
+            } else if revents.contains(PollFlags::OUT) {
                 (self.lib.aio_notify_write)(self.h);
             }
         }
@@ -291,30 +308,13 @@ impl Conn {
             if self.broken() {
                 return Err(last_error(self.lib));
             }
-            let (fd, dir) = self.poll_want();
-            if fd < 0 {
-                return Err("the connection has no socket".into());
-            }
-            let mut flags = rustix::event::PollFlags::empty();
-            if dir & DIRECTION_READ != 0 {
-                flags |= rustix::event::PollFlags::IN;
-            }
-            if dir & DIRECTION_WRITE != 0 {
-                flags |= rustix::event::PollFlags::OUT;
-            }
-            // SAFETY: the socket stays open while the handle lives.
-            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            let mut fds = [rustix::event::PollFd::from_borrowed_fd(sock, flags)];
+            let (sock, flags) = self
+                .waits_on()
+                .ok_or_else(|| "the connection has no socket".to_string())?;
+            let mut fds = [PollFd::from_borrowed_fd(sock, flags)];
             rustix::event::poll(&mut fds, None).map_err(|e| e.to_string())?;
             let r = fds[0].revents();
-            self.notify(
-                r.intersects(
-                    rustix::event::PollFlags::IN
-                        | rustix::event::PollFlags::HUP
-                        | rustix::event::PollFlags::ERR,
-                ),
-                r.contains(rustix::event::PollFlags::OUT),
-            );
+            self.notify(r);
         }
     }
 
