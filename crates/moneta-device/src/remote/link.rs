@@ -275,8 +275,9 @@ impl Link {
     /// One look at the link from the poller's pass: what the connector said, the socket (read
     /// and written as far as it goes without waiting), the answers it holds, and the deadlines.
     pub fn drive(&mut self, answers: &mut Vec<Answer>) {
-        if self.attention.load(Ordering::Acquire) {
-            self.take_events(answers);
+        if self.attention.load(Ordering::Acquire) && self.take_events(answers) {
+            // It looked at the socket already.
+            return;
         }
         let now = Instant::now();
         if self.conn.is_none() {
@@ -294,8 +295,8 @@ impl Link {
     }
 
     /// Applies what the connector sent (it set `attention` when it did, or when it saw the
-    /// socket hang up).
-    fn take_events(&mut self, answers: &mut Vec<Answer>) {
+    /// socket hang up); `true` when it then looked at the connection's socket and answers.
+    fn take_events(&mut self, answers: &mut Vec<Answer>) -> bool {
         // A read-modify-write: it reads the connector's latest store, so an event sent before
         // that store is seen below, and one sent after it leaves the flag set.
         self.attention.swap(false, Ordering::AcqRel);
@@ -317,12 +318,14 @@ impl Link {
                 }
             }
         }
-        if self.conn.is_some() {
-            // The connector may have seen the socket hang up (then with an event or without):
-            // a look at the socket finds it closed, and the link breaks in `collect`.
-            self.pump();
-            self.collect(Instant::now(), answers);
+        if self.conn.is_none() {
+            return false;
         }
+        // The connector may have seen the socket hang up (then with an event or without): a
+        // look at the socket finds it closed, and the link breaks in `collect`.
+        self.pump();
+        self.collect(Instant::now(), answers);
+        true
     }
 
     fn issue(&mut self, job: Job, answers: &mut Vec<Answer>) {
