@@ -338,14 +338,8 @@ fn kept_stats(ch: &Channel, n: usize) -> Result<Vec<FsRecord>, String> {
 /// answered in the channel's lock lease after the first (docs/abi.md §3.8). Records
 /// `nvfs-leased`.
 fn leased_locks(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
-    use libmoneta::{LockCmd, LockKind, LockType, Moneta, OpenOptions};
-    let m = Moneta::connect(socket).map_err(err)?;
-    let f = m
-        .open(
-            "/d1/d2/leased",
-            OpenOptions::new().read(true).write(true).create(true),
-        )
-        .map_err(err)?;
+    use libmoneta::{LockCmd, LockKind, LockType};
+    let f = library_file(socket, "/d1/d2/leased")?;
     let leased = libmoneta::locks_leased();
     let mut each = Vec::with_capacity(n);
     for _ in 0..n {
@@ -368,14 +362,7 @@ fn leased_locks(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> 
 /// bench's volatile array), where every write that returned is in the array, it is answered
 /// in the library (docs/nvfs.md, "Durability levels"). Records `nvfs-file`.
 fn file_fsync(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
-    use libmoneta::{Moneta, OpenOptions};
-    let m = Moneta::connect(socket).map_err(err)?;
-    let f = m
-        .open(
-            "/d1/d2/synced",
-            OpenOptions::new().read(true).write(true).create(true),
-        )
-        .map_err(err)?;
+    let f = library_file(socket, "/d1/d2/synced")?;
     let data = [0x5au8; 4096];
     let mut each = Vec::with_capacity(n);
     for _ in 0..n {
@@ -385,6 +372,21 @@ fn file_fsync(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
         each.push(ns);
     }
     Ok(record("nvfs-file", "write-fsync", each, 0.0))
+}
+
+/// `path` opened for reading and writing (made if missing) through libmoneta, on a connection
+/// of its own to the daemon at `socket`.
+fn library_file(socket: &std::path::Path, path: &str) -> Result<libmoneta::File, String> {
+    libmoneta::Moneta::connect(socket)
+        .map_err(err)?
+        .open(
+            path,
+            libmoneta::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true),
+        )
+        .map_err(err)
 }
 
 /// A file-system call made one way or another.

@@ -280,6 +280,12 @@ impl Shared {
     }
 
     /// Waits until the member at `socket` has joined A's file system and reaches A's array.
+    /// B started again with the key, as the test set its links up, and joined.
+    fn restart_b(&self) {
+        self.start_member(&self.b, "psk");
+        self.wait_joined(&self.b);
+    }
+
     fn wait_joined(&self, socket: &Path) {
         wait_for("the member joins", Duration::from_secs(15), || {
             share(socket, "state") == "up"
@@ -644,9 +650,7 @@ fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durabl
     let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
 
     // B again.
-    let b_sock = s.b.clone();
-    s.start_member(&b_sock, "psk");
-    s.wait_joined(&b_sock);
+    s.restart_b();
     let b = Moneta::connect(&s.b).unwrap();
     let f = b.open("/kept", &ro()).unwrap();
     assert_eq!(read_all(&f, kept.len()), kept);
@@ -682,7 +686,7 @@ fn a_member_or_the_manager_killed_fails_in_bounded_time_and_loses_nothing_durabl
     // A comes back on its image; B rejoins by itself; what B made durable is there.
     let _ = std::fs::remove_file(s.a.with_extension("pid"));
     s.start_a();
-    s.wait_joined(&b_sock);
+    s.wait_joined(&s.b);
     let b = Moneta::connect(&s.b).unwrap();
     let f = b.open("/kept", &ro()).unwrap();
     assert_eq!(
@@ -845,9 +849,7 @@ fn a_member_stopped_past_its_lease_forwards_nothing_when_it_runs_again() {
     // B joins again through a relay on its own host, which the test can stop.
     let (relay, via) = Relay::instead_of_b(&s, RELAY, s.port, &[]);
     s.share_from = Some(via);
-    let b_sock = s.b.clone();
-    s.start_member(&b_sock, "psk");
-    s.wait_joined(&b_sock);
+    s.restart_b();
 
     let a = Moneta::connect(&s.a).unwrap();
     const LEN: usize = 256 * KIB;
@@ -903,7 +905,7 @@ fn a_member_stopped_past_its_lease_forwards_nothing_when_it_runs_again() {
     );
     // The link carries again: B joins by itself and reads w whole.
     relay.signal(libc::SIGCONT);
-    s.wait_joined(&b_sock);
+    s.wait_joined(&s.b);
     assert_eq!(read_through(&s.b, "/w", LEN), back);
     let _ = moneta(&["stop", "--socket", s.b.to_str().unwrap()]);
 }
@@ -1021,9 +1023,7 @@ fn given_up_write_never_lands(name: &str, net: u8, reset: bool) {
     let (_relay, via) =
         Relay::instead_of_b(&s, HOLDING_RELAY, s.port + 1, &[hold.to_str().unwrap()]);
     s.nbd_via = Some(via);
-    let b_sock = s.b.clone();
-    s.start_member(&b_sock, "psk");
-    s.wait_joined(&b_sock);
+    s.restart_b();
 
     let a = Moneta::connect(&s.a).unwrap();
     const LEN: usize = 256 * KIB;
