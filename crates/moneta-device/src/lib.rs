@@ -25,8 +25,8 @@ pub use channel::{ChannelMem, DmaGeometry};
 pub use clock::{Clock, MonotonicClock, SystemClock};
 pub use engine::{
     allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, FileService,
-    FsAnswer, LeaseAreaRef, LookupAnswer, OpenedChannel, TableOp, FILE_CALLS_PER_PASS_NS,
-    MAX_LOOKUP_EXTENTS,
+    FsAnswer, FsJob, FsOutcome, LeaseAreaRef, LookupAnswer, OpenedChannel, TableOp,
+    FILE_CALLS_PER_PASS_NS, MAX_LOOKUP_EXTENTS,
 };
 pub use integrity::{Integrity, IntegrityConfig};
 pub use media::{DeviceFlush, MappedArray, Media, MediaError};

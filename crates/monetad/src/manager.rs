@@ -45,7 +45,7 @@ use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
 use moneta_device::failstop::FailStop;
 use moneta_device::Media;
-use moneta_device::{Device, FileService, FsAnswer, LookupAnswer, TableOp};
+use moneta_device::{Device, FileService, FsOutcome, LookupAnswer, TableOp};
 use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
@@ -85,6 +85,8 @@ pub struct Manager {
     locks: Mutex<LockState>,
     /// The array, for flushes made outside the file-system lock.
     media: Arc<dyn Media>,
+    /// The file system's durability level (fixed at mount).
+    durability: moneta_fs::Durability,
     syncs: Syncs,
     /// Files whose last name or handle a quick call dropped, for the releaser thread to close
     /// (see `quick.rs`).
@@ -165,7 +167,7 @@ struct Front {
 }
 
 impl FileService for Front {
-    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsAnswer> {
+    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsOutcome> {
         let session = {
             let registry = self.registry.try_lock().ok()?;
             registry.get(&channel)?.session.upgrade()?
@@ -384,6 +386,7 @@ impl Manager {
                 },
         );
         let media = fs.media();
+        let durability = fs.durability();
         let fs = Arc::new(Mutex::new(fs));
         let registry = Registry::default();
         Ok(Arc::new_cyclic(|me| {
@@ -399,6 +402,7 @@ impl Manager {
                 hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
                 locks: Mutex::new(LockState::default()),
                 media,
+                durability,
                 syncs: Syncs::default(),
                 releases: Mutex::new(Releases::default()),
                 release_wake: Condvar::new(),

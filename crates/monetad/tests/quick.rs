@@ -497,6 +497,10 @@ fn forged_fs_commands_hurt_only_their_sender() {
     ));
 }
 
+fn fsync_op() -> u16 {
+    FsRequest::Fsync { handle: 0 }.op()
+}
+
 fn stat_op() -> u16 {
     FsRequest::Stat {
         target: Target::Handle(0),
@@ -505,7 +509,7 @@ fn stat_op() -> u16 {
 }
 
 #[test]
-fn at_the_host_level_fsync_goes_to_the_socket() {
+fn at_the_host_level_fsync_is_answered_on_the_channel_after_its_flush() {
     let dir = TempDir::new("quick-host");
     let img = dir.0.join("img");
     let img_s = img.to_string_lossy().to_string();
@@ -529,9 +533,49 @@ fn at_the_host_level_fsync_goes_to_the_socket() {
     };
     file_write(&ch, h, 0, b"durable").unwrap();
     let st0 = d.control().status().unwrap();
+    // The flush waits for the disk: a worker of the device makes it, and the poller then
+    // completes the command on the channel (nothing goes to the socket).
     ch.fs(FsRequest::Fsync { handle: h }).unwrap();
     let st1 = d.control().status().unwrap();
-    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred + 1);
+    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred);
+    assert_eq!(st1.fs_calls, st0.fs_calls + 1);
+    // A handle this connection does not have: refused as the socket refuses it.
+    let bad = ch.fs(FsRequest::Fsync { handle: h + 1000 });
+    assert!(
+        matches!(bad, Err(ClientError::Refused { errno, .. }) if errno == libc::EBADF),
+        "{bad:?}"
+    );
+    // Calls rung at once: a channel has at most two at the workers, the rest are referred;
+    // each is answered once, and the socket answers the referred ones alike.
+    let fsync = encode_request(9, &Request::Fs(FsRequest::Fsync { handle: h }));
+    let tags: Vec<_> = (0..8).map(|_| ch.tag()).collect();
+    for &tag in &tags {
+        ch.write_dma(tag, 0, &fsync);
+        ch.submit(
+            tag,
+            &Command::new(Opcode::Fs, Completion::Dma, 0, fsync.len() as u64, 0),
+        );
+    }
+    let (mut answered, mut referred) = (0, 0);
+    for &tag in &tags {
+        match ch.wait(tag, Completion::Dma) {
+            Ok(c) if c.status == Status::Ok => {
+                let mut b = vec![0u8; c.bytes as usize];
+                ch.read_dma(tag, 0, &mut b);
+                let r = moneta_abi::control::decode_reply(&b, fsync_op()).unwrap();
+                assert_eq!(r.seq, 9);
+                assert!(r.result.is_ok(), "{:?}", r.result);
+                answered += 1;
+            }
+            Ok(c) if c.status == Status::Refer => referred += 1,
+            Err(ClientError::Status(Status::Refer)) => referred += 1,
+            r => panic!("{r:?}"),
+        }
+        ch.release(tag);
+    }
+    assert_eq!(answered + referred, 8);
+    assert!(answered >= 1, "{answered} answered, {referred} referred");
+    eprintln!("8 fsyncs rung at once: {answered} answered, {referred} referred");
     ch.fs(FsRequest::Close { handle: h }).unwrap();
     // Many creates and unlinks through the channel fill the journal's log; checkpoints made
     // beside the poller keep answering them.
@@ -578,6 +622,62 @@ fn at_the_host_level_fsync_goes_to_the_socket() {
     assert!(c.fs_stat(b"/n2999", true).is_err());
     let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
     assert_eq!(file_read(&ch, h).unwrap(), b"durable");
+}
+
+#[test]
+fn a_client_gone_while_its_fsyncs_flush_leaves_the_daemon_well() {
+    let dir = TempDir::new("quick-host-gone");
+    let img = dir.0.join("img");
+    let img_s = img.to_string_lossy().to_string();
+    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let open0 = d.control().status().unwrap().channels_open;
+    for round in 0..4 {
+        let ch = d.channel();
+        let h = match ch
+            .fs(FsRequest::Open {
+                flags: CREAT as u32,
+                mode: 0o644,
+                path: format!("/g{round}").into_bytes(),
+            })
+            .unwrap()
+        {
+            FsReply::Opened { handle, .. } => handle,
+            r => panic!("{r:?}"),
+        };
+        file_write(&ch, h, 0, &[round as u8; 8192]).unwrap();
+        // Two fsyncs rung, and the connection dropped before either is answered.
+        let fsync = encode_request(1, &Request::Fs(FsRequest::Fsync { handle: h }));
+        for _ in 0..2 {
+            let tag = ch.tag();
+            ch.write_dma(tag, 0, &fsync);
+            ch.submit(
+                tag,
+                &Command::new(Opcode::Fs, Completion::Dma, 0, fsync.len() as u64, 0),
+            );
+        }
+        drop(ch);
+    }
+    // Every channel goes once its commands are done, and the daemon answers as before.
+    let t0 = std::time::Instant::now();
+    while d.control().status().unwrap().channels_open > open0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "channels stay open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let ch = d.channel();
+    let c = ch.control();
+    for round in 0..4 {
+        assert_eq!(
+            c.fs_stat(format!("/g{round}").as_bytes(), true)
+                .unwrap()
+                .size,
+            8192
+        );
+    }
+    let (h, _, _) = c.fs_open(b"/g3", libc::O_RDWR, 0).unwrap();
+    ch.fs(FsRequest::Fsync { handle: h }).unwrap();
 }
 
 #[test]

@@ -130,6 +130,7 @@ impl Device {
             next_flush: 0,
             flush_jobs,
             flush_done,
+            later: super::later::Later::new(waker.try_clone()?),
             remote,
             space_size,
             local_at: config.local_at,

@@ -70,8 +70,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
             && self.shutdown.is_none();
         if calm && !due_soon && self.active.is_empty() {
             self.sleep(now);
-        } else if calm && !due_soon && self.waits_for_members_only(now) {
-            self.sleep_for_members(now);
+        } else if calm && !due_soon && self.waits_elsewhere_only(now) {
+            self.sleep_for_answers(now);
         } else if !due_soon && self.idle_passes.is_multiple_of(KICK_CHECK_PASSES) {
             self.poll_kicks(Some(Duration::ZERO));
         }
@@ -139,31 +139,34 @@ impl<M: Media, C: Clock> Poller<M, C> {
         }
     }
 
-    /// Whether the poller has nothing to do but wait for members' answers, and has had
+    /// Whether the poller has nothing to do but wait for answers made elsewhere, and has had
     /// nothing else for [`MEMBER_SLEEP_AFTER_NS`]: every active channel's commands in flight
-    /// are at members, and each channel can kick (a channel without a kick pipe could not wake
-    /// the poller with its next command) and is not closing.
-    fn waits_for_members_only(&self, now: u64) -> bool {
-        let Some(remote) = &self.remote else {
-            return false;
-        };
-        if remote.pending.is_empty() || now.saturating_sub(self.last_busy) < MEMBER_SLEEP_AFTER_NS {
+    /// are at members or at the file-call workers (`later.rs`), and each channel can kick (a
+    /// channel without a kick pipe could not wake the poller with its next command) and is not
+    /// closing.
+    fn waits_elsewhere_only(&self, now: u64) -> bool {
+        let members = self.remote.as_ref().filter(|r| !r.pending.is_empty());
+        if (members.is_none() && self.later.is_empty())
+            || now.saturating_sub(self.last_busy) < MEMBER_SLEEP_AFTER_NS
+        {
             return false;
         }
         self.active.iter().all(|&id| {
             self.channels[id as usize].as_ref().is_some_and(|ch| {
                 let working = ch.in_flight & !ch.order.held_tags;
-                !ch.deaf && !ch.closing && working & !remote.tags_of(id) == 0
+                let away = members.map_or(0, |r| r.tags_of(id)) | self.later.tags_of(id);
+                !ch.deaf && !ch.closing && working & !away == 0
             })
         })
     }
 
-    /// Parks the active channels, whose commands are all at members, and sleeps until a
-    /// member answers (or a kick, or anything else that wakes a sleeping poller); then polls
-    /// them again. A spinning poller would take, on a machine with few CPUs, the CPU the
-    /// network and a member on the same machine need; the one wake-up this costs is the one a
-    /// client of the network pays anyway. If a channel was rung meanwhile, nothing sleeps.
-    fn sleep_for_members(&mut self, now: u64) {
+    /// Parks the active channels, whose commands are all at members or at the workers, and
+    /// sleeps until a member or a worker answers (or a kick, or anything else that wakes a
+    /// sleeping poller); then polls them again. A spinning poller would take, on a machine
+    /// with few CPUs, the CPU the network, a member on the same machine or a worker's flush
+    /// needs; the one wake-up this costs is the one a client of the network, or of the
+    /// control socket, pays anyway. If a channel was rung meanwhile, nothing sleeps.
+    fn sleep_for_answers(&mut self, now: u64) {
         let mut parked = Vec::with_capacity(self.active.len());
         let mut rung = false;
         for &id in &self.active {

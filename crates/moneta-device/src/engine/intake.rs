@@ -90,13 +90,14 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         if cmd.opcode == Opcode::Fs {
-            // Answered in this pass, as a lookup.
-            let (status, bytes) = match self.file_call(|p| p.serve_fs(id, tag, &cmd)).flatten() {
-                Some(bytes) => {
+            // Answered in this pass, as a lookup, or by a worker when its work waits.
+            let (status, bytes) = match self.file_call(|p| p.serve_fs(id, tag, &cmd, now)) {
+                Some(Some(Served::Now(bytes))) => {
                     self.local.fs_calls += 1;
                     (Status::Ok, bytes)
                 }
-                None => {
+                Some(Some(Served::Later)) => return,
+                _ => {
                     self.local.fs_calls_referred += 1;
                     (Status::Refer, 0)
                 }
@@ -235,8 +236,15 @@ impl<M: Media, C: Clock> Poller<M, C> {
     /// A file-system call on the channel: copies the request out of the tag's slice (the
     /// client may change its memory meanwhile; the service sees one copy), asks the permission
     /// manager, makes the answer's changes to this channel's records and writes the reply into
-    /// the slice. The reply's length, or `None` to refer the call to the control socket.
-    pub(super) fn serve_fs(&mut self, id: u32, tag: usize, cmd: &Decoded) -> Option<u64> {
+    /// the slice. The reply's length; or the call left to a worker (`later.rs`); or `None` to
+    /// refer the call to the control socket.
+    pub(super) fn serve_fs(
+        &mut self,
+        id: u32,
+        tag: usize,
+        cmd: &Decoded,
+        now: u64,
+    ) -> Option<Served> {
         let service = self.shared.files.get().cloned()?;
         let ch = self.channels[id as usize].as_ref()?;
         let slice = ch.mem.geometry().slice_size;
@@ -246,13 +254,29 @@ impl<M: Media, C: Clock> Poller<M, C> {
         // SAFETY: `src` spans `cmd.len` bytes of the tag's slice inside the sealed mapping; the
         // bytes are copied once, whatever the client writes meanwhile.
         unsafe { std::ptr::copy_nonoverlapping(src, request.as_mut_ptr(), request.len()) };
-        let answer = service.try_call(id, &request, slice)?;
+        match service.try_call(id, &request, slice)? {
+            FsOutcome::Now(answer) => self.apply_fs_answer(id, tag, answer).map(Served::Now),
+            FsOutcome::Later(job) => self
+                .answer_later(id, tag, cmd, job, now)
+                .then_some(Served::Later),
+        }
+    }
+
+    /// Makes an answer's changes to channel `id`'s records and writes its reply into the
+    /// slice of `tag`: the reply's length, or `None` when the answer is out of bounds.
+    pub(super) fn apply_fs_answer(&mut self, id: u32, tag: usize, answer: FsAnswer) -> Option<u64> {
+        let slice = self.channels[id as usize]
+            .as_ref()?
+            .mem
+            .geometry()
+            .slice_size;
         let size = self.media.size();
         // The manager is trusted, but its changes may touch only this channel's records and
         // the array.
         let fits =
             |start: u64, len: u64| len > 0 && start.checked_add(len).is_some_and(|e| e <= size);
-        if answer.reply.len() > slice
+        if answer.reply.is_empty()
+            || answer.reply.len() > slice
             || !answer.ops.iter().all(|op| match *op {
                 TableOp::Insert {
                     channel,
@@ -299,4 +323,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
         unsafe { std::ptr::copy_nonoverlapping(answer.reply.as_ptr(), dst, answer.reply.len()) };
         Some(answer.reply.len() as u64)
     }
+}
+
+/// How [`Poller::serve_fs`] took a file call.
+pub(super) enum Served {
+    /// Answered: the reply's length.
+    Now(u64),
+    /// Left to a worker: the command stays in flight.
+    Later,
 }

@@ -20,6 +20,7 @@ mod forward;
 mod idle;
 mod intake;
 mod issue;
+mod later;
 mod poller;
 mod timing;
 
@@ -76,11 +77,27 @@ pub struct FsAnswer {
     pub ops: Vec<TableOp>,
 }
 
+/// Work a file call leaves for later: it may wait for locks and for the disk, so it runs on one
+/// of the device's file-call workers, never on the poller, and gives the call's answer.
+pub type FsJob = Box<dyn FnOnce() -> FsAnswer + Send>;
+
+/// How the permission manager takes an `OP_FS` call.
+pub enum FsOutcome {
+    /// Answered at once.
+    Now(FsAnswer),
+    /// Answered when the job is done (a durability point that flushes to the host's disk):
+    /// the command stays in flight on its channel meanwhile, and the poller completes it with
+    /// the job's answer. The job must not change the channel's records before then: the
+    /// answer's changes are made by the poller, as for an answer given at once.
+    Later(FsJob),
+}
+
 /// The permission manager's side of `OP_LOOKUP` and `OP_FS`, which the poller calls with a
 /// command in hand: it must answer at once, without waiting for any lock or for the disk, and
 /// `None` whenever it cannot (the file system is busy, the handle is unknown, the call would
-/// wait): the client then asks on the control socket. The poller installs the records itself,
-/// before it completes the command.
+/// wait): the client then asks on the control socket. A file call whose work must wait (for
+/// the disk) may instead leave it for later ([`FsOutcome::Later`]). The poller installs the
+/// records itself, before it completes the command.
 pub trait FileService: Send + Sync {
     /// Maps `[offset, offset + len)` of the file open as `handle` by the connection that owns
     /// `channel`, at most `max` runs.
@@ -96,7 +113,7 @@ pub trait FileService: Send + Sync {
     /// Answers the `FS` request message `request` (copied out of the channel's memory, so
     /// untrusted bytes that no longer change) for the connection that owns `channel`, with a
     /// reply of at most `room` bytes.
-    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsAnswer>;
+    fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsOutcome>;
 }
 
 /// A change to the permission table, applied by the poller in order.
@@ -476,6 +493,8 @@ struct Poller<M, C> {
     next_flush: u64,
     flush_jobs: FlushJobs,
     flush_done: FlushDone,
+    /// File calls whose work runs on the workers (see `later.rs`).
+    later: later::Later,
     /// The other members' links, when the address space has any (see `forward`).
     remote: Option<forward::Remote>,
     /// The end of the address space: the array's size, or the end of the last member's range.
@@ -507,9 +526,10 @@ const YIELD_AFTER_NS: u64 = 2_000;
 /// rather than yield its core or look at kick pipes (either can take a few microseconds).
 const DUE_SOON_NS: u64 = 20_000;
 
-/// How long a poller whose channels wait only for members' answers goes on polling before it
-/// parks them and sleeps until an answer comes (see `Poller::sleep_for_members`): the next
-/// request of a client that just had its answer finds the poller awake.
+/// How long a poller whose channels wait only for members' or workers' answers goes on
+/// polling before it parks them and sleeps until an answer comes (see
+/// `Poller::sleep_for_answers`): the next request of a client that just had its answer finds
+/// the poller awake.
 const MEMBER_SLEEP_AFTER_NS: u64 = 10_000;
 
 /// Idle passes between looks at the clock (for parking and sleeping).

@@ -78,6 +78,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             busy |= self.dispatch();
             busy |= self.complete();
             busy |= self.collect_flushes();
+            busy |= self.collect_later();
             busy |= self.collect_forwards(busy);
             self.settle_fences();
             passes = passes.wrapping_add(1);
@@ -97,6 +98,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 && self.sched.is_empty()
                 && self.flushing.is_empty()
                 && self.flush_wait.is_empty()
+                && self.later.is_empty()
                 && self.remote.as_ref().is_none_or(|r| r.pending.is_empty())
             {
                 self.finish_shutdown();
@@ -390,6 +392,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                     || self.moving.iter().any(|m| m.issued.channel == id)
                     || self.flushing.iter().any(|(_, f)| f.channel == id)
                     || self.flush_wait.iter().any(|(_, f)| f.channel == id)
+                    || self.later.holds(id)
                     || self.forwarding(id)
                 {
                     i += 1;

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use moneta_abi::control::{decode_request, encode_reply, errno, Failure, ReplyBody, Request};
 use moneta_abi::fsproto::*;
-use moneta_device::{FsAnswer, TableOp};
+use moneta_device::{FsAnswer, FsOutcome, TableOp};
 use moneta_fs::fs::NOT_QUICK;
 use moneta_fs::{Durability, Fs};
 
@@ -55,12 +55,12 @@ impl Manager {
     /// Answers the `FS` request message `request` of the session that owns `channel`, with
     /// a reply of at most `room` bytes; `None` refers it to the control socket.
     pub(super) fn quick_request(
-        &self,
+        self: &Arc<Self>,
         session: &Arc<Mutex<Session>>,
         channel: u32,
         request: &[u8],
         room: usize,
-    ) -> Option<FsAnswer> {
+    ) -> Option<FsOutcome> {
         let (seq, Request::Fs(req)) = decode_request(request).ok()? else {
             return None;
         };
@@ -68,6 +68,11 @@ impl Manager {
             return None;
         }
         let op = req.op();
+        if let FsRequest::Fsync { handle } = req {
+            if self.durability == Durability::Host {
+                return Some(self.fsync_later(session, handle, seq, op, room));
+            }
+        }
         let mut s = session.try_lock().ok()?;
         if let FsRequest::Lock {
             handle,
@@ -102,36 +107,46 @@ impl Manager {
                 }
             }
             drop((locks, s));
-            return Some(FsAnswer {
+            return Some(FsOutcome::Now(FsAnswer {
                 reply: encode_reply(op, seq, &result.map(ReplyBody::Fs)),
                 ops: Vec::new(),
-            });
+            }));
         }
         let mut ops = Vec::new();
         let result = self.quick_call(&mut s, channel, req, room, &mut ops)?;
         drop(s);
-        let mut reply = encode_reply(op, seq, &result.clone().map(ReplyBody::Fs));
-        if reply.len() > room {
-            // Only a failure's message can be long: cut it to fit.
-            let Err(f) = result else {
-                tracing::error!("a quick call's reply does not fit the slice");
-                return None;
+        let reply = fitted_reply(op, seq, result, room)?;
+        Some(FsOutcome::Now(FsAnswer { reply, ops }))
+    }
+
+    /// `fsync` at the `Host` level through the channel: a durability point waits for the
+    /// host's disk, so it is left to the device's file-call workers, where it joins the group
+    /// commit of the socket's callers ([`Manager::fsync`]). The handle is looked up when the
+    /// worker runs, as the socket would when the call came.
+    fn fsync_later(
+        self: &Arc<Self>,
+        session: &Arc<Mutex<Session>>,
+        handle: u64,
+        seq: u32,
+        op: u16,
+        room: usize,
+    ) -> FsOutcome {
+        let me = self.clone();
+        let session = Arc::downgrade(session);
+        FsOutcome::Later(Box::new(move || {
+            let ino = match session.upgrade() {
+                Some(s) => Self::handle(&s.lock().unwrap_or_else(|e| e.into_inner()), handle)
+                    .map(|h| h.ino),
+                None => Err(fail(errno::EBADF, "the connection has closed")),
             };
-            let keep = room.saturating_sub(reply.len() - f.message.len());
-            let mut message = f.message;
-            while message.len() > keep {
-                message.pop();
+            let result = ino.and_then(|ino| me.fsync(ino).map_err(failure));
+            let reply = fitted_reply(op, seq, result.map(|()| FsReply::Empty), room);
+            FsAnswer {
+                // An empty reply is out of bounds for the poller, which then refers the call.
+                reply: reply.unwrap_or_default(),
+                ops: Vec::new(),
             }
-            reply = encode_reply(
-                op,
-                seq,
-                &Err(Failure {
-                    errno: f.errno,
-                    message,
-                }),
-            );
-        }
-        Some(FsAnswer { reply, ops })
+        }))
     }
 
     /// One call of `s` on the poller. `None` refers it, and then nothing has changed.
@@ -300,7 +315,7 @@ impl Manager {
             })(),
             FsRequest::Fsync { handle } => {
                 // At the `Device` level a durability point flushes nothing; at `Host` it
-                // does, and the socket's group commit shares the flush.
+                // does, and a worker makes it (`quick_request`).
                 if fs.durability() != Durability::Device {
                     return None;
                 }
@@ -461,4 +476,35 @@ impl Manager {
             self.settle_releases();
         }
     }
+}
+
+/// The reply message of a call that came to `result`, in at most `room` bytes: a failure's
+/// message is cut to fit (nothing else can be long); `None` if even that does not fit.
+fn fitted_reply(
+    op: u16,
+    seq: u32,
+    result: Result<FsReply, Failure>,
+    room: usize,
+) -> Option<Vec<u8>> {
+    let reply = encode_reply(op, seq, &result.clone().map(ReplyBody::Fs));
+    if reply.len() <= room {
+        return Some(reply);
+    }
+    let Err(f) = result else {
+        tracing::error!("a quick call's reply does not fit the slice");
+        return None;
+    };
+    let keep = room.saturating_sub(reply.len() - f.message.len());
+    let mut message = f.message;
+    while message.len() > keep {
+        message.pop();
+    }
+    Some(encode_reply(
+        op,
+        seq,
+        &Err(Failure {
+            errno: f.errno,
+            message,
+        }),
+    ))
 }
