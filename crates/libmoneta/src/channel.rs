@@ -29,6 +29,7 @@ use crate::control::Control;
 use crate::ClientError;
 
 pub(crate) mod attrs;
+mod closing;
 pub(crate) mod leases;
 mod pipeline;
 pub(crate) mod reapers;
@@ -90,6 +91,8 @@ pub struct Channel {
     wakeable: AtomicU64,
     /// Answers about attributes kept while the change board says they hold ([`attrs`]).
     pub(crate) attrs: attrs::Attrs,
+    /// Closes posted without waiting for their answers ([`closing`]).
+    closing: Box<closing::Closing>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -152,6 +155,7 @@ impl Channel {
             epoch: std::sync::atomic::AtomicU8::new(0),
             err_lock: std::sync::Mutex::new(()),
             attrs: Default::default(),
+            closing: Default::default(),
         };
         let h = ch.header();
         if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC

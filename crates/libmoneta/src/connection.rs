@@ -271,6 +271,8 @@ impl fork::Forkable for Inner {
             return None;
         }
         let ch = self.live().ok()?;
+        // Handles whose closes are still in flight would go into the bundle.
+        ch.collect_closes(true);
         match ch.control().fs_fork() {
             Ok(t) => Some(t),
             Err(e) => {
@@ -543,7 +545,10 @@ impl Moneta {
     /// (the preload shim does this before `exec`).
     #[doc(hidden)]
     pub fn handover(&self) -> Result<Handover, ClientError> {
-        let t = self.inner.live()?.control().fs_fork()?;
+        let ch = self.inner.live()?;
+        // Handles whose closes are still in flight would go into the bundle.
+        ch.collect_closes(true);
+        let t = ch.control().fs_fork()?;
         Ok(Handover {
             bundle: t.bundle,
             secret: t.secret,

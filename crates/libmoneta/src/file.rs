@@ -85,7 +85,14 @@ pub struct File {
     in_place: inplace::InPlace,
     /// A size was published under a size lease since the last `fsync` ([`File::sync_all`]).
     grown: std::sync::atomic::AtomicBool,
+    /// The count of forks made (by this process, or by its parent before it) when this
+    /// process image opened the file; [`HANDED_OVER`] for a file another image handed over. A
+    /// close may be posted only while it stands ([`File::close_soon`]).
+    born: u64,
 }
+
+/// [`File::born`] of a file another program image handed over.
+const HANDED_OVER: u64 = u64::MAX;
 
 fn encode_policy(p: Policy) -> u64 {
     match p {
@@ -140,6 +147,7 @@ impl File {
             closed: std::sync::atomic::AtomicBool::new(false),
             in_place: inplace::InPlace::from_env(),
             grown: std::sync::atomic::AtomicBool::new(false),
+            born: crate::generation::forks_made(),
         }
     }
 
@@ -191,6 +199,7 @@ impl File {
             closed: std::sync::atomic::AtomicBool::new(false),
             in_place: inplace::InPlace::from_env(),
             grown: std::sync::atomic::AtomicBool::new(false),
+            born: HANDED_OVER,
         })
     }
 
@@ -509,12 +518,39 @@ impl File {
         }
     }
 
-    /// Closes the file, reporting the daemon's answer (dropping it closes silently).
+    /// Closes the file, reporting the daemon's answer (dropping it closes as
+    /// [`File::close_soon`] does, silently).
     pub fn close(self) -> Result<(), ClientError> {
         self.closed.store(true, Ordering::Relaxed);
         self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
         let handle = self.h()?;
         self.m.fs_empty(FsRequest::Close { handle })
+    }
+
+    /// Closes the file; when nothing the program or another process can see depends on the
+    /// daemon's answer, without waiting for it (docs/libmoneta.md, "Closes"): the process
+    /// never asked to lock the file (closing any handle of a file releases the process's
+    /// locks on it, which another process may wait for), and this process image opened it
+    /// with no fork since (so no other process shares its open file description, whose
+    /// `flock` locks its last close releases). The process's next file call collects the
+    /// answer; one that refuses the close is dropped. Otherwise as [`File::close`].
+    pub fn close_soon(self) -> Result<(), ClientError> {
+        if !self.may_post_close() {
+            return self.close();
+        }
+        self.closed.store(true, Ordering::Relaxed);
+        self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
+        let handle = self.h()?;
+        if self.channel().post_close(handle) {
+            return Ok(());
+        }
+        self.m.fs_empty(FsRequest::Close { handle })
+    }
+
+    fn may_post_close(&self) -> bool {
+        self.born == crate::generation::forks_made()
+            && self.m.inner.fresh()
+            && self.channel().may_post_close(self.ino)
     }
 
     /// `lseek(2)`: the new position.
@@ -564,6 +600,9 @@ impl Drop for File {
             return;
         }
         if let Ok(handle) = self.h() {
+            if self.may_post_close() && self.channel().post_close(handle) {
+                return;
+            }
             let _ = self.m.fs_empty(FsRequest::Close { handle });
         }
     }

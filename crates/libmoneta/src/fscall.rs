@@ -35,6 +35,15 @@ pub fn stats_kept() -> u64 {
     KEPT.load(Ordering::Relaxed)
 }
 
+/// Closes posted without waiting for their answers ([`crate::File::close_soon`]), counted in
+/// [`CALLS`] too.
+pub(crate) static POSTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many closes were posted without waiting for their answers.
+pub fn closes_posted() -> u64 {
+    POSTED.load(Ordering::Relaxed)
+}
+
 /// The file-system calls this process has made so far, by name (those made at least once),
 /// in the order of their operation numbers: what `MONETA_REPORT` prints.
 pub fn calls_made() -> Vec<(&'static str, u64)> {
@@ -69,6 +78,26 @@ fn switch(name: &str, warned: &'static std::sync::Once, cell: &std::sync::OnceLo
 
 /// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
 /// the two paths); `on`, the default, tries the channel first.
+/// Counts a file call for the report (`MONETA_REPORT`).
+pub(crate) fn count_call(req: &FsRequest) {
+    let op = match req {
+        // A stat of an open handle counts apart from one of a path.
+        FsRequest::Stat {
+            target: moneta_abi::fsproto::Target::Handle(_),
+        } => FSTAT,
+        _ => usize::from(req.op().wrapping_sub(moneta_abi::fsproto::OP_FS_OPEN)),
+    };
+    if let Some(c) = CALLS.get(op) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether file calls go through the channel (`MONETA_FS_CHANNEL`, and a device that answers
+/// them).
+pub(crate) fn on_channel_enabled() -> bool {
+    enabled()
+}
+
 fn enabled() -> bool {
     static WARNED: std::sync::Once = std::sync::Once::new();
     static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -105,16 +134,10 @@ impl Channel {
     /// whenever the device refers it. The reply's payload, or the daemon's errno as
     /// [`ClientError::Refused`].
     pub fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
-        let op = match &req {
-            // A stat of an open handle counts apart from one of a path.
-            FsRequest::Stat {
-                target: moneta_abi::fsproto::Target::Handle(_),
-            } => FSTAT,
-            _ => usize::from(req.op().wrapping_sub(moneta_abi::fsproto::OP_FS_OPEN)),
-        };
-        if let Some(c) = CALLS.get(op) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
+        count_call(&req);
+        // Posted closes are collected as they complete. A lock call waits for them all, as
+        // does a `statfs` (the space an unlinked file's last close frees counts at once).
+        self.collect_closes(matches!(req, FsRequest::Lock { .. } | FsRequest::Statfs));
         if !self.keeps_changes() || !keeping() {
             return self.ask(req);
         }

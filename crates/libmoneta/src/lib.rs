@@ -53,7 +53,7 @@ pub use channel::sizes::sizes_leased;
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
 pub use file::{Connector, DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};
-pub use fscall::{calls_made, stats_kept};
+pub use fscall::{calls_made, closes_posted, stats_kept};
 pub use kernel::{KernelFile, KernelFs};
 pub use lock::{LockCmd, LockInfo, LockKind, LockType};
 pub use moneta_abi;

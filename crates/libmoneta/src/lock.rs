@@ -93,6 +93,8 @@ impl File {
         wait: bool,
     ) -> Result<Option<LockInfo>, ClientError> {
         let handle = self.h()?;
+        // Its closes must now wait for their answers (see `File::close_soon`).
+        self.channel().note_locking(self.ino());
         if kind == LockKind::Posix {
             // A lease answers what the daemon would, without asking it (docs/abi.md §3.8);
             // a lock of a type the file was not opened for is the daemon's to refuse.

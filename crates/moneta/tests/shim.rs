@@ -570,6 +570,68 @@ print('python: ok')
     );
 }
 
+/// Closes whose answer nothing waits for are posted without waiting (libmoneta.md, "Closes"):
+/// the data and sizes are there for every later reader, an unlinked file's space is free for
+/// the next `statfs`; the close of a file the process locked waits (another process takes the
+/// lock at once after it), and so does one of a file opened before a fork.
+#[test]
+fn closes_are_posted_unless_locks_or_a_fork_depend_on_them() {
+    need("python3");
+    let d = Daemon::start("64M");
+    let script = r#"
+import os, fcntl, subprocess, sys
+d = '/moneta/pc'
+os.makedirs(d, exist_ok=True)
+for i in range(10):
+    fd = os.open(f'{d}/f{i}', os.O_CREAT | os.O_RDWR, 0o644)
+    os.write(fd, bytes([i]) * 5000)
+    os.close(fd)
+for i in range(10):
+    st = os.stat(f'{d}/f{i}')
+    assert st.st_size == 5000, st
+    with open(f'{d}/f{i}', 'rb', buffering=0) as f:
+        assert f.read() == bytes([i]) * 5000
+before = os.statvfs(d).f_bfree
+fd = os.open(f'{d}/big', os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, b'b' * (1 << 20))
+assert os.statvfs(d).f_bfree < before
+os.unlink(f'{d}/big')
+os.close(fd)
+assert os.statvfs(d).f_bfree == before, (os.statvfs(d).f_bfree, before)
+fd = os.open(f'{d}/locked', os.O_CREAT | os.O_RDWR, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.close(fd)
+r = subprocess.run([sys.executable, '-c', 'import fcntl, os; fd = os.open("' + d + '/locked", os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print("taken")'], capture_output=True)
+assert r.stdout == b'taken\n', r
+fd = os.open(f'{d}/forked', os.O_CREAT | os.O_RDWR, 0o644)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+os.close(fd)
+print('closes: ok')
+"#;
+    let o = d.run_env(&["python3", "-c", script], None, &[("MONETA_REPORT", "1")]);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("closes: ok"),
+        "{}",
+        text(&o)
+    );
+    // The parent's report: the ten small files' closes (and their readers'), and the
+    // unlinked file's, were posted; the locked file's and the one open across the fork were
+    // not.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .filter(|l| l.contains("libmoneta report"))
+        .find(|l| l.contains("lock"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("21 of the closes posted without waiting"),
+        "{line}"
+    );
+}
+
 /// Creates follow the umask: the one the program started with, and each it sets, as the
 /// kernel applies them (the shim keeps the umask as the program sets it, and applies it
 /// itself); a `vfork` child that sets its own before its `exec` leaves the parent's alone, and

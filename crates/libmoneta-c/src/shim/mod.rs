@@ -247,10 +247,12 @@ extern "C" fn report_at_exit() {
         String::new()
     } else {
         format!(
-            "; file-system calls: {} ({} of the stats answered by what was kept); {} lock calls \
-             answered in leases; {} writes past the end in a size lease",
+            "; file-system calls: {} ({} of the stats answered by what was kept, {} of the \
+             closes posted without waiting); {} lock calls answered in leases; {} writes past \
+             the end in a size lease",
             calls.join(", "),
             libmoneta::stats_kept(),
+            libmoneta::closes_posted(),
             libmoneta::locks_leased(),
             libmoneta::sizes_leased()
         )

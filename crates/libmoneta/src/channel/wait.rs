@@ -37,6 +37,12 @@ impl Channel {
         r
     }
 
+    /// Whether the command last submitted on `tag` has completed (a look, no wait).
+    pub(crate) fn completed(&self, tag: Tag) -> bool {
+        let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);
+        self.slot(tag).status.state.load(Ordering::Acquire) == want
+    }
+
     fn wait_counted(&self, tag: Tag, mode: Completion) -> Result<Completed, ClientError> {
         let st = &self.slot(tag).status;
         let want = self.seqs[tag.0 as usize].load(Ordering::Relaxed);

@@ -214,7 +214,7 @@ pub(crate) fn raw_target(d: &BenchDaemon, a: &BenchArgs) -> Result<Target, Strin
             );
         }
         RawChannel {
-            ch: ChannelOwner::Files(m, f),
+            ch: ChannelOwner::Files(m, Box::new(f)),
             base,
         }
     } else {

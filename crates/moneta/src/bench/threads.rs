@@ -182,7 +182,7 @@ pub(crate) enum ChannelOwner {
     Bare(Box<Channel>),
     /// The channel of a connection holding the region's file open (the file is kept so its
     /// records stay installed).
-    Files(libmoneta::Moneta, #[allow(dead_code)] libmoneta::File),
+    Files(libmoneta::Moneta, #[allow(dead_code)] Box<libmoneta::File>),
 }
 
 impl RawChannel {

@@ -120,9 +120,9 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 pub(super) fn close_moneta(fd: c_int, d: Arc<Desc>) -> Result<c_int, i32> {
     // SAFETY: our reserved descriptor.
     let r = unsafe { libc::syscall(libc::SYS_close, fd) };
-    // The last reference closes the file on the daemon, reporting its answer.
+    // The last reference closes the file on the daemon (see `File::close_soon`).
     if let Ok(d) = Arc::try_unwrap(d) {
-        d.file.close().map_err(eno)?;
+        d.file.close_soon().map_err(eno)?;
     }
     if r < 0 {
         return Err(crate::shim::errno());
