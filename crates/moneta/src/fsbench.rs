@@ -18,7 +18,8 @@
 //!   open: answered in the channel's lock lease (docs/abi.md §3.8); `referred` counts the
 //!   calls that asked the daemon all the same.
 //! - `nvfs-file`: `write-fsync` as libmoneta makes it (`File::sync_all` after a 4 KiB write):
-//!   at the `device` durability level, answered in the library.
+//!   at the `device` durability level, answered in the library; `create` as libmoneta makes
+//!   it (`OpenOptions::create_new`, then the file dropped: its close posted).
 //! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
 //!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
@@ -223,6 +224,7 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     out.extend(kept_stats(&ch, n)?);
     out.push(leased_locks(socket, n)?);
     out.push(file_fsync(socket, n)?);
+    out.push(file_creates(socket, n)?);
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
     out.extend(kernel_calls(&kdir, n).map_err(err)?);
@@ -355,6 +357,27 @@ fn leased_locks(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> 
     // The calls that asked the daemon after all (the first, which brings the lease).
     r.referred = (2 * n as u64).saturating_sub(libmoneta::locks_leased() - leased);
     Ok(r)
+}
+
+/// `create` as libmoneta makes it: `OpenOptions::create_new` (`O_CREAT | O_EXCL`) and the
+/// file dropped, whose close is posted without waiting for its answer (docs/libmoneta.md,
+/// "Closes posted"). Records `nvfs-file`.
+fn file_creates(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
+    let m = libmoneta::Moneta::connect(socket).map_err(err)?;
+    let mut each = Vec::with_capacity(n);
+    for i in 0..n {
+        let path = format!("/d1/d2/made{i}");
+        let (r, ns) = timed(|| {
+            m.open(
+                &path,
+                libmoneta::OpenOptions::new().write(true).create_new(true),
+            )
+            .map(drop)
+        });
+        r.map_err(err)?;
+        each.push(ns);
+    }
+    Ok(record("nvfs-file", "create", each, 0.0))
 }
 
 /// `fsync` as libmoneta makes it (`File::sync_all`), each after a 4 KiB `File::write_at`,

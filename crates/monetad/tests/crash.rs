@@ -1,7 +1,8 @@
 //! Crash consistency of nvfs: a client runs a random workload of creates, writes, renames,
-//! truncates, unlinks, directory changes and fsyncs while `monetad` is killed at a random
-//! instant, many times over one image. After every kill the image must check clean, and after
-//! every restart every fsync'd file must hold exactly its fsync'd contents.
+//! truncates, unlinks, directory changes and fsyncs (through the channel and on the socket)
+//! while `monetad` is killed at a random instant, many times over one image. After every kill
+//! the image must check clean, and after every restart every fsync'd file must hold exactly
+//! its fsync'd contents.
 //!
 //! Two kinds of crash: a `SIGKILL` of the daemon alone (at the `device` level, which promises
 //! that much), and a crash of the machine (at the `host` level): the daemon runs with
@@ -127,7 +128,13 @@ fn workload(
                 let cut = rng.gen_range(0..len);
                 file_write(&ch, h, 0, &data[..cut])?;
                 file_write(&ch, h, cut as u64, &data[cut..])?;
-                c.fs(FsRequest::Fsync { handle: h })?;
+                // Through the channel (at the `host` level a worker of the device makes the
+                // flush) or on the socket: both are durability points.
+                if rng.gen_bool(0.5) {
+                    ch.fs(FsRequest::Fsync { handle: h })?;
+                } else {
+                    c.fs(FsRequest::Fsync { handle: h })?;
+                }
                 c.fs_close(h)?;
                 durable.push(name.clone());
                 let _ = tx.send(Event::Durable(name, data));
