@@ -254,6 +254,13 @@ impl Channel {
                 return t;
             }
         }
+        if self.closes_out() > 0 {
+            // Posted closes hold tags that only a collection frees.
+            self.collect_closes(true);
+            if let Some(t) = self.try_tag() {
+                return t;
+            }
+        }
         if !self.tags.waiting() {
             for _ in 0..TAG_SPINS {
                 std::hint::spin_loop();

@@ -272,8 +272,10 @@ impl fork::Forkable for Inner {
         }
         let ch = self.live().ok()?;
         // Handles whose closes are still in flight would go into the bundle.
-        ch.collect_closes(true);
-        match ch.control().fs_fork() {
+        ch.freeze_closes();
+        let r = ch.control().fs_fork();
+        ch.thaw_closes();
+        match r {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("libmoneta: a forked child will not inherit its files: {e}");
@@ -287,6 +289,10 @@ impl fork::Forkable for Inner {
         *self.ticket.lock() = Some(t);
     }
 }
+
+/// Handovers of the process's open files to a next program image made so far (see
+/// `File::close_soon`).
+pub(crate) static HANDOVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What another program image needs to take over a connection's open files across `exec`
 /// (the preload shim's business; see `docs/abi.md` §2.10, `FS_FORK`).
@@ -547,8 +553,13 @@ impl Moneta {
     pub fn handover(&self) -> Result<Handover, ClientError> {
         let ch = self.inner.live()?;
         // Handles whose closes are still in flight would go into the bundle.
-        ch.collect_closes(true);
-        let t = ch.control().fs_fork()?;
+        ch.freeze_closes();
+        let t = ch.control().fs_fork();
+        ch.thaw_closes();
+        let t = t?;
+        // The next program image (started by a `vfork` child, perhaps, whose parent goes on)
+        // shares the open files' descriptions from now on: their closes wait for answers.
+        HANDOVERS.fetch_add(1, Ordering::AcqRel);
         Ok(Handover {
             bundle: t.bundle,
             secret: t.secret,

@@ -85,14 +85,22 @@ pub struct File {
     in_place: inplace::InPlace,
     /// A size was published under a size lease since the last `fsync` ([`File::sync_all`]).
     grown: std::sync::atomic::AtomicBool,
-    /// The count of forks made (by this process, or by its parent before it) when this
-    /// process image opened the file; [`HANDED_OVER`] for a file another image handed over. A
-    /// close may be posted only while it stands ([`File::close_soon`]).
+    /// [`sharing_stamp`] when this process image opened the file; [`HANDED_OVER`] for a file
+    /// another image handed over. A close may be posted only while it stands
+    /// ([`File::close_soon`]).
     born: u64,
 }
 
 /// [`File::born`] of a file another program image handed over.
 const HANDED_OVER: u64 = u64::MAX;
+
+/// Forks made (by this process, or by its parent before it) plus handovers of the open files
+/// to a next program image: it moves whenever another process may come to share the open
+/// files' descriptions.
+fn sharing_stamp() -> u64 {
+    crate::generation::forks_made()
+        + crate::connection::HANDOVERS.load(std::sync::atomic::Ordering::Acquire)
+}
 
 fn encode_policy(p: Policy) -> u64 {
     match p {
@@ -147,7 +155,7 @@ impl File {
             closed: std::sync::atomic::AtomicBool::new(false),
             in_place: inplace::InPlace::from_env(),
             grown: std::sync::atomic::AtomicBool::new(false),
-            born: crate::generation::forks_made(),
+            born: sharing_stamp(),
         }
     }
 
@@ -541,16 +549,16 @@ impl File {
         self.closed.store(true, Ordering::Relaxed);
         self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
         let handle = self.h()?;
-        if self.channel().post_close(handle) {
+        if self.channel().post_close(handle, self.ino) {
             return Ok(());
         }
         self.m.fs_empty(FsRequest::Close { handle })
     }
 
     fn may_post_close(&self) -> bool {
-        self.born == crate::generation::forks_made()
-            && self.m.inner.fresh()
-            && self.channel().may_post_close(self.ino)
+        // (The locks are checked again as the close is posted, under the lock that a first
+        // lock call takes.)
+        self.born == sharing_stamp() && self.m.inner.fresh()
     }
 
     /// `lseek(2)`: the new position.
@@ -600,7 +608,7 @@ impl Drop for File {
             return;
         }
         if let Ok(handle) = self.h() {
-            if self.may_post_close() && self.channel().post_close(handle) {
+            if self.may_post_close() && self.channel().post_close(handle, self.ino) {
                 return;
             }
             let _ = self.m.fs_empty(FsRequest::Close { handle });

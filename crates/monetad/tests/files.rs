@@ -961,3 +961,65 @@ fn a_stale_map_never_reaches_space_given_to_another_file() {
     assert_eq!(fa.read_at(&mut buf[..16], 0).unwrap(), 16);
     assert_eq!(&buf[..16], &[b'f'; 16]);
 }
+
+/// Closes posted without waiting (docs/libmoneta.md, "Closes posted"), from many threads of
+/// one connection at once, mixed with lock calls: every close is made (the files' space, all
+/// unlinked, is free again at the next `statfs`), and a lock released by a close is free for
+/// another owner as soon as the close returned.
+#[test]
+fn closes_posted_from_many_threads_are_all_made_and_release_locks_at_once() {
+    let d = Daemon::start_fs("64M", &["--chunk-size", "4K"]);
+    let m = Arc::new(Moneta::connect(&d.socket).unwrap());
+    let other = Moneta::connect(&d.socket).unwrap();
+    m.mkdir("/t", 0o755).unwrap();
+    let free0 = m.statfs().unwrap().chunks_free;
+    let inodes0 = m.statfs().unwrap().inodes_free;
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                let data = vec![t as u8; 8192];
+                for i in 0..300 {
+                    let path = format!("/t/{t}-{i}");
+                    let f = m.open(&path, &rw()).unwrap();
+                    assert_eq!(f.write_at(&data, 0).unwrap(), data.len());
+                    // Dropped: the close is posted. A file unlinked while open, too.
+                    if i % 3 == 0 {
+                        m.unlink(&path).unwrap();
+                        drop(f);
+                    } else {
+                        drop(f);
+                        let g = m.open(&path, OpenOptions::new().read(true)).unwrap();
+                        let mut back = vec![0u8; 8192];
+                        assert_eq!(g.read_at(&mut back, 0).unwrap(), back.len());
+                        assert_eq!(back, data);
+                        drop(g);
+                        m.unlink(&path).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    // Meanwhile: a file this connection locks and closes, and another owner that must find
+    // the lock free once the close has returned.
+    use libmoneta::{LockCmd, LockKind, LockType};
+    for _ in 0..200 {
+        let f = m.open("/t/locked", &rw()).unwrap();
+        f.lock(LockKind::Posix, LockCmd::Set, LockType::Write, 0, 0, false)
+            .unwrap();
+        drop(f);
+        let g = other.open("/t/locked", &rw()).unwrap();
+        g.lock(LockKind::Posix, LockCmd::Set, LockType::Write, 0, 0, false)
+            .expect("the lock is released by the close that returned");
+        drop(g);
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    m.unlink("/t/locked").unwrap();
+    // `statfs` waits for the posted closes: every unlinked file's space and inode is back.
+    let st = m.statfs().unwrap();
+    assert_eq!(st.chunks_free, free0);
+    assert_eq!(st.inodes_free, inodes0);
+    assert!(libmoneta::closes_posted() > 0, "no close was posted");
+}

@@ -56,8 +56,10 @@ impl Channel {
                 // would give up, and a sleep and a wake-up cost ten times what the device
                 // takes for most commands (a file call that commits, a 64 KiB copy), so it
                 // spins, offering the core now and then, until the completion comes.
+                // (Tags held by posted closes do not count: nobody waits on them.)
                 if self.spinners.fetch_add(1, Ordering::Relaxed) == 0
-                    && self.tags.free_mask().count_ones() == TAGS_PER_CHANNEL as u32 - 1
+                    && self.tags.free_mask().count_ones() + self.closes_out()
+                        == TAGS_PER_CHANNEL as u32 - 1
                     && !self.tags.waiting()
                 {
                     let mut spins = 0u32;

@@ -19,6 +19,11 @@ const WORKERS: usize = 4;
 /// the control socket, so that one client's calls cannot hold every worker.
 pub const LATER_PER_CHANNEL: usize = 2;
 
+/// Most calls at the workers at once, of all channels: one each. More are referred to the
+/// control socket, whose callers share a flush however many they are (a worker's call joins
+/// the flush of the moment only when it starts), so a queue never forms behind the workers.
+const LATER_IN_ALL: usize = WORKERS;
+
 /// A command whose answer a worker is making.
 struct Waiting {
     token: u64,
@@ -117,7 +122,9 @@ impl<M: Media, C: Clock> Poller<M, C> {
         now: u64,
     ) -> bool {
         let l = &mut self.later;
-        if l.waiting.iter().filter(|w| w.channel == id).count() >= LATER_PER_CHANNEL {
+        if l.waiting.len() >= LATER_IN_ALL
+            || l.waiting.iter().filter(|w| w.channel == id).count() >= LATER_PER_CHANNEL
+        {
             return false;
         }
         let token = l.next;
