@@ -591,12 +591,15 @@ fn the_model_is_measured_against_itself() {
     let of = |f: &'static str| recs.iter().filter(move |r| r["figure"] == f);
     // Every array latency of the sweep, reads and writes, each with the model's prediction.
     assert_eq!(of("latency").count(), 14);
+    let mut close_points = 0;
     for r in of("latency") {
         let predicted = r["predicted_ns"].as_u64().unwrap();
         assert!(predicted >= r["array_ns"].as_u64().unwrap(), "{r}");
         assert!(r["within_target"].is_boolean());
         // The point is the median of at least three runs' pairs, inside their spread; the
-        // pairs of the host's two states add up to all of them, the close state never empty.
+        // pairs of the host's two states add up to all of them. (One state is told from the
+        // other over the whole sweep's probes: a point measured while the host stayed in its
+        // far state has no close pairs, but the sweep as a whole has.)
         assert!(r["pairs"].as_u64().unwrap() >= 3, "{r}");
         let lo = r["added_spread_ns"][0].as_i64().unwrap();
         let hi = r["added_spread_ns"][1].as_i64().unwrap();
@@ -604,16 +607,23 @@ fn the_model_is_measured_against_itself() {
         assert!(lo <= added && added <= hi, "{r}");
         assert!(r["runs_added_ns"].as_array().unwrap().len() >= 3, "{r}");
         let pairs = r["pairs"].as_u64().unwrap();
-        let close = r["close"]["pairs"].as_u64().expect("close state measured");
+        let close = r["close"]["pairs"].as_u64().unwrap_or(0);
+        if close > 0 {
+            close_points += 1;
+        }
         let far = r["far"]["pairs"].as_u64().unwrap_or(0);
         assert_eq!(close + far, pairs, "{r}");
-        if std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
+        if close > 0 && std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
             assert!(
                 r["close"]["line_round_trip_ns"].as_u64().unwrap() > 0,
                 "{r}"
             );
         }
     }
+    assert!(
+        close_points > 0,
+        "no point of the sweep has pairs in the close state"
+    );
     // The slowest array adds at least its own latency to every request.
     let slow = of("latency")
         .find(|r| r["array_ns"] == 128_000 && r["op"] == "read")

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
 use libmoneta::{Channel, ClientError};
 use moneta_abi::control::{encode_request, Request};
@@ -622,6 +624,72 @@ fn at_the_host_level_fsync_is_answered_on_the_channel_after_its_flush() {
     assert!(c.fs_stat(b"/n2999", true).is_err());
     let (h, _, _) = c.fs_open(b"/f", libc::O_RDONLY, 0).unwrap();
     assert_eq!(file_read(&ch, h).unwrap(), b"durable");
+}
+
+#[test]
+fn a_close_the_poller_cannot_make_at_once_is_made_by_a_worker() {
+    let dir = TempDir::new("quick-close-later");
+    let img = dir.0.join("img");
+    let img_s = img.to_string_lossy().to_string();
+    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let ch = Arc::new(d.channel());
+    ch.control().fs(FsRequest::Statfs).unwrap();
+    let busy = match ch
+        .fs(FsRequest::Open {
+            flags: CREAT as u32,
+            mode: 0o644,
+            path: b"/busy".to_vec(),
+        })
+        .unwrap()
+    {
+        FsReply::Opened { handle, .. } => handle,
+        r => panic!("{r:?}"),
+    };
+    // The connection's own socket calls, one after another, each holding its session
+    // through a flush to the host's disk: the poller finds the session busy most of the time.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let syncer = {
+        let (ch, stop) = (ch.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                file_write(&ch, busy, 0, &n.to_le_bytes()).unwrap();
+                ch.control().fs(FsRequest::Fsync { handle: busy }).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let close_op = FsRequest::Close { handle: 0 }.op();
+    for i in 0..200 {
+        let h = match ch
+            .fs(FsRequest::Open {
+                flags: CREAT as u32,
+                mode: 0o644,
+                path: format!("/c{i}").into_bytes(),
+            })
+            .unwrap()
+        {
+            FsReply::Opened { handle, .. } => handle,
+            r => panic!("{r:?}"),
+        };
+        // Every close rung on the channel is answered there: at once, or by a worker.
+        let close = encode_request(3, &Request::Fs(FsRequest::Close { handle: h }));
+        let (st, reply) = ring_fs(&ch, &close, close.len() as u64, 0, 0);
+        assert_eq!(st, Status::Ok, "close {i} was referred");
+        let r = moneta_abi::control::decode_reply(&reply, close_op).unwrap();
+        assert!(r.result.is_ok(), "{:?}", r.result);
+        // It was made: the handle is gone.
+        let again = ch.control().fs(FsRequest::Close { handle: h });
+        assert!(
+            matches!(again, Err(ClientError::Refused { errno, .. }) if errno == libc::EBADF),
+            "{again:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let syncs = syncer.join().unwrap();
+    eprintln!("200 closes on the channel beside {syncs} fsyncs on the socket");
+    assert!(syncs > 0);
 }
 
 #[test]

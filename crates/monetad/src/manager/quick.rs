@@ -73,7 +73,16 @@ impl Manager {
                 return Some(self.fsync_later(session, handle, seq, op, room));
             }
         }
-        let mut s = session.try_lock().ok()?;
+        // A close the poller cannot make at once (a lock it needs is busy, the journal needs
+        // room) is made by a worker, as the socket would make it: so a close libmoneta posted
+        // without waiting (docs/libmoneta.md) is made now, not when the process next calls.
+        let fallback = matches!(req, FsRequest::Close { .. }).then(|| req.clone());
+        let later = |req: Option<FsRequest>| {
+            req.map(|req| self.call_later(session, channel, req, seq, op, room))
+        };
+        let Ok(mut s) = session.try_lock() else {
+            return later(fallback);
+        };
         if let FsRequest::Lock {
             handle,
             kind,
@@ -113,10 +122,44 @@ impl Manager {
             }));
         }
         let mut ops = Vec::new();
-        let result = self.quick_call(&mut s, channel, req, room, &mut ops)?;
+        let Some(result) = self.quick_call(&mut s, channel, req, room, &mut ops) else {
+            drop(s);
+            return later(fallback);
+        };
         drop(s);
         let reply = fitted_reply(op, seq, result, room)?;
         Some(FsOutcome::Now(FsAnswer { reply, ops }))
+    }
+
+    /// A call of the channel's connection made by one of the device's file-call workers
+    /// exactly as the socket makes it ([`Manager::call`], which may wait for locks and for the
+    /// poller): the poller completes the command with its answer.
+    fn call_later(
+        self: &Arc<Self>,
+        session: &Arc<Mutex<Session>>,
+        channel: u32,
+        req: FsRequest,
+        seq: u32,
+        op: u16,
+        room: usize,
+    ) -> FsOutcome {
+        let me = self.clone();
+        let session = Arc::downgrade(session);
+        FsOutcome::Later(Box::new(move || {
+            let result = match session.upgrade() {
+                Some(s) => me.call(
+                    &mut s.lock().unwrap_or_else(|e| e.into_inner()),
+                    Some(channel),
+                    req,
+                ),
+                None => Err(fail(errno::EBADF, "the connection has closed")),
+            };
+            FsAnswer {
+                // An empty reply is out of bounds for the poller, which then refers the call.
+                reply: fitted_reply(op, seq, result, room).unwrap_or_default(),
+                ops: Vec::new(),
+            }
+        }))
     }
 
     /// `fsync` at the `Host` level through the channel: a durability point waits for the
