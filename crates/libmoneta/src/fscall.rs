@@ -78,6 +78,28 @@ fn switch(name: &str, warned: &'static std::sync::Once, cell: &std::sync::OnceLo
 
 /// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
 /// the two paths); `on`, the default, tries the channel first.
+/// The handle a request names, if any.
+fn handle_named(req: &FsRequest) -> Option<u64> {
+    match req {
+        FsRequest::Close { handle }
+        | FsRequest::Lookup { handle, .. }
+        | FsRequest::Extend { handle, .. }
+        | FsRequest::Fsync { handle }
+        | FsRequest::Readdir { handle, .. }
+        | FsRequest::Map { handle, .. }
+        | FsRequest::Lock { handle, .. } => Some(*handle),
+        FsRequest::Stat { target }
+        | FsRequest::Truncate { target, .. }
+        | FsRequest::Chmod { target, .. }
+        | FsRequest::Chown { target, .. }
+        | FsRequest::Utimes { target, .. } => match target {
+            Target::Handle(h) => Some(*h),
+            Target::Path { .. } => None,
+        },
+        _ => None,
+    }
+}
+
 /// Counts a file call for the report (`MONETA_REPORT`).
 pub(crate) fn count_call(req: &FsRequest) {
     let op = match req {
@@ -136,8 +158,12 @@ impl Channel {
     pub fn fs(&self, req: FsRequest) -> Result<FsReply, ClientError> {
         count_call(&req);
         // Posted closes are collected as they complete. A lock call waits for them all, as
-        // does a `statfs` (the space an unlinked file's last close frees counts at once).
-        self.collect_closes(matches!(req, FsRequest::Lock { .. } | FsRequest::Statfs));
+        // does a `statfs` (the space an unlinked file's last close frees counts at once) and
+        // a call naming a handle whose close is in flight (the device takes a pass's commands
+        // in the order of their tags, not of their posting).
+        let all = matches!(req, FsRequest::Lock { .. } | FsRequest::Statfs)
+            || handle_named(&req).is_some_and(|h| self.closing(h));
+        self.collect_closes(all);
         if !self.keeps_changes() || !keeping() {
             return self.ask(req);
         }

@@ -44,7 +44,7 @@ fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     assert_eq!(calls(&d), before, "kept answers make no call");
     assert!(libmoneta::stats_kept() >= kept + 2);
     // A file made beside it changes nothing the answer depended on: still kept.
-    b.open("/dir/g", &rw()).unwrap();
+    b.open("/dir/g", &rw()).unwrap().close().unwrap();
     let before = calls(&d);
     assert_eq!(a.stat("/dir/f").unwrap().size, 5);
     assert_eq!(calls(&d), before);
@@ -60,7 +60,7 @@ fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     // A name that is missing is kept missing until another process makes it.
     assert_eq!(errno_of(a.stat("/dir/new")), libc::ENOENT);
     assert_eq!(errno_of(a.stat("/dir/new")), libc::ENOENT);
-    b.open("/dir/new", &rw()).unwrap();
+    b.open("/dir/new", &rw()).unwrap().close().unwrap();
     assert_eq!(a.stat("/dir/new").unwrap().size, 0);
     // Renames: the old name goes, the new one comes, through a renamed directory too.
     b.rename("/dir/new", "/dir/newer", false).unwrap();
@@ -71,7 +71,7 @@ fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     assert_eq!(a.stat("/moved/f").unwrap().size, 15);
     // Who may search a directory on the way.
     b.mkdir("/moved/private", 0o755).unwrap();
-    b.open("/moved/private/x", &rw()).unwrap();
+    b.open("/moved/private/x", &rw()).unwrap().close().unwrap();
     a.stat("/moved/private/x").unwrap();
     b.chmod("/moved/private", 0o700).unwrap();
     // Root passes the mode; the answer is asked again all the same (the counter moved).
@@ -163,7 +163,7 @@ fn a_channel_past_its_bound_asks_again_and_what_it_kept_still_hears_of_changes()
     // a name that was missing, and both answers are new.
     let g = b.open("/early", &rw()).unwrap();
     g.write_at(b"23", 1).unwrap();
-    b.open("/missing-5", &rw()).unwrap();
+    b.open("/missing-5", &rw()).unwrap().close().unwrap();
     assert_eq!(a.stat("/early").unwrap().size, 3);
     assert_eq!(a.stat("/missing-5").unwrap().size, 0);
     assert_eq!(errno_of(a.stat("/missing-6")), libc::ENOENT);

@@ -55,6 +55,18 @@ impl Channel {
         self.collect_closes(true);
     }
 
+    /// Whether a close of `handle` is in flight.
+    pub(crate) fn closing(&self, handle: u64) -> bool {
+        self.closing.count.load(Ordering::Acquire) > 0
+            && self
+                .closing
+                .posted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|&(_, h)| h == handle)
+    }
+
     /// Closes in flight (their tags are taken, and nobody waits on them).
     pub(crate) fn closes_out(&self) -> u32 {
         self.closing.count.load(Ordering::Relaxed)
