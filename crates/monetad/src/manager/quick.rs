@@ -143,29 +143,20 @@ impl Manager {
         op: u16,
         room: usize,
     ) -> FsOutcome {
-        let me = self.clone();
-        let session = Arc::downgrade(session);
-        FsOutcome::Later(Box::new(move || {
-            let result = match session.upgrade() {
-                Some(s) => me.call(
-                    &mut s.lock().unwrap_or_else(|e| e.into_inner()),
-                    Some(channel),
-                    req,
-                ),
-                None => Err(fail(errno::EBADF, "the connection has closed")),
-            };
-            FsAnswer {
-                // An empty reply is out of bounds for the poller, which then refers the call.
-                reply: fitted_reply(op, seq, result, room).unwrap_or_default(),
-                ops: Vec::new(),
-            }
-        }))
+        self.later(session, seq, op, room, move |me, s| {
+            me.call(
+                &mut s.lock().unwrap_or_else(|e| e.into_inner()),
+                Some(channel),
+                req,
+            )
+        })
     }
 
     /// `fsync` at the `Host` level through the channel: a durability point waits for the
     /// host's disk, so it is left to the device's file-call workers, where it joins the group
     /// commit of the socket's callers ([`Manager::fsync`]). The handle is looked up when the
-    /// worker runs, as the socket would when the call came.
+    /// worker runs, as the socket would when the call came; the session is not held through
+    /// the flush.
     fn fsync_later(
         self: &Arc<Self>,
         session: &Arc<Mutex<Session>>,
@@ -174,19 +165,33 @@ impl Manager {
         op: u16,
         room: usize,
     ) -> FsOutcome {
+        self.later(session, seq, op, room, move |me, s| {
+            let ino = Self::handle(&s.lock().unwrap_or_else(|e| e.into_inner()), handle)?.ino;
+            me.fsync(ino).map_err(failure)?;
+            Ok(FsReply::Empty)
+        })
+    }
+
+    /// Work for a file-call worker: `work` with the manager and the session (a connection
+    /// gone meanwhile is `EBADF`), its result as the reply message of request `seq`.
+    fn later(
+        self: &Arc<Self>,
+        session: &Arc<Mutex<Session>>,
+        seq: u32,
+        op: u16,
+        room: usize,
+        work: impl FnOnce(&Arc<Self>, &Arc<Mutex<Session>>) -> Result<FsReply, Failure> + Send + 'static,
+    ) -> FsOutcome {
         let me = self.clone();
         let session = Arc::downgrade(session);
         FsOutcome::Later(Box::new(move || {
-            let ino = match session.upgrade() {
-                Some(s) => Self::handle(&s.lock().unwrap_or_else(|e| e.into_inner()), handle)
-                    .map(|h| h.ino),
+            let result = match session.upgrade() {
+                Some(s) => work(&me, &s),
                 None => Err(fail(errno::EBADF, "the connection has closed")),
             };
-            let result = ino.and_then(|ino| me.fsync(ino).map_err(failure));
-            let reply = fitted_reply(op, seq, result.map(|()| FsReply::Empty), room);
             FsAnswer {
                 // An empty reply is out of bounds for the poller, which then refers the call.
-                reply: reply.unwrap_or_default(),
+                reply: fitted_reply(op, seq, result, room).unwrap_or_default(),
                 ops: Vec::new(),
             }
         }))
