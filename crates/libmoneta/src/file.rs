@@ -89,6 +89,9 @@ pub struct File {
     /// another image handed over. A close may be posted only while it stands
     /// ([`File::close_soon`]).
     born: u64,
+    /// The channel knows that the process asks for locks on the file
+    /// ([`Channel::note_locking`], noted once).
+    locking_noted: std::sync::atomic::AtomicBool,
 }
 
 /// [`File::born`] of a file another program image handed over.
@@ -156,6 +159,7 @@ impl File {
             in_place: inplace::InPlace::from_env(),
             grown: std::sync::atomic::AtomicBool::new(false),
             born: sharing_stamp(),
+            locking_noted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -208,6 +212,7 @@ impl File {
             in_place: inplace::InPlace::from_env(),
             grown: std::sync::atomic::AtomicBool::new(false),
             born: HANDED_OVER,
+            locking_noted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -531,34 +536,45 @@ impl File {
     pub fn close(self) -> Result<(), ClientError> {
         self.closed.store(true, Ordering::Relaxed);
         self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
-        let handle = self.h()?;
-        self.m.fs_empty(FsRequest::Close { handle })
+        self.close_handle(false)
     }
 
     /// Closes the file; when nothing the program or another process can see depends on the
-    /// daemon's answer, without waiting for it (docs/libmoneta.md, "Closes"): the process
-    /// never asked to lock the file (closing any handle of a file releases the process's
-    /// locks on it, which another process may wait for), and this process image opened it
-    /// with no fork since (so no other process shares its open file description, whose
-    /// `flock` locks its last close releases). The process's next file call collects the
-    /// answer; one that refuses the close is dropped. Otherwise as [`File::close`].
+    /// daemon's answer, without waiting for it (docs/libmoneta.md, "Closes posted"): the
+    /// process never asked to lock the file (closing any handle of a file releases the
+    /// process's locks on it, which another process may wait for), and this process image
+    /// opened it with no fork or handover since (so no other process shares its open file
+    /// description, whose `flock` locks its last close releases). The process's next file
+    /// call collects the answer; one that refuses the close is dropped. Otherwise as
+    /// [`File::close`].
     pub fn close_soon(self) -> Result<(), ClientError> {
-        if !self.may_post_close() {
-            return self.close();
-        }
         self.closed.store(true, Ordering::Relaxed);
         self.m.inner.open.fetch_sub(1, Ordering::AcqRel);
+        self.close_handle(true)
+    }
+
+    /// Closes the daemon's handle: posted without waiting when `post` allows and nothing
+    /// depends on the answer ([`File::close_soon`]), else waiting for it.
+    fn close_handle(&self, post: bool) -> Result<(), ClientError> {
         let handle = self.h()?;
-        if self.channel().post_close(handle, self.ino) {
+        // (The locks are checked as the close is posted, under the lock that a first lock
+        // call takes.)
+        if post
+            && self.born == sharing_stamp()
+            && self.m.inner.fresh()
+            && self.channel().post_close(handle, self.ino)
+        {
             return Ok(());
         }
         self.m.fs_empty(FsRequest::Close { handle })
     }
 
-    fn may_post_close(&self) -> bool {
-        // (The locks are checked again as the close is posted, under the lock that a first
-        // lock call takes.)
-        self.born == sharing_stamp() && self.m.inner.fresh()
+    /// Tells the channel, once, that the process asks for locks on the file: its closes must
+    /// wait for their answers from now on.
+    pub(crate) fn note_locking(&self) {
+        if !self.locking_noted.swap(true, Ordering::AcqRel) {
+            self.channel().note_locking(self.ino);
+        }
     }
 
     /// `lseek(2)`: the new position.
@@ -607,12 +623,7 @@ impl Drop for File {
         if !self.m.inner.fresh() {
             return;
         }
-        if let Ok(handle) = self.h() {
-            if self.may_post_close() && self.channel().post_close(handle, self.ino) {
-                return;
-            }
-            let _ = self.m.fs_empty(FsRequest::Close { handle });
-        }
+        let _ = self.close_handle(true);
     }
 }
 

@@ -76,8 +76,6 @@ fn switch(name: &str, warned: &'static std::sync::Once, cell: &std::sync::OnceLo
     })
 }
 
-/// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
-/// the two paths); `on`, the default, tries the channel first.
 /// The handle a request names, if any.
 fn handle_named(req: &FsRequest) -> Option<u64> {
     match req {
@@ -120,6 +118,8 @@ pub(crate) fn on_channel_enabled() -> bool {
     enabled()
 }
 
+/// `MONETA_FS_CHANNEL=off` keeps every file-system call on the control socket (to compare
+/// the two paths); `on`, the default, tries the channel first.
 fn enabled() -> bool {
     static WARNED: std::sync::Once = std::sync::Once::new();
     static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -94,7 +94,7 @@ impl File {
     ) -> Result<Option<LockInfo>, ClientError> {
         let handle = self.h()?;
         // Its closes must now wait for their answers (see `File::close_soon`).
-        self.channel().note_locking(self.ino());
+        self.note_locking();
         if kind == LockKind::Posix {
             // A lease answers what the daemon would, without asking it (docs/abi.md §3.8);
             // a lock of a type the file was not opened for is the daemon's to refuse.

@@ -1,5 +1,6 @@
-//! File calls answered later: the work of an `OP_FS` call that waits for the disk (a
-//! durability point at the `host` level) runs on a few worker threads, never on the poller.
+//! File calls answered later: the work of an `OP_FS` call that waits for the disk or for
+//! locks (a durability point at the `host` level, a close the poller could not make at once)
+//! runs on a few worker threads, never on the poller.
 //! The command stays in flight on its channel meanwhile (so the channel stays active, and its
 //! next command is taken without a kick), and the pass that finds the work done completes it
 //! with the answer, as if it had been given at once.
@@ -17,7 +18,7 @@ const WORKERS: usize = 4;
 
 /// Most calls of one channel at the workers at once; the channel's next ones are referred to
 /// the control socket, so that one client's calls cannot hold every worker.
-pub const LATER_PER_CHANNEL: usize = 2;
+const LATER_PER_CHANNEL: usize = 2;
 
 /// Most calls at the workers at once, of all channels: one each. More are referred to the
 /// control socket, whose callers share a flush however many they are (a worker's call joins

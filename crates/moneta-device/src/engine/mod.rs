@@ -85,7 +85,8 @@ pub type FsJob = Box<dyn FnOnce() -> FsAnswer + Send>;
 pub enum FsOutcome {
     /// Answered at once.
     Now(FsAnswer),
-    /// Answered when the job is done (a durability point that flushes to the host's disk):
+    /// Answered when the job is done (a durability point that flushes to the host's disk, a
+    /// call that waits for locks):
     /// the command stays in flight on its channel meanwhile, and the poller completes it with
     /// the job's answer. The job must not change the channel's records before then: the
     /// answer's changes are made by the poller, as for an answer given at once.

@@ -534,7 +534,8 @@ fn fitted_reply(
     result: Result<FsReply, Failure>,
     room: usize,
 ) -> Option<Vec<u8>> {
-    let reply = encode_reply(op, seq, &result.clone().map(ReplyBody::Fs));
+    let result = result.map(ReplyBody::Fs);
+    let reply = encode_reply(op, seq, &result);
     if reply.len() <= room {
         return Some(reply);
     }
