@@ -85,6 +85,9 @@ pub struct MountOptions {
     /// The array was formatted just now and its free space reads as zeros (nothing needs
     /// zeroing before it is handed out).
     pub fresh: bool,
+    /// Nothing reads the array after this mount ends (a volatile array, gone with the
+    /// daemon): metadata goes in place with no journal log ([`Journal::without_log`]).
+    pub volatile: bool,
 }
 
 impl Default for MountOptions {
@@ -93,6 +96,7 @@ impl Default for MountOptions {
             durability: Durability::Device,
             append_reserve: DEFAULT_APPEND_RESERVE,
             fresh: false,
+            volatile: false,
         }
     }
 }
@@ -455,6 +459,9 @@ impl Fs {
         }
         let mut journal = Journal::open(&t.sb.geometry, &t.recovered, opts.durability);
         journal.replay(&*media, &t.recovered)?;
+        if opts.volatile {
+            journal = journal.without_log();
+        }
         let mut fs = Fs::from_tables(media, t, journal, &opts);
         let orphans: Vec<u64> = report
             .problems

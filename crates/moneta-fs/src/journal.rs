@@ -34,6 +34,10 @@
 //! names the sequence number of the next transaction and where it starts (the start of the
 //! log); every transaction before is in place.
 //!
+//! On an array that nothing reads after the daemon (a volatile array: a memfd that goes with
+//! the process) the log has no reader, and [`Journal::without_log`] drops it: a commit writes
+//! its images in place and nothing else, as a tmpfs keeps its metadata in memory alone.
+//!
 //! What mounting replays follows from when images went in place, which the head records (the
 //! level of the daemon that wrote the log since the checkpoint): at `Device`, every
 //! transaction but the last is wholly in place, so only the last is replayed, and none when
@@ -288,6 +292,9 @@ pub struct Journal {
     queued: VecDeque<(u64, Txn)>,
     /// In-place ranges written since the last checkpoint, which it flushes (Host).
     applied: Vec<(u64, u64)>,
+    /// Whether transactions go through the log (false for an array that nothing reads after
+    /// the daemon: [`Journal::without_log`]).
+    logged: bool,
 }
 
 /// Sorts and merges ranges that overlap or touch.
@@ -321,7 +328,22 @@ impl Journal {
             unflushed: Vec::new(),
             queued: VecDeque::new(),
             applied: Vec::new(),
+            logged: true,
         }
+    }
+
+    /// Drops the log, for an array that nothing reads after the daemon that writes it (a
+    /// volatile array): a commit writes its images in place at once and nothing else, since
+    /// no mount will ever replay it. Only at the `Device` level (the `Host` level needs a
+    /// backing file); a journal at `Host` keeps its log.
+    pub fn without_log(mut self) -> Journal {
+        self.logged = self.level == Durability::Host;
+        self
+    }
+
+    /// Whether transactions go through the log.
+    pub fn logged(&self) -> bool {
+        self.logged
     }
 
     /// Reads the committed transactions of an image's log, from the tail the head names to
@@ -472,6 +494,11 @@ impl Journal {
         if txn.is_empty() {
             return Ok(self.seq);
         }
+        if !self.logged {
+            self.seq += 1;
+            self.apply(m, &txn)?;
+            return Ok(self.seq);
+        }
         for (addr, data) in txn.records() {
             assert!(
                 addr >= self.g.inode_off && addr + data.len() as u64 <= self.g.tables_end(),
@@ -549,14 +576,20 @@ impl Journal {
     /// Writes a transaction's images in place, the first copies first: a crash in between
     /// leaves the log to redo both.
     fn apply(&mut self, m: &dyn Media, txn: &Txn) -> io::Result<()> {
+        // Only a checkpoint at `Host` flushes what went in place.
+        let track = self.level == Durability::Host;
         for (addr, data) in txn.records() {
             self.put(m, addr, data)?;
-            self.applied.push((addr, data.len() as u64));
+            if track {
+                self.applied.push((addr, data.len() as u64));
+            }
         }
         for (addr, data) in txn.records() {
             if let Some(at) = self.g.mirror_of(addr) {
                 self.put(m, at, data)?;
-                self.applied.push((at, data.len() as u64));
+                if track {
+                    self.applied.push((at, data.len() as u64));
+                }
             }
         }
         if self.applied.len() > 4096 {
@@ -724,6 +757,38 @@ mod tests {
         assert_eq!(rec[0], 7, "both copies");
         assert!(j.pending().1.is_empty());
         assert_eq!(j.durable_seq(), 1);
+    }
+
+    #[test]
+    fn without_a_log_images_go_in_place_and_the_log_stays_empty() {
+        let (a, g) = setup(64 << 10);
+        let head_before = {
+            let mut h = [0u8; HEAD as usize];
+            read(&a, g.journal_off, &mut h);
+            h
+        };
+        let mut j = Journal::open(&g, &Journal::recover(&a, &g), Durability::Device).without_log();
+        assert!(!j.logged());
+        for i in 1..=50u64 {
+            assert_eq!(j.commit(&a, txn(&g, 1 + i % 3, i as u8, 128)).unwrap(), i);
+            let mut rec = [0u8; 1];
+            read(&a, g.inode_addr(1 + i % 3), &mut rec);
+            assert_eq!(rec[0], i as u8, "in place at commit {i}");
+            read(&a, g.mirror_of(g.inode_addr(1 + i % 3)).unwrap(), &mut rec);
+            assert_eq!(rec[0], i as u8, "both copies at commit {i}");
+        }
+        // Nothing reached the log or the head, and nothing waits for a flush.
+        let r = Journal::recover(&a, &g);
+        assert_eq!((r.transactions, r.live), (0, 0));
+        let mut h = [0u8; HEAD as usize];
+        read(&a, g.journal_off, &mut h);
+        assert_eq!(h, head_before);
+        assert_eq!(j.usage().0, 0);
+        assert_eq!(j.durable_seq(), 50);
+        assert!(j.pending().1.is_empty());
+        // A journal at the host level keeps its log: it needs one.
+        let h = Journal::open(&g, &Journal::recover(&a, &g), Durability::Host).without_log();
+        assert!(h.logged());
     }
 
     #[test]

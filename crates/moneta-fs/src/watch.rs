@@ -61,12 +61,69 @@ pub(crate) fn name_key(dir: u64, name: &[u8]) -> u64 {
     NAME | (h & (SEARCH - 1))
 }
 
+/// One watch: (observer, slot).
+type Watch = (u32, u16);
+
+/// The watches on one inode (a set). Most inodes are watched by one answer of one client (a
+/// file's stat after its open), which is kept inline; the root's search, watched by every path
+/// any client asked about, has a table.
+enum On {
+    One(Watch),
+    Many(HashSet<Watch, IdHash>),
+}
+
+impl On {
+    fn contains(&self, w: &Watch) -> bool {
+        match self {
+            On::One(x) => x == w,
+            On::Many(set) => set.contains(w),
+        }
+    }
+
+    /// Adds `w`; whether it was not there.
+    fn insert(&mut self, w: Watch) -> bool {
+        match self {
+            On::One(x) if *x == w => false,
+            On::One(x) => {
+                let mut set = HashSet::with_capacity_and_hasher(4, IdHash::default());
+                set.insert(*x);
+                set.insert(w);
+                *self = On::Many(set);
+                true
+            }
+            On::Many(set) => set.insert(w),
+        }
+    }
+
+    /// Removes `w`: (whether it was there, whether none is left).
+    fn remove(&mut self, w: &Watch) -> (bool, bool) {
+        match self {
+            On::One(x) => (x == w, x == w),
+            On::Many(set) => (set.remove(w), set.is_empty()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            On::One(_) => 1,
+            On::Many(set) => set.len(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Watch> {
+        let (one, many) = match self {
+            On::One(x) => (Some(x), None),
+            On::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
 /// The watches of every observer.
 #[derive(Default)]
 pub(crate) struct Watches {
-    /// Per inode: the (observer, slot) pairs watching it (a set: the root's search is watched
-    /// by every path any client asked about).
-    by_ino: HashMap<u64, HashSet<(u32, u16), IdHash>>,
+    /// Per inode: the (observer, slot) pairs watching it.
+    by_ino: HashMap<u64, On>,
     /// Per observer: its watches.
     by_observer: HashMap<u32, Held, IdHash>,
 }
@@ -84,7 +141,7 @@ struct Held {
 impl Held {
     /// Drops from the list the watches that fired (and repeats of one registered again):
     /// what is left is exactly the live ones.
-    fn compact(&mut self, by_ino: &HashMap<u64, HashSet<(u32, u16), IdHash>>, observer: u32) {
+    fn compact(&mut self, by_ino: &HashMap<u64, On>, observer: u32) {
         let mut seen: HashSet<(u64, u16), IdHash> = HashSet::default();
         self.list.retain(|&(ino, slot)| {
             by_ino
@@ -142,7 +199,16 @@ impl Watches {
             }
         }
         for &ino in inos {
-            if self.by_ino.entry(ino).or_default().insert((observer, slot)) {
+            let new = match self.by_ino.entry(ino) {
+                std::collections::hash_map::Entry::Occupied(mut on) => {
+                    on.get_mut().insert((observer, slot))
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(On::One((observer, slot)));
+                    true
+                }
+            };
+            if new {
                 mine.list.push_back((ino, slot));
                 mine.live += 1;
             }
@@ -153,17 +219,12 @@ impl Watches {
     }
 
     /// Removes `observer`'s watch of `ino` in `slot`; whether there was one.
-    fn unwatch_one(
-        by_ino: &mut HashMap<u64, HashSet<(u32, u16), IdHash>>,
-        ino: u64,
-        observer: u32,
-        slot: u16,
-    ) -> bool {
+    fn unwatch_one(by_ino: &mut HashMap<u64, On>, ino: u64, observer: u32, slot: u16) -> bool {
         let Some(on) = by_ino.get_mut(&ino) else {
             return false;
         };
-        let removed = on.remove(&(observer, slot));
-        if on.is_empty() {
+        let (removed, empty) = on.remove(&(observer, slot));
+        if empty {
             by_ino.remove(&ino);
         }
         removed
@@ -179,12 +240,12 @@ impl Watches {
         // The observers' lists keep the entries until they are compacted; the watches no
         // longer count against the bound.
         if let Some(on) = self.by_ino.remove(&ino) {
-            for &(observer, _) in &on {
+            for &(observer, _) in on.iter() {
                 if let Some(mine) = self.by_observer.get_mut(&observer) {
                     mine.live = mine.live.saturating_sub(1);
                 }
             }
-            fired.extend(on);
+            fired.extend(on.iter().copied());
         }
     }
 

@@ -298,6 +298,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             append_reserve: config.append_reserve,
             // A file this call created, or memory: its free space reads as zeros.
             fresh,
+            // Memory goes with this process: no mount will ever replay a log of it.
+            volatile: matches!(config.array, ArraySource::Volatile(_)),
         };
         Some(moneta_fs::Fs::mount_with(shared.clone(), opts)?)
     };
