@@ -270,10 +270,13 @@ struct Ext {
     slot: u64,
 }
 
+/// A name in a directory, shared by its two indexes.
+type Name = Arc<[u8]>;
+
 #[derive(Default, Debug)]
 struct Dir {
-    by_name: HashMap<Vec<u8>, (u64, u64)>,
-    by_slot: BTreeMap<u64, Vec<u8>>,
+    by_name: HashMap<Name, (u64, u64)>,
+    by_slot: BTreeMap<u64, Name>,
 }
 
 /// Where a path's last component lives.
@@ -550,8 +553,9 @@ impl Fs {
                 fs.parent.insert(d.ino, d.parent);
             }
             let dir = fs.dirs.entry(d.parent).or_default();
-            dir.by_slot.insert(slot, d.name.clone());
-            dir.by_name.insert(d.name, (d.ino, slot));
+            let name: Name = d.name.into();
+            dir.by_slot.insert(slot, name.clone());
+            dir.by_name.insert(name, (d.ino, slot));
         }
         for slot in 0..g.extent_count {
             if !t.extents.contains_key(&slot) {
@@ -812,8 +816,9 @@ impl Fs {
         };
         self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
         let d = self.dirs.get_mut(&dir).expect("a directory");
-        d.by_name.insert(name.to_vec(), (ino, slot));
-        d.by_slot.insert(slot, name.to_vec());
+        let name: Name = name.into();
+        d.by_name.insert(name.clone(), (ino, slot));
+        d.by_slot.insert(slot, name);
         if kind == DT_DIR {
             self.parent.insert(ino, dir);
         }
@@ -1097,7 +1102,7 @@ impl Fs {
             out.push(DirEntry {
                 ino: child,
                 kind: kind_of(self.inode(child).mode),
-                name: name.clone(),
+                name: name.to_vec(),
                 next: slot + 3,
             });
         }

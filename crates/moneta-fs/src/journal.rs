@@ -132,19 +132,24 @@ fn record_len(len: u64) -> u64 {
 }
 
 /// A change being built: array address to new bytes. A later image of the same address
-/// replaces an earlier one.
+/// replaces an earlier one. The images share one buffer (a transaction is built and committed
+/// on every metadata call: one allocation for its bytes, not one per record).
 #[derive(Default, Debug)]
 pub struct Txn {
-    records: BTreeMap<u64, Vec<u8>>,
+    /// Address to (offset, length) in `bytes`.
+    records: BTreeMap<u64, (usize, usize)>,
+    bytes: Vec<u8>,
     body: u64,
 }
 
 impl Txn {
     /// Records `bytes` as the new contents at `addr`.
     pub fn put(&mut self, addr: u64, bytes: &[u8]) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(bytes);
         self.body += record_len(bytes.len() as u64);
-        if let Some(old) = self.records.insert(addr, bytes.to_vec()) {
-            self.body -= record_len(old.len() as u64);
+        if let Some((_, old)) = self.records.insert(addr, (at, bytes.len())) {
+            self.body -= record_len(old as u64);
         }
     }
 
@@ -155,7 +160,9 @@ impl Txn {
 
     /// The records, by address.
     pub fn records(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        self.records.iter().map(|(a, b)| (*a, b.as_slice()))
+        self.records
+            .iter()
+            .map(|(a, &(at, len))| (*a, &self.bytes[at..at + len]))
     }
 
     /// Bytes of journal body the change takes.
@@ -165,14 +172,14 @@ impl Txn {
 
     /// Adds `other`'s records (later images replace earlier ones).
     pub fn append(&mut self, other: Txn) {
-        for (addr, bytes) in other.records {
-            self.put(addr, &bytes);
+        for (addr, bytes) in other.records() {
+            self.put(addr, bytes);
         }
     }
 
     fn body(&self) -> Vec<u8> {
         let mut body = Vec::with_capacity(self.body as usize);
-        for (addr, data) in &self.records {
+        for (addr, data) in self.records() {
             body.extend_from_slice(&addr.to_le_bytes());
             body.extend_from_slice(&(data.len() as u32).to_le_bytes());
             body.extend_from_slice(&0u32.to_le_bytes());

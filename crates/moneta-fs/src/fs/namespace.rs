@@ -276,7 +276,7 @@ impl Fs {
             .get_mut(&sp.dir)
             .expect("dir")
             .by_name
-            .remove(&sname)
+            .remove(sname.as_slice())
             .expect("entry");
         self.dirs
             .get_mut(&sp.dir)
@@ -291,6 +291,7 @@ impl Fs {
         };
         self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
         let dd = self.dirs.get_mut(&dp.dir).expect("dir");
+        let dname: super::Name = dname.into();
         dd.by_name.insert(dname.clone(), (ino, slot));
         dd.by_slot.insert(slot, dname);
         if src_dir && sp.dir != dp.dir {
