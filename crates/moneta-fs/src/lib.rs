@@ -8,7 +8,7 @@
 
 pub mod alloc;
 pub mod fs;
-pub(crate) mod idhash;
+pub mod idhash;
 pub mod journal;
 pub mod layout;
 pub mod repair;

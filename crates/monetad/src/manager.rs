@@ -139,7 +139,7 @@ struct SyncState {
 struct LockState {
     table: Locks,
     /// Per open-file-description id: the handles carrying it, in sessions and in bundles.
-    ofds: HashMap<u64, usize>,
+    ofds: HashMap<u64, usize, moneta_fs::idhash::IdHash>,
     next_ofd: u64,
     /// Lock leases out in channels (`leases.rs`).
     leases: Leases,
@@ -191,7 +191,7 @@ impl FileService for Front {
         // either this sees neither lock free or no handle, or the removal comes after the
         // records it would have to remove.
         let registry = self.registry.try_lock().ok()?;
-        let &(ino, rights) = registry.get(&channel)?.handles.get(&handle)?;
+        let (ino, rights) = registry.get(&channel)?.get(handle)?;
         let m = self.manager.upgrade()?;
         let mut fs = m.fs.try_lock().ok()?;
         let (size, maps) = fs.map(ino, offset, len, max).ok()?;
@@ -527,7 +527,7 @@ impl Manager {
             ..Default::default()
         };
         for (&handle, h) in &s.handles {
-            p.insert(handle, (h.ino, s.rights(h.ino)));
+            p.insert(handle, h.ino, s.rights(h.ino));
         }
         lock_registry(&self.registry).insert(channel, p);
         s.published = Some((channel, self.registry.clone()));

@@ -2,6 +2,7 @@
 //! publishes for the poller's `OP_LOOKUP` and `OP_FS`.
 
 use super::*;
+use moneta_fs::idhash::IdHash;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Handle {
@@ -27,9 +28,9 @@ pub struct Session {
     pub pid: i32,
     /// Owns the session's POSIX locks.
     pub(super) id: u64,
-    pub(super) handles: HashMap<u64, Handle>,
+    pub(super) handles: HashMap<u64, Handle, IdHash>,
     /// Per inode: handles open for reading, for writing (so a lookup finds its rights at once).
-    pub(super) per_file: HashMap<u64, (u32, u32)>,
+    pub(super) per_file: HashMap<u64, (u32, u32), IdHash>,
     /// The channel whose `OP_LOOKUP` and `OP_FS` commands see this session's handles, and
     /// where they are published for the poller.
     pub(super) published: Option<(u32, Registry)>,
@@ -47,8 +48,8 @@ impl Session {
             cred,
             pid: 0,
             id: SESSIONS.fetch_add(1, Ordering::Relaxed),
-            handles: HashMap::new(),
-            per_file: HashMap::new(),
+            handles: HashMap::default(),
+            per_file: HashMap::default(),
             published: None,
             me: Weak::new(),
             next: 1,
@@ -89,8 +90,7 @@ impl Session {
         self.handles.insert(handle, h);
         if let Some((channel, r)) = &self.published {
             if let Some(p) = lock_registry(r).get_mut(channel) {
-                p.insert(handle, (h.ino, self.rights(h.ino)));
-                p.set_rights(h.ino, self.rights(h.ino));
+                p.insert(handle, h.ino, self.rights(h.ino));
             }
         }
     }
@@ -105,8 +105,7 @@ impl Session {
         }
         if let Some((channel, r)) = &self.published {
             if let Some(p) = lock_registry(r).get_mut(channel) {
-                p.remove(&handle);
-                p.set_rights(h.ino, self.rights(h.ino));
+                p.remove(handle, h.ino, self.rights(h.ino));
             }
         }
         Some(h)
@@ -123,26 +122,39 @@ pub(super) type Registry = Arc<Mutex<HashMap<u32, Published>>>;
 /// One channel's published handles.
 #[derive(Default)]
 pub(super) struct Published {
-    pub(super) handles: HashMap<u64, (u64, u32)>,
+    /// Handle to inode.
+    pub(super) handles: HashMap<u64, u64, IdHash>,
+    /// Inode to the rights of the connection's handles of it together (kept per inode, so
+    /// that an open or a close changes one entry, however many files the connection holds).
+    pub(super) rights: HashMap<u64, u32, IdHash>,
     /// The connection's session, for the poller's `OP_FS` calls.
     pub(super) session: Weak<Mutex<Session>>,
 }
 
 impl Published {
-    pub(super) fn insert(&mut self, handle: u64, v: (u64, u32)) {
-        self.handles.insert(handle, v);
+    /// Publishes `handle` of `ino`, whose handles together carry `rights` now.
+    pub(super) fn insert(&mut self, handle: u64, ino: u64, rights: u32) {
+        self.handles.insert(handle, ino);
+        self.set_rights(ino, rights);
     }
 
-    pub(super) fn remove(&mut self, handle: &u64) {
-        self.handles.remove(handle);
+    /// Withdraws `handle`; the handles of `ino` left carry `rights` (0 when none is left).
+    pub(super) fn remove(&mut self, handle: u64, ino: u64, rights: u32) {
+        self.handles.remove(&handle);
+        self.set_rights(ino, rights);
     }
 
-    /// Every handle of `ino` carries the connection's rights on it.
-    pub(super) fn set_rights(&mut self, ino: u64, rights: u32) {
-        for v in self.handles.values_mut() {
-            if v.0 == ino {
-                v.1 = rights;
-            }
+    /// The inode of `handle` and the connection's rights on it.
+    pub(super) fn get(&self, handle: u64) -> Option<(u64, u32)> {
+        let ino = *self.handles.get(&handle)?;
+        Some((ino, self.rights.get(&ino).copied().unwrap_or(0)))
+    }
+
+    fn set_rights(&mut self, ino: u64, rights: u32) {
+        if rights == 0 {
+            self.rights.remove(&ino);
+        } else {
+            self.rights.insert(ino, rights);
         }
     }
 }
