@@ -574,6 +574,70 @@ fn reads_and_writes_in_place_need_no_command() {
 }
 
 #[test]
+fn a_file_read_and_written_again_goes_in_place_by_itself() {
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let ctl = d.control();
+    let f = m.open("/db", &rw()).unwrap();
+    let data = pattern(21, 0, 16384);
+    f.write_at(&data, 0).unwrap();
+    f.set_in_place_after(8);
+    let mut buf = vec![0u8; 4096];
+    // Seven reads inside the size: each a command, and still not in place.
+    let before = ctl.status().unwrap().commands;
+    for i in 0..7u64 {
+        let off = i * 1000;
+        f.read_at(&mut buf, off).unwrap();
+        assert_eq!(buf, data[off as usize..off as usize + 4096]);
+    }
+    assert!(ctl.status().unwrap().commands >= before + 7);
+    assert!(!f.in_place());
+    // The eighth turns it on; the next maps the pages; from then on, no command.
+    f.read_at(&mut buf, 0).unwrap();
+    assert!(f.in_place());
+    f.read_at(&mut buf, 0).unwrap();
+    let before = ctl.status().unwrap().commands;
+    for i in 0..100u64 {
+        let off = (i * 997) % 12288;
+        f.read_at(&mut buf, off).unwrap();
+        assert_eq!(buf, data[off as usize..off as usize + 4096]);
+    }
+    f.write_at(b"in place by itself", 3000).unwrap();
+    assert_eq!(
+        ctl.status().unwrap().commands,
+        before,
+        "accesses in place sent commands"
+    );
+    let m2 = Moneta::connect(&d.socket).unwrap();
+    let mut got = [0u8; 18];
+    m2.open("/db", &rw())
+        .unwrap()
+        .read_at(&mut got, 3000)
+        .unwrap();
+    assert_eq!(&got, b"in place by itself");
+
+    // A file written as it grows and removed, as a rollback journal is, never counts an
+    // access inside its size: it stays on the channel, unmapped.
+    let j = m.open("/db-journal", &rw()).unwrap();
+    j.set_in_place_after(8);
+    for i in 0..32u64 {
+        j.write_at(&[i as u8; 512], i * 512).unwrap();
+    }
+    assert!(!j.in_place());
+    drop(j);
+    m.unlink("/db-journal").unwrap();
+
+    // Chosen off, a file stays off.
+    let g = m.open("/db", &rw()).unwrap();
+    g.set_in_place_after(2);
+    g.set_in_place(false);
+    for _ in 0..8 {
+        g.read_at(&mut buf, 0).unwrap();
+    }
+    assert!(!g.in_place());
+}
+
+#[test]
 fn an_inode_number_given_to_a_new_file_brings_no_old_pages() {
     let d = Daemon::start_fs("64M", &[]);
     let m = Moneta::connect(&d.socket).unwrap();

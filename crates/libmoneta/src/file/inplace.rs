@@ -2,7 +2,12 @@
 //! pages (`FS_MAP`) mapped once, after which a read or a write inside the file's known size is
 //! a copy from or to the mapping, with no command and no system call.
 //!
-//! Off unless asked for: `MONETA_MODE=map` in the environment, or [`File::set_in_place`].
+//! Off unless asked for: `MONETA_MODE=map` in the environment, or [`File::set_in_place`]; or
+//! on by itself once a file has been read and written through the channel enough times
+//! inside its known size (`MONETA_MODE=auto`, [`File::set_in_place_after`]): a file used again
+//! and again, such as a database, then goes in place, while one made, written once and
+//! removed, such as a rollback journal, is never mapped (each mapping is an `FS_MAP` on the
+//! control socket).
 //! Only what lies inside the size the library knows goes in place; anything else (a read that
 //! may meet the end, a write that grows the file, an appending file) takes the channel, which
 //! learns the size or extends the file, after which that range goes in place too.
@@ -16,7 +21,7 @@
 //! it finish first: both use sequentially consistent operations, so one of the two always
 //! happens (the pattern of Dekker's algorithm).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::RwLock;
 
 use super::File;
@@ -26,12 +31,22 @@ use crate::ClientError;
 /// in place up to here, and through the channel beyond.
 const RESERVE: usize = 16 << 30;
 
-/// The environment variable that turns access in place on for every file (`map`).
+/// The environment variable that turns access in place on for every file (`map`), or on for
+/// each file after [`AUTO_AFTER`] accesses through the channel (`auto`).
 pub const ENV_MODE: &str = "MONETA_MODE";
+
+/// With `MONETA_MODE=auto`: the reads and writes inside a file's known size that go through
+/// the channel before the file's go in place.
+pub const AUTO_AFTER: u32 = 16;
 
 /// A file's mapping for access in place.
 pub(super) struct InPlace {
     on: AtomicBool,
+    /// Accesses through the channel inside the known size after which access in place turns
+    /// on by itself (0: never).
+    after: AtomicU32,
+    /// Such accesses so far.
+    seen: AtomicU32,
     map: RwLock<Option<Mapping>>,
 }
 
@@ -51,12 +66,18 @@ impl Drop for Mapping {
 }
 
 impl InPlace {
-    /// Off, unless `MONETA_MODE=map`.
+    /// Off, unless `MONETA_MODE=map` (on) or `auto` (on after [`AUTO_AFTER`] accesses).
     pub(super) fn from_env() -> InPlace {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var(ENV_MODE).is_ok_and(|v| v == "map"));
+        static MODE: std::sync::OnceLock<(bool, u32)> = std::sync::OnceLock::new();
+        let (on, after) = *MODE.get_or_init(|| match std::env::var(ENV_MODE).as_deref() {
+            Ok("map") => (true, 0),
+            Ok("auto") => (false, AUTO_AFTER),
+            _ => (false, 0),
+        });
         InPlace {
             on: AtomicBool::new(on),
+            after: AtomicU32::new(after),
+            seen: AtomicU32::new(0),
             map: RwLock::new(None),
         }
     }
@@ -76,8 +97,19 @@ impl File {
     pub fn set_in_place(&self, on: bool) {
         self.in_place.on.store(on, Ordering::Relaxed);
         if !on {
+            // Off by choice: not on again by itself either.
+            self.in_place.after.store(0, Ordering::Relaxed);
             *self.in_place.map.write().unwrap_or_else(|e| e.into_inner()) = None;
         }
+    }
+
+    /// Turns reading and writing in place on by itself once `accesses` reads and writes
+    /// inside the file's known size have gone through the channel (0: never; every file has
+    /// [`AUTO_AFTER`] with `MONETA_MODE=auto`). A file read and written again and again then
+    /// goes in place, at the cost of one `FS_MAP`; one written once and removed never does.
+    pub fn set_in_place_after(&self, accesses: u32) {
+        self.in_place.seen.store(0, Ordering::Relaxed);
+        self.in_place.after.store(accesses, Ordering::Relaxed);
     }
 
     /// Whether reads and writes go in place where they can.
@@ -98,9 +130,6 @@ impl File {
     }
 
     fn access(&self, dir: Dir<'_>, off: u64) -> bool {
-        if !self.in_place.on.load(Ordering::Relaxed) {
-            return false;
-        }
         let (len, write) = match &dir {
             Dir::Read(b) => (b.len(), false),
             Dir::Write(d) => (d.len(), true),
@@ -108,6 +137,10 @@ impl File {
         let Some(end) = off.checked_add(len as u64) else {
             return false;
         };
+        if !self.in_place.on.load(Ordering::Relaxed) {
+            self.count_toward_in_place(end);
+            return false;
+        }
         if end > RESERVE as u64 {
             return false;
         }
@@ -145,8 +178,28 @@ impl File {
             }
         }
         // No mapping yet, or one of retired pages: (re)map, and let the channel do this one.
-        let _ = self.remap(write);
+        // Pages that cannot be had (none on this array, the daemon's limits, no address space)
+        // leave the file on the channel, rather than asking again at every access.
+        if self.remap(write).is_err() {
+            self.in_place.on.store(false, Ordering::Relaxed);
+            self.in_place.after.store(0, Ordering::Relaxed);
+        }
         false
+    }
+
+    /// An access through the channel ending at `end`: counted when it lies inside the known
+    /// size (one that access in place would have served), and the count may turn it on.
+    fn count_toward_in_place(&self, end: u64) {
+        let after = self.in_place.after.load(Ordering::Relaxed);
+        if after == 0 || end > RESERVE as u64 {
+            return;
+        }
+        if end > self.map.read().unwrap_or_else(|e| e.into_inner()).size {
+            return;
+        }
+        if self.in_place.seen.fetch_add(1, Ordering::Relaxed) + 1 >= after {
+            self.in_place.on.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Maps the file's current pages, writable if the file is open for writing.
@@ -160,16 +213,7 @@ impl File {
         let _order = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         let generation = self.m.inner.live()?.header().retired.load(Ordering::SeqCst);
         *slot = None;
-        let (fd, stat) = match self.pages(writable) {
-            Ok(p) => p,
-            Err(e) => {
-                if e.errno() == libc::ENODEV {
-                    // This array hands out no pages: the channel it is.
-                    self.in_place.on.store(false, Ordering::Relaxed);
-                }
-                return Err(e);
-            }
-        };
+        let (fd, stat) = self.pages(writable)?;
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {

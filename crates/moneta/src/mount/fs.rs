@@ -966,7 +966,7 @@ impl Filesystem for MountFs {
                         .ok()
                 });
                 match own {
-                    Some(f) if f.ino() == ino.0 => Holder::Own(f),
+                    Some(f) if f.ino() == ino.0 => Holder::Own(Box::new(f)),
                     other => {
                         if let Some(f) = other {
                             let _ = f.close();

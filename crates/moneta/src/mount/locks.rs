@@ -25,7 +25,7 @@ pub const MAX_WAITERS: usize = 256;
 /// What an owner's locks are held through.
 pub enum Holder {
     /// A handle of the owner's own (the usual case).
-    Own(libmoneta::File),
+    Own(Box<libmoneta::File>),
     /// The file's handle itself, when a handle of the owner's own could not be opened (the
     /// file lost its name, or the opener's rights to it changed): its locks are then shared
     /// by every owner locking through that open file.
