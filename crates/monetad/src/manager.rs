@@ -228,7 +228,8 @@ fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -
 /// (docs/abi.md §3.7).
 fn stat_target(
     fs: &mut Fs,
-    s: &Session,
+    cred: &Cred,
+    handle_ino: impl FnOnce(u64) -> Result<u64, Failure>,
     channel: Option<u32>,
     target: &Target,
 ) -> Result<FsReply, Failure> {
@@ -236,9 +237,9 @@ fn stat_target(
     let mut seen = Vec::with_capacity(16);
     let mut watched = channel.is_some();
     let st = match target {
-        Target::Handle(h) => Manager::handle(s, *h).map(|h| {
-            seen.push(h.ino);
-            fs.stat_ino(h.ino)
+        Target::Handle(h) => handle_ino(*h).map(|ino| {
+            seen.push(ino);
+            fs.stat_ino(ino)
         }),
         Target::Path { path, follow } => {
             // A channel without room for what the answer depends on (two things for each
@@ -247,9 +248,9 @@ fn stat_target(
             let deps = 2 * path.iter().filter(|&&b| b == b'/').count() + 2;
             if channel.is_some_and(|c| fs.watch_room(c) < deps) {
                 watched = false;
-                fs.stat(&s.cred, path, *follow).map_err(failure)
+                fs.stat(cred, path, *follow).map_err(failure)
             } else {
-                fs.stat_seen(&s.cred, path, *follow, &mut seen)
+                fs.stat_seen(cred, path, *follow, &mut seen)
                     .map_err(failure)
             }
         }
@@ -524,6 +525,7 @@ impl Manager {
         }
         let mut p = Published {
             session: s.me.clone(),
+            cred: Arc::new(s.cred.clone()),
             ..Default::default()
         };
         for (&handle, h) in &s.handles {
@@ -903,7 +905,13 @@ impl Manager {
                 self.fsync(h.ino).map_err(failure)?;
                 Ok(FsReply::Empty)
             }
-            FsRequest::Stat { target } => stat_target(&mut self.fs(), s, channel, &target),
+            FsRequest::Stat { target } => stat_target(
+                &mut self.fs(),
+                &s.cred,
+                |h| Self::handle(s, h).map(|h| h.ino),
+                channel,
+                &target,
+            ),
             FsRequest::Truncate { target, size } => {
                 let mut fs = self.fs();
                 let ino = match &target {

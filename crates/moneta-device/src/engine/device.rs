@@ -137,6 +137,7 @@ impl Device {
             now: 0,
             last_busy: 0,
             file_budget: FILE_CALLS_PER_PASS_NS,
+            file_first: true,
             last_control: 0,
         };
         let thread = std::thread::Builder::new()

@@ -34,6 +34,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             let ch = self.channels[id as usize].as_mut().expect("active channel");
             busy = true;
             ch.last_active = now;
+            self.file_first = true;
             while bits != 0 {
                 let tag = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -75,12 +76,16 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 return;
             }
         };
+        if matches!(cmd.opcode, Opcode::Lookup | Opcode::Fs) && !self.file_call_now() {
+            // This pass has spent its time on file calls, and this channel has had one: the
+            // command waits for a later pass, which sees its doorbell bit again.
+            let ch = self.channels[id as usize].as_mut().expect("active channel");
+            ch.seen ^= bit;
+            return;
+        }
         if cmd.opcode == Opcode::Lookup {
             // Answered in this pass: no data moves, so no physical tag.
-            let status = match self.file_call(|p| p.serve_lookup(id, tag, &cmd)) {
-                Some(s) => s,
-                None => Status::Refer,
-            };
+            let status = self.file_call(|p| p.serve_lookup(id, tag, &cmd));
             if status == Status::Ok {
                 self.local.lookups += 1;
             } else {
@@ -92,12 +97,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
         if cmd.opcode == Opcode::Fs {
             // Answered in this pass, as a lookup, or by a worker when its work waits.
             let (status, bytes) = match self.file_call(|p| p.serve_fs(id, tag, &cmd, now)) {
-                Some(Some(Served::Now(bytes))) => {
+                Some(Served::Now(bytes)) => {
                     self.local.fs_calls += 1;
                     (Status::Ok, bytes)
                 }
-                Some(Some(Served::Later)) => return,
-                _ => {
+                Some(Served::Later) => return,
+                None => {
                     self.local.fs_calls_referred += 1;
                     (Status::Refer, 0)
                 }
@@ -123,17 +128,22 @@ impl<M: Media, C: Clock> Poller<M, C> {
         self.admit(p);
     }
 
-    /// Runs one file call if this pass's budget for them is not spent, and charges its time;
-    /// `None` when it is spent (the caller refers the command).
-    fn file_call<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> Option<T> {
-        if self.file_budget == 0 {
-            return None;
-        }
+    /// Whether a file call (LOOKUP, FS) may be answered in this pass: while the pass's budget
+    /// for them lasts, and the first of each channel's in the pass whatever is left, so that
+    /// no channel waits pass after pass behind others' calls.
+    fn file_call_now(&mut self) -> bool {
+        let now = self.file_budget > 0 || self.file_first;
+        self.file_first = false;
+        now
+    }
+
+    /// Runs one file call and charges its time to the pass's budget.
+    fn file_call<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         let t0 = self.clock.now_ns();
         let r = f(self);
         let spent = self.clock.now_ns().saturating_sub(t0).max(1);
         self.file_budget = self.file_budget.saturating_sub(spent);
-        Some(r)
+        r
     }
 
     /// Queues a command of the channel's current epoch at the retag unit.

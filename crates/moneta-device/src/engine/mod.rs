@@ -45,8 +45,9 @@ use crate::scheduler::{Scheduler, Timing};
 pub use config::{allowed_cpus, cpu_list, default_poller_cpu, DeviceConfig, MAX_LATENCY_NS};
 
 /// Nanoseconds of file-system work (LOOKUP and FS commands) the poller does in one pass over
-/// the doorbells; commands beyond are referred to the control socket, so that a channel that
-/// rings many file calls at once cannot hold up the other channels' data for long.
+/// the doorbells; commands beyond wait for a later pass (but the first of each channel's in a
+/// pass), so that a channel that rings many file calls at once cannot hold up the other
+/// channels' data for long.
 pub const FILE_CALLS_PER_PASS_NS: u64 = 20_000;
 
 /// Most extents one `OP_LOOKUP` answers, as `FS_LOOKUP` on the control socket.
@@ -510,6 +511,8 @@ struct Poller<M, C> {
     /// Nanoseconds this pass may still spend answering LOOKUP and FS commands (see
     /// [`FILE_CALLS_PER_PASS_NS`]).
     file_budget: u64,
+    /// The channel being taken has had no file call answered in this pass yet.
+    file_first: bool,
 }
 
 /// Flush jobs: (token, address, length).

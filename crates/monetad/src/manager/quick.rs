@@ -68,6 +68,18 @@ impl Manager {
             return None;
         }
         let op = req.op();
+        if let FsRequest::Stat { target } = &req {
+            // A stat needs the caller's credentials and a handle's inode, both published for
+            // the channel: not the session, which another thread of the process may hold
+            // through a call on the socket.
+            if let Some(result) = self.quick_stat(channel, target) {
+                let reply = fitted_reply(op, seq, result, room)?;
+                return Some(FsOutcome::Now(FsAnswer {
+                    reply,
+                    ops: Vec::new(),
+                }));
+            }
+        }
         if let FsRequest::Fsync { handle } = req {
             if self.durability == Durability::Host {
                 return Some(self.fsync_later(session, handle, seq, op, room));
@@ -129,6 +141,37 @@ impl Manager {
         drop(s);
         let reply = fitted_reply(op, seq, result, room)?;
         Some(FsOutcome::Now(FsAnswer { reply, ops }))
+    }
+
+    /// A stat on the poller from what the channel's connection published (its credentials,
+    /// its handles), under the file-system lock alone; `None` when that lock is busy or the
+    /// file system cannot answer quickly, for the session's path to take it.
+    fn quick_stat(&self, channel: u32, target: &Target) -> Option<Result<FsReply, Failure>> {
+        let (cred, handle) = {
+            let registry = self.registry.try_lock().ok()?;
+            let p = registry.get(&channel)?;
+            let handle = match target {
+                Target::Handle(h) => Some(p.get(*h).map(|(ino, _)| ino)),
+                Target::Path { .. } => None,
+            };
+            (p.cred.clone(), handle)
+        };
+        let mut fs = self.fs.try_lock().ok()?;
+        if !fs.quick_ready() {
+            return None;
+        }
+        let handle_ino = |_| {
+            handle
+                .flatten()
+                .ok_or_else(|| fail(errno::EBADF, "no such handle on this connection"))
+        };
+        Some(stat_target(
+            &mut fs,
+            &cred,
+            handle_ino,
+            Some(channel),
+            target,
+        ))
     }
 
     /// A call of the channel's connection made by one of the device's file-call workers
@@ -371,7 +414,13 @@ impl Manager {
                     .and_then(|h| fs.fsync(h.ino).map_err(failure))
                     .map(|()| FsReply::Empty)
             }
-            FsRequest::Stat { target } => stat_target(fs, s, Some(channel), &target),
+            FsRequest::Stat { target } => stat_target(
+                fs,
+                &cred,
+                |h| Self::handle(s, h).map(|h| h.ino),
+                Some(channel),
+                &target,
+            ),
             FsRequest::Statfs => Ok(statfs_reply(fs)),
             FsRequest::Unlink { path } => {
                 let held = self.hold_last_name(fs, &cred, &path);

@@ -129,6 +129,8 @@ pub(super) struct Published {
     pub(super) rights: HashMap<u64, u32, IdHash>,
     /// The connection's session, for the poller's `OP_FS` calls.
     pub(super) session: Weak<Mutex<Session>>,
+    /// The connection's credentials, for the calls the poller answers without the session.
+    pub(super) cred: Arc<Cred>,
 }
 
 impl Published {
