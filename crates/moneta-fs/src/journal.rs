@@ -501,16 +501,16 @@ impl Journal {
         if txn.is_empty() {
             return Ok(self.seq);
         }
-        if !self.logged {
-            self.seq += 1;
-            self.apply(m, &txn)?;
-            return Ok(self.seq);
-        }
         for (addr, data) in txn.records() {
             assert!(
                 addr >= self.g.inode_off && addr + data.len() as u64 <= self.g.tables_end(),
                 "journal record at {addr:#x} outside the metadata tables"
             );
+        }
+        if !self.logged {
+            self.seq += 1;
+            self.apply(m, &txn)?;
+            return Ok(self.seq);
         }
         let body = txn.body();
         let len = TXN_HEADER + body.len() as u64;

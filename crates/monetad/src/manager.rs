@@ -205,6 +205,11 @@ impl FileService for Front {
     }
 }
 
+/// A handle the connection does not hold.
+fn no_handle() -> Failure {
+    fail(errno::EBADF, "no such handle on this connection")
+}
+
 /// The records to install in `channel` for the mapped runs of `h`'s file, with the session's
 /// rights on it.
 fn inserts(s: &Session, channel: u32, h: &Handle, maps: &[Mapping], file: u64) -> Vec<TableOp> {
@@ -604,10 +609,7 @@ impl Manager {
     }
 
     fn handle(s: &Session, h: u64) -> Result<Handle, Failure> {
-        s.handles
-            .get(&h)
-            .copied()
-            .ok_or_else(|| fail(errno::EBADF, "no such handle on this connection"))
+        s.handles.get(&h).copied().ok_or_else(no_handle)
     }
 
     fn target_ino(&self, fs: &Fs, s: &Session, t: &Target) -> Result<u64, Failure> {

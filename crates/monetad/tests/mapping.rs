@@ -514,6 +514,17 @@ fn a_writer_that_shortens_the_pages_hurts_only_its_file() {
     assert_eq!(buf, more);
 }
 
+/// `n` reads of 4 KiB at scattered offsets of the first 16 KiB of `f`, each checked against
+/// `data`, its contents.
+fn reads_match(f: &libmoneta::File, data: &[u8], n: u64) {
+    let mut buf = vec![0u8; 4096];
+    for i in 0..n {
+        let off = (i * 997) % 12288;
+        assert_eq!(f.read_at(&mut buf, off).unwrap(), 4096);
+        assert_eq!(buf, data[off as usize..off as usize + 4096]);
+    }
+}
+
 #[test]
 fn reads_and_writes_in_place_need_no_command() {
     let d = Daemon::start_fs("64M", &[]);
@@ -527,11 +538,7 @@ fn reads_and_writes_in_place_need_no_command() {
     f.read_at(&mut buf, 0).unwrap();
     let ctl = d.control();
     let before = ctl.status().unwrap().commands;
-    for i in 0..100u64 {
-        let off = (i * 997) % 12288;
-        assert_eq!(f.read_at(&mut buf, off).unwrap(), 4096);
-        assert_eq!(buf, data[off as usize..off as usize + 4096]);
-    }
+    reads_match(&f, &data, 100);
     f.write_at(b"in place", 5000).unwrap();
     assert_eq!(
         ctl.status().unwrap().commands,
@@ -597,11 +604,7 @@ fn a_file_read_and_written_again_goes_in_place_by_itself() {
     assert!(f.in_place());
     f.read_at(&mut buf, 0).unwrap();
     let before = ctl.status().unwrap().commands;
-    for i in 0..100u64 {
-        let off = (i * 997) % 12288;
-        f.read_at(&mut buf, off).unwrap();
-        assert_eq!(buf, data[off as usize..off as usize + 4096]);
-    }
+    reads_match(&f, &data, 100);
     f.write_at(b"in place by itself", 3000).unwrap();
     assert_eq!(
         ctl.status().unwrap().commands,

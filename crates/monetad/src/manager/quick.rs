@@ -147,24 +147,21 @@ impl Manager {
     /// its handles), under the file-system lock alone; `None` when that lock is busy or the
     /// file system cannot answer quickly, for the session's path to take it.
     fn quick_stat(&self, channel: u32, target: &Target) -> Option<Result<FsReply, Failure>> {
-        let (cred, handle) = {
+        // The handle's inode is read with the credentials, under the registry's lock.
+        let (cred, ino) = {
             let registry = self.registry.try_lock().ok()?;
             let p = registry.get(&channel)?;
-            let handle = match target {
-                Target::Handle(h) => Some(p.get(*h).map(|(ino, _)| ino)),
+            let ino = match target {
+                Target::Handle(h) => p.get(*h).map(|(ino, _)| ino),
                 Target::Path { .. } => None,
             };
-            (p.cred.clone(), handle)
+            (p.cred.clone(), ino)
         };
         let mut fs = self.fs.try_lock().ok()?;
         if !fs.quick_ready() {
             return None;
         }
-        let handle_ino = |_| {
-            handle
-                .flatten()
-                .ok_or_else(|| fail(errno::EBADF, "no such handle on this connection"))
-        };
+        let handle_ino = |_| ino.ok_or_else(no_handle);
         Some(stat_target(
             &mut fs,
             &cred,
