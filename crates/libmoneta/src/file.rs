@@ -467,10 +467,17 @@ impl File {
     /// change before the call durable against a crash of the machine (one flush, shared with
     /// the other callers of the moment); at the `device` level, where every change is in the
     /// array once its call returns, answered here with no call at all (the channel header's
-    /// `FS_FSYNC_IS_ORDER`; docs/nvfs.md, "Durability levels").
+    /// `FS_FSYNC_IS_ORDER`; docs/nvfs.md, "Durability levels"), and on a volatile array, where
+    /// nothing outlives the daemon, likewise (`FS_VOLATILE`).
     pub fn sync_all(&self) -> Result<(), ClientError> {
         let handle = self.h()?;
         let flags = self.ch().header().fs_flags.load(Ordering::Acquire);
+        if flags & moneta_abi::FS_VOLATILE != 0 {
+            // Every write of this file that returned is in the array, the daemon reads a
+            // size published under a size lease whenever anything depends on it, and nothing
+            // is kept past the daemon: there is nothing to make durable.
+            return Ok(());
+        }
         if flags & moneta_abi::FS_FSYNC_IS_ORDER != 0 && !self.grown.swap(false, Ordering::AcqRel) {
             // The daemon keeps every change in the array as it makes it, and every write of
             // this file that returned is in the array: there is nothing to make durable.

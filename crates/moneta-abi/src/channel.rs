@@ -151,6 +151,12 @@ pub const FS_LOCK_LEASES: u32 = 4;
 /// area (offset [`crate::SIZE_LEASE_OFFSET`], docs/abi.md §3.9) to a client that asks for them.
 pub const FS_SIZE_LEASES: u32 = 8;
 
+/// [`ChannelHeader::fs_flags`]: the array goes with the daemon (a volatile array), so nothing
+/// written to it outlives the daemon and `fsync` has nothing to make durable, not even a size
+/// published under a size lease: a client may answer every `fsync` itself once the writes it
+/// covers have completed.
+pub const FS_VOLATILE: u32 = 16;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

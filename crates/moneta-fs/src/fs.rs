@@ -309,6 +309,8 @@ pub struct Fs {
     reserves: HashMap<u64, (u64, u64)>,
     /// Chunks a reserve may hold.
     reserve_chunks: u64,
+    /// Nothing reads the array after this mount ([`MountOptions::volatile`]).
+    volatile: bool,
     /// Files whose space is being freed in transactions of their own (too many extents for
     /// the call's): an orphan until the last one.
     doomed: Vec<u64>,
@@ -513,6 +515,7 @@ impl Fs {
             space: Space::new(ChunkMap::from_words(t.bitmap, g.chunk_count), opts.fresh),
             reserves: HashMap::new(),
             reserve_chunks: opts.append_reserve / g.chunk_size,
+            volatile: opts.volatile,
             doomed: Vec::new(),
             next_zero_batch: FIRST_ZERO_BATCH,
             sums: g.integrity(),
@@ -645,6 +648,12 @@ impl Fs {
     /// The durability level it was mounted with.
     pub fn durability(&self) -> Durability {
         self.journal.level()
+    }
+
+    /// Whether nothing reads the array after this mount (a volatile array, gone with the
+    /// daemon): nothing on it is durable past the daemon, whatever the level.
+    pub fn volatile(&self) -> bool {
+        self.volatile
     }
 
     /// The array.

@@ -380,17 +380,17 @@ impl Manager {
         }));
         // Clients keep answers about attributes while their change-board counters stay put.
         fs.set_change_sink(Arc::new(Board(device.clone())));
-        // At the `device` level an fsync has nothing to make durable: clients answer it.
-        device.set_fs_flags(
-            moneta_abi::FS_CHANGE_BOARD
-                | moneta_abi::FS_LOCK_LEASES
-                | moneta_abi::FS_SIZE_LEASES
-                | if fs.durability() == moneta_fs::Durability::Device {
-                    moneta_abi::FS_FSYNC_IS_ORDER
-                } else {
-                    0
-                },
-        );
+        // At the `device` level an fsync has nothing to make durable, and on a volatile array
+        // nothing is durable past the daemon at all: clients answer it.
+        let mut flags =
+            moneta_abi::FS_CHANGE_BOARD | moneta_abi::FS_LOCK_LEASES | moneta_abi::FS_SIZE_LEASES;
+        if fs.durability() == moneta_fs::Durability::Device {
+            flags |= moneta_abi::FS_FSYNC_IS_ORDER;
+        }
+        if fs.volatile() {
+            flags |= moneta_abi::FS_VOLATILE;
+        }
+        device.set_fs_flags(flags);
         let media = fs.media();
         let durability = fs.durability();
         let fs = Arc::new(Mutex::new(fs));

@@ -26,13 +26,31 @@ fn calls(d: &Daemon) -> u64 {
     s.fs_calls + s.fs_calls_referred
 }
 
+/// [`calls`] once the poller has gone idle and published its counts (it publishes them every
+/// so many busy passes and when it goes idle).
+fn calls_settled(d: &Daemon) -> u64 {
+    let mut last = calls(d);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let now = calls(d);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
 #[test]
 fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     let d = Daemon::start_fs("64M", &[]);
     let a = Moneta::connect(&d.socket).unwrap();
     let b = Moneta::connect(&d.socket).unwrap();
     a.mkdir("/dir", 0o755).unwrap();
-    let f = a.open("/dir/f", &rw()).unwrap();
+    // Opened for writing only: its growth leaves no room (docs/abi.md §3.9), which would keep
+    // answers about it from being kept while it is open.
+    let f = a
+        .open("/dir/f", OpenOptions::new().write(true).create(true))
+        .unwrap();
     f.write_at(b"12345", 0).unwrap();
     // Asked once, then kept: the second stat makes no call.
     assert_eq!(a.stat("/dir/f").unwrap().size, 5);
@@ -110,6 +128,51 @@ fn a_handle_answers_from_its_open_and_not_once_closed() {
         target: moneta_abi::fsproto::Target::Handle(handle),
     });
     assert_eq!(errno_of(r), libc::EBADF);
+}
+
+#[test]
+fn an_fsync_after_growth_in_a_size_lease_is_a_call_only_where_the_array_outlives_the_daemon() {
+    // At the device level the daemon on a file applies the size an fsync covers, so that a
+    // kill right after keeps it; on a volatile array nothing outlives the daemon, and the
+    // fsync is answered here.
+    let dir = TempDir::new("devicelevel");
+    let img = dir.0.join("device.img").display().to_string();
+    let persistent = Daemon::start_raw(
+        &[
+            "--device",
+            img.as_str(),
+            "--size",
+            "64M",
+            "--durability",
+            "device",
+        ],
+        dir,
+    );
+    let volatile = Daemon::start_fs("64M", &[]);
+    for (d, asks) in [(&persistent, true), (&volatile, false)] {
+        let a = Moneta::connect(&d.socket).unwrap();
+        let b = Moneta::connect(&d.socket).unwrap();
+        // Read-write: the first growth leaves room, and the second is published in it.
+        let f = a.open("/journal", &rw()).unwrap();
+        f.write_at(&[1u8; 512], 0).unwrap();
+        let extends = a.stats().extends;
+        let before = calls_settled(d);
+        f.write_at(&[2u8; 100], 512).unwrap();
+        assert_eq!(a.stats().extends, extends, "inside the room");
+        assert_eq!(b.stat("/journal").unwrap().size, 612);
+        let before_sync = calls_settled(d);
+        f.sync_all().unwrap();
+        assert_eq!(calls_settled(d) > before_sync, asks);
+        // A second fsync has nothing new to apply either way.
+        let after = calls_settled(d);
+        f.sync_data().unwrap();
+        assert_eq!(calls_settled(d), after);
+        assert!(
+            before_sync > before,
+            "the other connection's stat was a call"
+        );
+        assert_eq!(b.stat("/journal").unwrap().size, 612);
+    }
 }
 
 #[test]

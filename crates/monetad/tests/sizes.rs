@@ -37,6 +37,13 @@ impl Area {
     }
 }
 
+/// Open for writing only (creating): a file's first growth then gets no room.
+fn wo() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.write(true).create(true);
+    o
+}
+
 fn bytes(seed: u8, n: usize) -> Vec<u8> {
     (0..n).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
 }
@@ -107,18 +114,20 @@ fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_on
     let a = Moneta::connect(&d.socket).unwrap();
     let b = Moneta::connect(&d.socket).unwrap();
     assert_eq!(Area::of(&a).area().wanted.load(Ordering::Acquire), 1);
+    // A file opened for reading and writing (a journal) gets room at its first growth.
     let f = a.open("/journal", &rw()).unwrap();
+    let extends = a.stats().extends;
     let mut want = bytes(1, 512);
-    // The first write extends the file with no room: most files are written whole.
     f.write_at(&want, 0).unwrap();
-    assert_eq!(Area::of(&a).granted(), None);
-    // B keeps an answer about the file: the grant below must make B ask again.
+    assert_eq!(a.stats().extends, extends + 1);
+    assert!(Area::of(&a).granted().is_some());
+    // B keeps an answer about the file: the growth below must make B ask again.
     assert_eq!(b.stat("/journal").unwrap().size, 512);
+    let grown = libmoneta::sizes_leased();
     let rec = bytes(2, 4104);
     f.write_at(&rec, 512).unwrap();
     want.extend_from_slice(&rec);
-    let extends = a.stats().extends;
-    let grown = libmoneta::sizes_leased();
+    assert_eq!(b.stat("/journal").unwrap().size, want.len() as u64);
     for i in 0..4u8 {
         let rec = bytes(10 + i, 1000 + i as usize * 7);
         f.write_at(&rec, want.len() as u64).unwrap();
@@ -126,8 +135,12 @@ fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_on
         // Every other connection sees the new size and bytes at once, as after an extend.
         assert_eq!(b.stat("/journal").unwrap().size, want.len() as u64);
     }
-    assert_eq!(a.stats().extends, extends, "no extend call inside the room");
-    assert_eq!(libmoneta::sizes_leased(), grown + 4);
+    assert_eq!(
+        a.stats().extends,
+        extends + 1,
+        "no extend call inside the room"
+    );
+    assert_eq!(libmoneta::sizes_leased(), grown + 5);
     assert_eq!(f.stat().unwrap().size, want.len() as u64);
     assert_eq!(read_all(&b, "/journal"), want);
     let mut back = vec![0u8; want.len()];
@@ -148,15 +161,17 @@ fn appends_grow_a_file_in_its_room_with_no_call_and_every_reader_sees_them_at_on
     assert_eq!(b.stat("/journal").unwrap().size, size);
     assert_eq!(read_all(&b, "/journal"), want);
 
-    // One append per open (a log written by `>>`) gets no room to give back; a file opened
-    // again gets room at its second growth, and the third is inside it.
+    // Opened for writing only, one append per open (a log written by `>>`) gets no room to
+    // give back; a file opened again gets room at its second growth, and the third is inside
+    // it.
     let c = Moneta::connect(&d.socket).unwrap();
-    let g = c.open("/journal", &rw()).unwrap();
+    let g = c.open("/journal", &wo()).unwrap();
     g.write_at(b"w", size).unwrap();
+    assert_eq!(Area::of(&c).granted(), None);
     g.close().unwrap();
     let st = c.stat("/journal").unwrap();
     assert_eq!((st.size, st.blocks), (size + 1, whole(size + 1)));
-    let g = c.open("/journal", &rw()).unwrap();
+    let g = c.open("/journal", &wo()).unwrap();
     let e = c.stats().extends;
     g.write_at(b"x", size + 1).unwrap();
     g.write_at(b"y", size + 2).unwrap();
@@ -207,7 +222,9 @@ fn a_hostile_slot_grows_only_its_own_file_and_only_over_its_zeroed_room() {
     let area = Area::of(&a);
     let other = b.open("/theirs", &rw()).unwrap();
     other.write_at(b"theirs", 0).unwrap();
-    let f = a.open("/mine", &rw()).unwrap();
+    // Opened for writing only: the second write gets the grant, with the size it extends to
+    // applied (a read-write file's would be published in the slot the test then scribbles).
+    let f = a.open("/mine", &wo()).unwrap();
     f.write_at(&bytes(1, 10), 0).unwrap();
     f.write_at(&bytes(2, 10), 10).unwrap();
     let (slot, generation, limit) = area.granted().expect("a grant");
@@ -307,7 +324,7 @@ fn room_held_ahead_of_appends_is_taken_back_before_another_file_is_refused_space
     let a = Moneta::connect(&d.socket).unwrap();
     let b = Moneta::connect(&d.socket).unwrap();
     let area = Area::of(&a);
-    let f = a.open("/growing", &rw()).unwrap();
+    let f = a.open("/growing", &wo()).unwrap();
     f.write_at(&bytes(1, 1 << 20), 0).unwrap();
     let free = b.statfs().unwrap().chunks_free;
     // The second growth leaves up to 1 MiB of room past the end.
@@ -331,7 +348,10 @@ fn room_held_ahead_of_appends_is_taken_back_before_another_file_is_refused_space
         .unwrap_err();
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
     let mut last = [0u8; 1];
-    assert_eq!(f.read_at(&mut last, 1 << 20).unwrap(), 1);
+    assert_eq!(g.read_at(&mut last, 0).unwrap(), 1);
+    assert_eq!(&last, &[7]);
+    let back = b.open("/growing", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(back.read_at(&mut last, 1 << 20).unwrap(), 1);
     assert_eq!(&last, b"+");
     g.close().unwrap();
     f.close().unwrap();

@@ -41,13 +41,15 @@ fn key_handle(k: u64) -> u64 {
     k & 0xffff_ffff
 }
 
-/// How much room past its end a file of `size` bytes gets when it grows at its end again
-/// since it was opened: as much again as it holds, within bounds. A file's first growth gets
-/// none: most files are written whole by one call (or appended to once per open) and closed,
-/// and their room would only be given back.
-fn room_for(fs: &Fs, ino: u64) -> u64 {
-    if fs.grew_since_open(ino) {
-        fs.size_now(ino).clamp(MIN_ROOM, MAX_ROOM)
+/// How much room past its end a file gets when it grows at its end through handle `h`: as
+/// much again as it holds, within bounds, when it grew at its end before since it was opened
+/// or when `h` reads as well as writes. Otherwise none: most files a program only writes are
+/// written whole by one call (or appended to once per open) and closed, and their room would
+/// only be given back; a file opened for reading and writing is one the program works in (a
+/// database, its rollback journal, written a few bytes at a time), which grows again.
+fn room_for(fs: &Fs, h: &Handle) -> u64 {
+    if fs.grew_since_open(h.ino) || h.read {
+        fs.size_now(h.ino).clamp(MIN_ROOM, MAX_ROOM)
     } else {
         0
     }
@@ -74,7 +76,7 @@ impl Manager {
             _ => None,
         };
         let ahead = match slot {
-            Some(_) => room_for(fs, h.ino),
+            Some(_) => room_for(fs, h),
             None => 0,
         };
         let holder = slot.and_then(|(channel, slot)| key(channel, slot, handle));
