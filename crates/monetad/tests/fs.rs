@@ -648,10 +648,19 @@ fn layout_tags_change_when_space_leaves_a_file() {
         read_tagged(&ch, gm.extents[0].dev, first.file),
         Status::PermissionMiss
     );
-    // Shrinking within the last chunk frees nothing: same tag.
+    // A read-write file's first growth left room past its end (docs/abi.md §3.9): the first
+    // shrink gives the room back, and with it comes a new tag.
     c.fs(FsRequest::Truncate {
         target: Target::Handle(h),
         size: (256 << 10) - 100,
+    })
+    .unwrap();
+    let first = c.fs_lookup_mapped(h, 0, 1).unwrap();
+    assert_ne!(first.file, grown.file);
+    // Shrinking within the last chunk frees nothing: same tag.
+    c.fs(FsRequest::Truncate {
+        target: Target::Handle(h),
+        size: (256 << 10) - 200,
     })
     .unwrap();
     assert_eq!(c.fs_lookup_mapped(h, 0, 1).unwrap().file, first.file);
