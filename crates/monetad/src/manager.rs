@@ -772,8 +772,10 @@ impl Manager {
             return Err(fail(errno::EBADF, "the handle is not open for writing"));
         }
         let mut fs = self.fs();
-        // A mapping's pages follow the size through calls only: a size grant ends first.
-        fs.end_grant(h.ino).map_err(failure)?;
+        // A mapping's pages follow the size through calls only: a size grant ends first, and
+        // its room past the end goes back now rather than at the last close, under the
+        // mapping's pages.
+        fs.end_grant_and_room(h.ino).map_err(failure)?;
         let st = fs.stat_ino(h.ino);
         if st.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(fail(errno::EINVAL, "only a regular file can be mapped"));

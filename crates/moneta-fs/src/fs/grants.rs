@@ -76,6 +76,25 @@ impl Fs {
         Ok(())
     }
 
+    /// Ends the grant on `ino`, if any, and frees what the file holds past its size's last
+    /// chunk (a size lease's room), revoked first: the file is about to be mapped, and a
+    /// mapped file's pages cover its space, which must not shrink under them at its last
+    /// close. In quick mode, with room to free, it fails before it changes anything.
+    pub fn end_grant_and_room(&mut self, ino: u64) -> FsResult<()> {
+        if self.past_end(ino) {
+            if self.quick {
+                return e(NOT_QUICK, "freeing room revokes records first");
+            }
+            self.check_alive()?;
+            self.end_grant_of(ino);
+            let ranges = self.ranges_from(ino, self.inode(ino).size.div_ceil(self.g.chunk_size));
+            self.revoke(&ranges)?;
+            self.trim_past_end(ino)?;
+            return self.commit();
+        }
+        self.end_grant(ino)
+    }
+
     /// The key of the grant on `ino`, if any.
     pub fn grant_key(&self, ino: u64) -> Option<u64> {
         self.grants.get(&ino).map(|g| g.key)

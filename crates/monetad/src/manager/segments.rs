@@ -598,9 +598,9 @@ impl Segments {
     }
 
     /// Folds the segments a daemon left (killed while files were mapped) back into the
-    /// array: the pieces each one's list names, where the inode is a regular file whose
-    /// extents (`allocated`, `None` for any other inode) still hold each piece at the same
-    /// address; then the pages directory goes. Returns how many segments there were.
+    /// array: of the pieces each one's list names, the parts that the inode, a regular file,
+    /// still holds at the same address (its extents, `allocated`; `None` for any other inode);
+    /// then the pages directory goes. Returns how many segments there were.
     pub fn recover(
         &self,
         allocated: impl Fn(u64) -> Option<Vec<(u64, u64, u64)>>,
@@ -639,26 +639,22 @@ impl Segments {
                 let &[off, addr, len] = v.as_slice() else {
                     continue;
                 };
-                let held = extents.iter().any(|&(x_off, x_addr, x_len)| {
-                    off >= x_off
-                        && off.saturating_add(len) <= x_off + x_len
-                        && addr == x_addr + (off - x_off)
-                });
-                if !held {
-                    continue;
-                }
-                let mut at = 0;
-                while at < len {
-                    let want = (len - at).min(buf.len() as u64) as usize;
-                    let n = read_full_at(&seg, &mut buf[..want], off + at);
-                    if n == 0 {
-                        break;
+                // The parts of the piece the file still holds at the same address: the mount
+                // may have freed some of it since (room a size lease left past the end).
+                for (from, to) in held_parts(&extents, off, addr, len) {
+                    let mut at = from;
+                    while at < to {
+                        let want = (to - at).min(buf.len() as u64) as usize;
+                        let n = read_full_at(&seg, &mut buf[..want], at);
+                        if n == 0 {
+                            break;
+                        }
+                        // SAFETY: `buf` holds `n` bytes; the range is the file's, in the array.
+                        unsafe { self.media.write(addr + (at - off), buf.as_ptr(), n) };
+                        at += n as u64;
                     }
-                    // SAFETY: `buf` holds `n` bytes; the range is the file's, in the array.
-                    unsafe { self.media.write(addr + at, buf.as_ptr(), n) };
-                    at += n as u64;
+                    ranges.push((addr + (from - off), to - from));
                 }
-                ranges.push((addr, len));
             }
         }
         self.media
@@ -673,6 +669,22 @@ impl Segments {
         }
         Ok(count)
     }
+}
+
+/// The file-offset ranges of the piece (`off`, `addr`, `len`) that `extents` (file offset,
+/// address, bytes) still hold at the same address.
+fn held_parts(extents: &[(u64, u64, u64)], off: u64, addr: u64, len: u64) -> Vec<(u64, u64)> {
+    let end = off.saturating_add(len);
+    extents
+        .iter()
+        .filter(|&&(x_off, x_addr, _)| {
+            u128::from(addr) + u128::from(x_off) == u128::from(x_addr) + u128::from(off)
+        })
+        .filter_map(|&(x_off, _, x_len)| {
+            let (from, to) = (off.max(x_off), end.min(x_off.saturating_add(x_len)));
+            (from < to).then_some((from, to))
+        })
+        .collect()
 }
 
 /// The parts of `want` (file offset, address, bytes) that `have` does not cover. Every piece
@@ -727,7 +739,23 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::missing;
+    use super::{held_parts, missing};
+
+    #[test]
+    fn a_piece_folds_back_where_the_file_still_holds_it_at_the_same_address() {
+        // Held whole; held in part (the end freed since); moved elsewhere; gone.
+        assert_eq!(held_parts(&[(0, 100, 16)], 0, 100, 16), vec![(0, 16)]);
+        assert_eq!(held_parts(&[(0, 100, 12)], 0, 100, 16), vec![(0, 12)]);
+        assert_eq!(held_parts(&[(0, 900, 16)], 0, 100, 16), vec![]);
+        assert_eq!(held_parts(&[], 0, 100, 16), vec![]);
+        // Two extents, one of them at the piece's addresses.
+        assert_eq!(
+            held_parts(&[(0, 100, 8), (8, 500, 8)], 4, 104, 12),
+            vec![(4, 8)]
+        );
+        // Addresses that would overflow compare exactly.
+        assert_eq!(held_parts(&[(0, u64::MAX - 8, 8)], 8, 0, 8), vec![]);
+    }
 
     #[test]
     fn what_a_segment_does_not_show_yet() {
