@@ -23,8 +23,8 @@ static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 /// they went.
 static CALLS: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
 
-/// Where stats of open handles are counted in [`CALLS`].
-const FSTAT: usize = 23;
+/// Where stats of open handles are counted in [`CALLS`] (past every operation).
+const FSTAT: usize = 24;
 
 /// `STAT` calls answered from what was kept ([`crate::channel::attrs`]), counted in
 /// [`CALLS`] too.
@@ -47,10 +47,10 @@ pub fn closes_posted() -> u64 {
 /// The file-system calls this process has made so far, by name (those made at least once),
 /// in the order of their operation numbers: what `MONETA_REPORT` prints.
 pub fn calls_made() -> Vec<(&'static str, u64)> {
-    const NAMES: [&str; 24] = [
+    const NAMES: [&str; 25] = [
         "open", "close", "lookup", "extend", "fsync", "stat", "truncate", "chmod", "chown",
         "utimes", "mkdir", "rmdir", "unlink", "rename", "link", "symlink", "readlink", "readdir",
-        "statfs", "fork", "inherit", "lock", "map", "fstat",
+        "statfs", "fork", "inherit", "lock", "map", "statdir", "fstat",
     ];
     NAMES
         .iter()
@@ -175,6 +175,15 @@ impl Channel {
                     return kept
                         .map(FsReply::Stat)
                         .map_err(|(errno, message)| ClientError::Refused { errno, message });
+                }
+                // Another path in a directory this process stats path after path in: the
+                // attributes of its entries at once, and this one among them.
+                if let Target::Path { path, follow } = target {
+                    if let Some(kept) = self.listed(path, *follow, &key) {
+                        return kept
+                            .map(FsReply::Stat)
+                            .map_err(|(errno, message)| ClientError::Refused { errno, message });
+                    }
                 }
                 // The counter before the question: a change after it moves it.
                 let count = self.change_count(target);

@@ -48,6 +48,7 @@ use std::path::PathBuf;
 
 pub use affinity::Affinity;
 pub use aio::{Pending, WriteSlot};
+pub use channel::attrs::listings;
 pub use channel::leases::locks_leased;
 pub use channel::sizes::sizes_leased;
 pub use channel::{Channel, Completed, Tag};

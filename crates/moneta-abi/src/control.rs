@@ -80,6 +80,8 @@ pub mod errno {
     /// Channel ABI version not supported (OPEN_CHANNEL). A control-protocol version mismatch
     /// in a header is answered with EPROTO.
     pub const EPROTONOSUPPORT: i32 = 93;
+    /// No room to watch one more kept answer of the channel (`OP_FS_STATDIR`).
+    pub const ENOBUFS: i32 = 105;
 }
 
 /// Why bytes are not a valid control message.

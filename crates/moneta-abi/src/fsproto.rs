@@ -1,4 +1,4 @@
-//! The file-system calls of the control protocol (ops 16 to 37): the permission manager's
+//! The file-system calls of the control protocol (ops 16 to 39): the permission manager's
 //! interface (Moneta-D §2.1). Payloads use the control protocol's little-endian encoding; a
 //! byte string is a u32 length followed by the bytes (no terminator, no padding).
 //!
@@ -102,6 +102,15 @@ pub const OP_FS_LOCK: u16 = 37;
 /// them (16,384) as it allows, or the caller's user (other than root and the daemon's own)
 /// already had a quarter of those files mapped.
 pub const OP_FS_MAP: u16 = 38;
+/// The attributes of a directory's entries, for a client that keeps answers (docs/abi.md
+/// §3.7): payload cookie (u64: 0 to start, else the reply's `next`), follow (u32: 1 for what
+/// `stat` of each entry's path answers, 0 for `lstat`'s), reserved (u32), path of the directory
+/// (a final symlink followed). Reply: [`FsReply::Stats`]: for each entry but `.` and `..` (and,
+/// with follow, but symbolic links), exactly what [`OP_FS_STAT`] of the path `path/name` would
+/// answer now. The caller needs read and search permission on the directory (`EACCES`); a
+/// directory the path does not reach is `ENOENT`, something else `ENOTDIR`. A channel's
+/// connection that cannot have one more answer watched is refused with `ENOBUFS`.
+pub const OP_FS_STATDIR: u16 = 39;
 
 /// Longest path, in bytes.
 pub const PATH_MAX: usize = 4095;
@@ -129,7 +138,7 @@ pub const LOCK_OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_MAP).contains(&op)
+    (OP_FS_OPEN..=OP_FS_STATDIR).contains(&op)
 }
 
 /// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
@@ -298,6 +307,11 @@ pub enum FsRequest {
         handle: u64,
         cookie: u64,
     },
+    StatDir {
+        path: Vec<u8>,
+        cookie: u64,
+        follow: bool,
+    },
     Statfs,
     Fork,
     Map {
@@ -367,6 +381,19 @@ pub struct FsDirEntry {
     pub name: Vec<u8>,
 }
 
+/// Bytes of an [`FsStat`] on the wire.
+pub const STAT_LEN: usize = 104;
+
+/// One entry of an [`OP_FS_STATDIR`] reply: its attributes, then its name (u8 length and
+/// bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsStatEntry {
+    /// Name (1 to 255 bytes).
+    pub name: Vec<u8>,
+    /// What a stat of the entry's path answers.
+    pub stat: FsStat,
+}
+
 /// File-system totals: chunk size, chunks, free chunks, inodes, free inodes, longest name (u64
 /// each).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -409,6 +436,16 @@ pub enum FsReply {
     Dir {
         /// Entries.
         entries: Vec<FsDirEntry>,
+        /// No more entries.
+        end: bool,
+    },
+    /// count (u32), end (u32: 1 when the directory is exhausted), next cookie (u64), entries:
+    /// attributes, then the name (u8 length and bytes).
+    Stats {
+        /// Entries and their attributes.
+        entries: Vec<FsStatEntry>,
+        /// The cookie that continues after the last entry looked at.
+        next: u64,
         /// No more entries.
         end: bool,
     },
@@ -559,6 +596,7 @@ impl FsRequest {
                 | FsRequest::Symlink { .. }
                 | FsRequest::Readlink { .. }
                 | FsRequest::Readdir { .. }
+                | FsRequest::StatDir { .. }
         )
     }
 
@@ -583,6 +621,7 @@ impl FsRequest {
             FsRequest::Symlink { .. } => OP_FS_SYMLINK,
             FsRequest::Readlink { .. } => OP_FS_READLINK,
             FsRequest::Readdir { .. } => OP_FS_READDIR,
+            FsRequest::StatDir { .. } => OP_FS_STATDIR,
             FsRequest::Statfs => OP_FS_STATFS,
             FsRequest::Fork => OP_FS_FORK,
             FsRequest::Inherit { .. } => OP_FS_INHERIT,
@@ -654,6 +693,13 @@ impl FsRequest {
             }
             FsRequest::Readdir { handle, cookie } => {
                 w.u64(*handle).u64(*cookie);
+            }
+            FsRequest::StatDir {
+                path,
+                cookie,
+                follow,
+            } => {
+                w.u64(*cookie).u32(u32::from(*follow)).u32(0).bytes(path);
             }
             FsRequest::Statfs | FsRequest::Fork => {}
             FsRequest::Map { handle, write } => {
@@ -797,6 +843,20 @@ impl FsRequest {
                 handle: r.u64()?,
                 cookie: r.u64()?,
             },
+            OP_FS_STATDIR => {
+                let cookie = r.u64()?;
+                let follow = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::BadField("follow")),
+                };
+                r.zero32("reserved")?;
+                FsRequest::StatDir {
+                    path: r.path()?,
+                    cookie,
+                    follow,
+                }
+            }
             OP_FS_STATFS => FsRequest::Statfs,
             OP_FS_FORK => FsRequest::Fork,
             OP_FS_MAP => {
@@ -878,6 +938,14 @@ impl FsReply {
                     w.0.extend_from_slice(&d.name[..d.name.len().min(255)]);
                 }
             }
+            FsReply::Stats { entries, next, end } => {
+                w.u32(entries.len() as u32).u32(*end as u32).u64(*next);
+                for e in entries {
+                    w.stat(&e.stat);
+                    w.0.push(e.name.len().min(255) as u8);
+                    w.0.extend_from_slice(&e.name[..e.name.len().min(255)]);
+                }
+            }
             FsReply::Bytes(b) => {
                 w.bytes(b);
             }
@@ -916,6 +984,14 @@ impl FsReply {
     pub fn dir_entry_len(name: &[u8]) -> usize {
         18 + name.len()
     }
+
+    /// Bytes an entry takes in a [`FsReply::Stats`].
+    pub fn stat_entry_len(name: &[u8]) -> usize {
+        STAT_LEN + 1 + name.len()
+    }
+
+    /// Bytes of a [`FsReply::Stats`] besides its entries.
+    pub const STATS_HEAD: usize = 16;
 
     pub(crate) fn decode(op: u16, r: &mut Reader<'_>) -> Result<FsReply, Error> {
         Ok(match op {
@@ -975,6 +1051,25 @@ impl FsReply {
                     });
                 }
                 FsReply::Dir { entries, end }
+            }
+            OP_FS_STATDIR => {
+                let n = r.u32()? as usize;
+                let end = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Error::BadField("end")),
+                };
+                let next = r.u64()?;
+                let mut entries = Vec::new();
+                for _ in 0..n {
+                    let stat = r.stat()?;
+                    let len = r.take(1)?[0] as usize;
+                    entries.push(FsStatEntry {
+                        name: r.take(len)?.to_vec(),
+                        stat,
+                    });
+                }
+                FsReply::Stats { entries, next, end }
             }
             OP_FS_READLINK => FsReply::Bytes(r.string()?),
             OP_FS_STATFS => FsReply::StatFs(FsStatFs {
@@ -1105,6 +1200,11 @@ mod tests {
             FsRequest::Readdir {
                 handle: 3,
                 cookie: 77,
+            },
+            FsRequest::StatDir {
+                path: b"/d".to_vec(),
+                cookie: 9,
+                follow: true,
             },
             FsRequest::Statfs,
             FsRequest::Fork,
@@ -1272,6 +1372,23 @@ mod tests {
                     end: true,
                 },
             ),
+            (
+                OP_FS_STATDIR,
+                FsReply::Stats {
+                    entries: vec![
+                        FsStatEntry {
+                            name: b"a".to_vec(),
+                            stat,
+                        },
+                        FsStatEntry {
+                            name: vec![b'n'; 255],
+                            stat: FsStat { ino: 9, ..stat },
+                        },
+                    ],
+                    next: 12,
+                    end: false,
+                },
+            ),
             (OP_FS_READLINK, FsReply::Bytes(b"target".to_vec())),
             (
                 OP_FS_STATFS,
@@ -1316,6 +1433,9 @@ mod tests {
                 }),
             ),
         ];
+        let mut w = Writer(Vec::new());
+        w.stat(&stat);
+        assert_eq!(w.0.len(), STAT_LEN);
         for (op, rep) in replies {
             let b = encode_reply(op, 2, &Ok(ReplyBody::Fs(rep.clone())));
             assert_eq!(decode_reply(&b, op).unwrap().result, Ok(ReplyBody::Fs(rep)));

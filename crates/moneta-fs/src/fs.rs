@@ -37,12 +37,14 @@ mod names;
 mod namespace;
 mod perm;
 mod space;
+mod statdir;
 
 pub use grants::SizeGrant;
 pub use perm::{
     may, may_follow_link, may_link, may_open_existing_in_sticky, Cred, MAY_EXEC, MAY_READ,
     MAY_WRITE,
 };
+pub use statdir::StatEntries;
 
 /// Longest path accepted, in bytes.
 pub const PATH_MAX: usize = 4095;

@@ -56,6 +56,7 @@ mod quick;
 mod segments;
 mod session;
 mod sizes;
+mod statdir;
 mod wire;
 
 use fork::Bundles;
@@ -1003,6 +1004,23 @@ impl Manager {
                     moneta_abi::control::MAX_MESSAGE - moneta_abi::control::HEADER_LEN - 16,
                 ))
             }
+            FsRequest::StatDir {
+                path,
+                cookie,
+                follow,
+            } => statdir::stat_dir(
+                &mut self.fs(),
+                &cred,
+                channel,
+                &path,
+                cookie,
+                follow,
+                statdir::MOST_ENTRIES,
+                moneta_abi::control::MAX_MESSAGE
+                    - moneta_abi::control::HEADER_LEN
+                    - 16
+                    - FsReply::STATS_HEAD,
+            ),
             FsRequest::Fork => Err(fail(
                 errno::EPROTO,
                 "fork is answered by the server, with a descriptor",

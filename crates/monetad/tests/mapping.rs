@@ -448,6 +448,15 @@ fn a_persistent_arrays_mapped_files_outlive_a_killed_daemon() {
     let mut want = data.clone();
     want[4096..4096 + 26].copy_from_slice(b"stored through the mapping");
     want[8192..8192 + 27].copy_from_slice(b"written through the channel");
+    let diff: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    eprintln!(
+        "DEBUG len {} {} diffs {} first {:?} last {:?}",
+        got.len(),
+        want.len(),
+        diff.len(),
+        diff.first(),
+        diff.last()
+    );
     assert_eq!(got, want);
     assert!(!pages_dir(&d).exists(), "the pages were folded and removed");
 }

@@ -5,26 +5,74 @@
 //! answer depended on (the inode, and for a path each directory and link on the way), so a
 //! kept answer is one the daemon would give now. A counter this process scribbles on can only
 //! make its own answers wrong.
+//!
+//! **Directory listings.** A process that stats one path after another in a directory (`git
+//! status` of a work tree, `ls -l`, `find`) asks the daemon for the attributes of the
+//! directory's entries at once (`OP_FS_STATDIR`), a page at a time, at its second miss in the
+//! directory and at every second one after, until the directory is exhausted. Each entry is
+//! kept under the path a stat of it would name, with two counters read before the question:
+//! the entry's own (its inode) and the directory path's (everything else it depends on: the
+//! walk to the directory and the directory's names). It is given again while both hold.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use moneta_abi::fsproto::{FsStat, Target};
+use moneta_abi::fsproto::{FsReply, FsRequest, FsStat, Target};
 use moneta_abi::{change_slot, CHANGES_OFFSET, CHANGE_SLOTS, FS_CHANGE_BOARD};
 
 use super::Channel;
+use crate::ClientError;
 
-/// Most answers kept; past it they are all dropped (and asked for again).
-const MOST: usize = 4096;
+/// Most answers kept; past it they are all dropped (and asked for again). The daemon watches
+/// at most 16,384 dependencies of a channel's answers, and every kept answer has one at least.
+const MOST: usize = 16_384;
+
+/// Directories whose misses are counted at once; past it the counts start again.
+const MOST_DIRS: usize = 1024;
 
 /// What a kept answer was.
 pub(crate) type Kept = Result<FsStat, (i32, String)>;
 
+/// One kept answer: the counter it was given under, and for an entry of a directory's listing
+/// the directory path's counter too.
+struct Entry {
+    count: u64,
+    dir: Option<(usize, u64)>,
+    kept: Kept,
+}
+
+/// What this process has asked of a directory's listing.
+#[derive(Default)]
+struct Listing {
+    /// Stats of paths in it that were not kept, since its last page.
+    misses: u32,
+    /// The cookie of its next page.
+    next: u64,
+    /// Every page asked for (or the daemon refused it): misses there ask one stat each.
+    done: bool,
+    /// A thread is asking for a page now.
+    asking: bool,
+}
+
 /// The kept answers of one channel, by target.
 #[derive(Default)]
 pub(crate) struct Attrs {
-    map: Mutex<HashMap<Key, (u64, Kept)>>,
+    map: Mutex<HashMap<Key, Entry>>,
+    listings: Mutex<HashMap<Vec<u8>, Listing>>,
+    /// The daemon had no room to watch more answers of the channel: no more listings.
+    full: AtomicBool,
+}
+
+/// Pages of directory listings asked for.
+static LISTINGS: AtomicU64 = AtomicU64::new(0);
+
+/// Stats answered from an entry a listing kept.
+static LISTED_HITS: AtomicU64 = AtomicU64::new(0);
+
+/// How many pages of directory listings (`OP_FS_STATDIR`) this process asked for.
+pub fn listings() -> u64 {
+    LISTINGS.load(Ordering::Relaxed)
 }
 
 /// A target as a key: a handle, or a path and whether a final link is followed.
@@ -51,6 +99,34 @@ impl Key {
             },
         }
     }
+}
+
+/// The directory of `path` as a listing names it, when `path` is a plain absolute path below
+/// one (no empty, `.` or `..` component, no trailing `/`): entries are kept under
+/// [`entry_path`] of it, which must be the path a stat of them names.
+fn parent(path: &[u8]) -> Option<&[u8]> {
+    if path.len() < 2 || path[0] != b'/' || path.ends_with(b"/") {
+        return None;
+    }
+    if path[1..]
+        .split(|&b| b == b'/')
+        .any(|c| c.is_empty() || c == b"." || c == b"..")
+    {
+        return None;
+    }
+    let cut = path.iter().rposition(|&b| b == b'/')?;
+    Some(if cut == 0 { b"/" } else { &path[..cut] })
+}
+
+/// `dir/name`, as the daemon watches it (`/name` in the root).
+fn entry_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 impl Channel {
@@ -82,20 +158,37 @@ impl Channel {
         Box::new(std::array::from_fn(|i| b[i].load(Ordering::Acquire)))
     }
 
-    /// The answer kept for `key`, if its counter has not moved since.
+    /// The answer kept for `key`, if its counters have not moved since.
     pub(crate) fn kept(&self, key: &Key) -> Option<Kept> {
         let map = self.attrs.map.lock().unwrap_or_else(|e| e.into_inner());
-        let (count, kept) = map.get(key)?;
-        (*count == self.change_count(&key.target())).then(|| kept.clone())
+        let e = map.get(key)?;
+        let holds = e.count == self.change_count(&key.target())
+            && e.dir
+                .is_none_or(|(slot, count)| self.board()[slot].load(Ordering::Acquire) == count);
+        if holds && e.dir.is_some() {
+            LISTED_HITS.fetch_add(1, Ordering::Relaxed);
+        }
+        holds.then(|| e.kept.clone())
     }
 
     /// Keeps `answer` for `key`, given when the counter read `count` (before the question).
     pub(crate) fn keep(&self, key: Key, count: u64, answer: Kept) {
+        self.keep_entry(
+            key,
+            Entry {
+                count,
+                dir: None,
+                kept: answer,
+            },
+        );
+    }
+
+    fn keep_entry(&self, key: Key, entry: Entry) {
         let mut map = self.attrs.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MOST {
             map.clear();
         }
-        map.insert(key, (count, answer));
+        map.insert(key, entry);
     }
 
     /// Forgets what was kept for `key` (a handle closed).
@@ -105,5 +198,126 @@ impl Channel {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
+    }
+
+    /// After a stat of `path` found nothing kept: when it is the second miss in its directory
+    /// since the last page (the first, once listings have answered twice as many stats as
+    /// there were pages: the process walks trees), asks for the next page of the directory's
+    /// listing and keeps its entries; the answer for `key` if the listing had it.
+    pub(crate) fn listed(&self, path: &[u8], follow: bool, key: &Key) -> Option<Kept> {
+        if self.attrs.full.load(Ordering::Relaxed) {
+            return None;
+        }
+        let dir = parent(path)?;
+        let cookie = {
+            let mut all = self
+                .attrs
+                .listings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if all.len() >= MOST_DIRS && !all.contains_key(dir) {
+                all.clear();
+            }
+            let l = all.entry(dir.to_vec()).or_default();
+            if l.done || l.asking {
+                return None;
+            }
+            l.misses += 1;
+            let pages = LISTINGS.load(Ordering::Relaxed);
+            let eager = pages > 0 && LISTED_HITS.load(Ordering::Relaxed) >= 2 * pages;
+            if l.misses < if eager { 1 } else { 2 } {
+                return None;
+            }
+            l.asking = true;
+            l.next
+        };
+        // Every counter before the question: each entry's, and the directory's.
+        let counts = self.change_counts();
+        LISTINGS.fetch_add(1, Ordering::Relaxed);
+        let req = FsRequest::StatDir {
+            path: dir.to_vec(),
+            cookie,
+            follow,
+        };
+        crate::fscall::count_call(&req);
+        let r = self.ask(req);
+        let (next, done) = match r {
+            Ok(FsReply::Stats { entries, next, end }) => {
+                let ds = change_slot(&Target::Path {
+                    path: dir.to_vec(),
+                    follow: true,
+                });
+                for e in entries {
+                    if e.name.is_empty() || e.name.contains(&b'/') {
+                        continue;
+                    }
+                    let target = Target::Path {
+                        path: entry_path(dir, &e.name),
+                        follow,
+                    };
+                    let count = counts[change_slot(&target)];
+                    self.keep_entry(
+                        Key::of(&target),
+                        Entry {
+                            count,
+                            dir: Some((ds, counts[ds])),
+                            kept: Ok(e.stat),
+                        },
+                    );
+                }
+                (next, end || next == cookie)
+            }
+            // No room left to watch more answers, or a daemon that does not list directories.
+            Err(ClientError::Refused {
+                errno: libc::ENOBUFS | libc::EPROTO | libc::EOPNOTSUPP,
+                ..
+            }) => {
+                self.attrs.full.store(true, Ordering::Relaxed);
+                (cookie, true)
+            }
+            // Not a directory this process may list, or no listings from this daemon: one
+            // stat at a time there.
+            _ => (cookie, true),
+        };
+        {
+            let mut all = self
+                .attrs
+                .listings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let l = all.entry(dir.to_vec()).or_default();
+            *l = Listing {
+                misses: 0,
+                next,
+                done,
+                asking: false,
+            };
+        }
+        self.kept(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_paths_have_a_listing_and_entries_are_named_as_the_daemon_watches_them() {
+        assert_eq!(parent(b"/a"), Some(&b"/"[..]));
+        assert_eq!(parent(b"/a/b/c"), Some(&b"/a/b"[..]));
+        for odd in [
+            &b"/"[..],
+            b"",
+            b"a/b",
+            b"/a/",
+            b"/a//b",
+            b"/a/./b",
+            b"/a/../b",
+            b"/a/b/..",
+        ] {
+            assert_eq!(parent(odd), None, "{}", String::from_utf8_lossy(odd));
+        }
+        assert_eq!(entry_path(b"/", b"x"), b"/x");
+        assert_eq!(entry_path(b"/a/b", b"x"), b"/a/b/x");
     }
 }

@@ -85,6 +85,36 @@ impl Manager {
                 return Some(self.fsync_later(session, handle, seq, op, room));
             }
         }
+        if let FsRequest::StatDir {
+            path,
+            cookie,
+            follow,
+        } = req
+        {
+            // A page of a few dozen entries on the poller, from what the connection published
+            // (as a stat); when the file system is busy, a worker makes it.
+            let room = room.saturating_sub(DIR_OVERHEAD + FsReply::STATS_HEAD);
+            if let Some(result) = self.quick_stat_dir(channel, &path, cookie, follow, room) {
+                let reply = fitted_reply(op, seq, result, room)?;
+                return Some(FsOutcome::Now(FsAnswer {
+                    reply,
+                    ops: Vec::new(),
+                }));
+            }
+            return Some(self.later(session, seq, op, room, move |me, s| {
+                let cred = s.lock().unwrap_or_else(|e| e.into_inner()).cred.clone();
+                statdir::stat_dir(
+                    &mut me.fs(),
+                    &cred,
+                    Some(channel),
+                    &path,
+                    cookie,
+                    follow,
+                    statdir::QUICK_ENTRIES,
+                    room,
+                )
+            }));
+        }
         // A close the poller cannot make at once (a lock it needs is busy, the journal needs
         // room) is made by a worker, as the socket would make it: so a close libmoneta posted
         // without waiting (docs/libmoneta.md) is made now, not when the process next calls.
@@ -168,6 +198,36 @@ impl Manager {
             handle_ino,
             Some(channel),
             target,
+        ))
+    }
+
+    /// `OP_FS_STATDIR` on the poller, as [`Manager::quick_stat`] answers a stat; `None` when
+    /// a lock is busy or the file system cannot answer quickly.
+    fn quick_stat_dir(
+        &self,
+        channel: u32,
+        path: &[u8],
+        cookie: u64,
+        follow: bool,
+        room: usize,
+    ) -> Option<Result<FsReply, Failure>> {
+        let cred = {
+            let registry = self.registry.try_lock().ok()?;
+            registry.get(&channel)?.cred.clone()
+        };
+        let mut fs = self.fs.try_lock().ok()?;
+        if !fs.quick_ready() {
+            return None;
+        }
+        Some(statdir::stat_dir(
+            &mut fs,
+            &cred,
+            Some(channel),
+            path,
+            cookie,
+            follow,
+            statdir::QUICK_ENTRIES,
+            room,
         ))
     }
 
