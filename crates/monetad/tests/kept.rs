@@ -19,27 +19,6 @@ fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
     r.expect_err("the call should fail").errno()
 }
 
-/// The daemon's `fs_calls` and `fs_calls_referred` together: the file-system calls it saw
-/// through channels.
-fn calls(d: &Daemon) -> u64 {
-    let s = d.control().status().unwrap();
-    s.fs_calls + s.fs_calls_referred
-}
-
-/// [`calls`] once the poller has gone idle and published its counts (it publishes them every
-/// so many busy passes and when it goes idle).
-fn calls_settled(d: &Daemon) -> u64 {
-    let mut last = calls(d);
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let now = calls(d);
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-}
-
 #[test]
 fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     let d = Daemon::start_fs("64M", &[]);
@@ -55,17 +34,17 @@ fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     // Asked once, then kept: the second stat makes no call.
     assert_eq!(a.stat("/dir/f").unwrap().size, 5);
     assert_eq!(f.stat().unwrap().size, 5);
-    let before = calls(&d);
+    let before = fs_calls(&d);
     let kept = libmoneta::stats_kept();
     assert_eq!(a.stat("/dir/f").unwrap().size, 5);
     assert_eq!(f.stat().unwrap().size, 5);
-    assert_eq!(calls(&d), before, "kept answers make no call");
+    assert_eq!(fs_calls(&d), before, "kept answers make no call");
     assert!(libmoneta::stats_kept() >= kept + 2);
     // A file made beside it changes nothing the answer depended on: still kept.
     b.open("/dir/g", &rw()).unwrap().close().unwrap();
-    let before = calls(&d);
+    let before = fs_calls(&d);
     assert_eq!(a.stat("/dir/f").unwrap().size, 5);
-    assert_eq!(calls(&d), before);
+    assert_eq!(fs_calls(&d), before);
     // Another process grows it: both answers are asked again, and are new.
     let g = b.open("/dir/f", &rw()).unwrap();
     g.write_at(b"more bytes", 5).unwrap();
@@ -93,9 +72,9 @@ fn kept_answers_hold_until_another_process_changes_what_they_depended_on() {
     a.stat("/moved/private/x").unwrap();
     b.chmod("/moved/private", 0o700).unwrap();
     // Root passes the mode; the answer is asked again all the same (the counter moved).
-    let before = calls(&d);
+    let before = fs_calls(&d);
     a.stat("/moved/private/x").unwrap();
-    assert_eq!(calls(&d), before + 1);
+    assert_eq!(fs_calls(&d), before + 1);
     // Unlinked by another: gone.
     b.unlink("/moved/newer").unwrap();
     assert_eq!(errno_of(a.stat("/moved/newer")), libc::ENOENT);
@@ -107,19 +86,19 @@ fn a_handle_answers_from_its_open_and_not_once_closed() {
     let a = Moneta::connect(&d.socket).unwrap();
     let f = a.open("/f", &rw()).unwrap();
     // The attributes the open answered with are the first stat's answer.
-    let before = calls(&d);
+    let before = fs_calls(&d);
     assert_eq!(f.stat().unwrap().size, 0);
-    assert_eq!(calls(&d), before);
+    assert_eq!(fs_calls(&d), before);
     // Its own growth is seen at once (the extend moved the counter).
     f.write_at(&[7u8; 10_000], 0).unwrap();
     assert_eq!(f.stat().unwrap().size, 10_000);
     f.set_len(3).unwrap();
     assert_eq!(f.stat().unwrap().size, 3);
     // fsync at the device level (a volatile array) is answered here.
-    let before = calls(&d);
+    let before = fs_calls(&d);
     f.sync_all().unwrap();
     f.sync_data().unwrap();
-    assert_eq!(calls(&d), before);
+    assert_eq!(fs_calls(&d), before);
     let handle = f.handle();
     drop(f);
     // A closed handle's answer is not kept: the daemon says it is gone.
@@ -156,17 +135,17 @@ fn an_fsync_after_growth_in_a_size_lease_is_a_call_only_where_the_array_outlives
         let f = a.open("/journal", &rw()).unwrap();
         f.write_at(&[1u8; 512], 0).unwrap();
         let extends = a.stats().extends;
-        let before = calls_settled(d);
+        let before = fs_calls_settled(d);
         f.write_at(&[2u8; 100], 512).unwrap();
         assert_eq!(a.stats().extends, extends, "inside the room");
         assert_eq!(b.stat("/journal").unwrap().size, 612);
-        let before_sync = calls_settled(d);
+        let before_sync = fs_calls_settled(d);
         f.sync_all().unwrap();
-        assert_eq!(calls_settled(d) > before_sync, asks);
+        assert_eq!(fs_calls_settled(d) > before_sync, asks);
         // A second fsync has nothing new to apply either way.
-        let after = calls_settled(d);
+        let after = fs_calls_settled(d);
         f.sync_data().unwrap();
-        assert_eq!(calls_settled(d), after);
+        assert_eq!(fs_calls_settled(d), after);
         assert!(
             before_sync > before,
             "the other connection's stat was a call"
@@ -218,10 +197,10 @@ fn a_channel_past_its_bound_asks_again_and_what_it_kept_still_hears_of_changes()
         assert_eq!(errno_of(a.stat(format!("/missing-{k}"))), libc::ENOENT);
     }
     // Past the bound an answer is not kept: the same name asked twice is asked twice.
-    let before = calls(&d);
+    let before = fs_calls(&d);
     assert_eq!(errno_of(a.stat("/missing-late")), libc::ENOENT);
     assert_eq!(errno_of(a.stat("/missing-late")), libc::ENOENT);
-    assert_eq!(calls(&d), before + 2);
+    assert_eq!(fs_calls(&d), before + 2);
     // Nothing kept is trusted past a change: another process grows the early file, made
     // a name that was missing, and both answers are new.
     let g = b.open("/early", &rw()).unwrap();

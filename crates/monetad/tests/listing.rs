@@ -25,24 +25,6 @@ fn child_process_entry() {
     std::process::exit(code);
 }
 
-fn calls(d: &Daemon) -> u64 {
-    let s = d.control().status().unwrap();
-    s.fs_calls + s.fs_calls_referred
-}
-
-/// [`calls`] once the poller has gone idle and published its counts.
-fn calls_settled(d: &Daemon) -> u64 {
-    let mut last = calls(d);
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let now = calls(d);
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-}
-
 fn errno_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
     match r {
         Err(ClientError::Refused { errno, .. }) => errno,
@@ -97,12 +79,12 @@ fn a_directory_listed_at_once_answers_its_entries_until_what_they_depended_on_ch
     // Path after path: after the first misses a listing answers, a page at a time, and
     // every answer is the daemon's own.
     let listed = libmoneta::listings();
-    let before = calls_settled(&d);
+    let before = fs_calls_settled(&d);
     for i in 0..n {
         let st = a.stat(format!("/top/d/f{i}")).unwrap();
         assert_eq!(st.size, (i * 7) as u64);
     }
-    let asked = calls_settled(&d) - before;
+    let asked = fs_calls_settled(&d) - before;
     let pages = libmoneta::listings() - listed;
     assert!(pages >= 1, "no listing");
     assert!(
@@ -149,10 +131,10 @@ fn a_directory_listed_at_once_answers_its_entries_until_what_they_depended_on_ch
         a.stat(format!("/top/d/f{i}")).unwrap();
     }
     b.chmod("/top", 0o700).unwrap();
-    let before = calls_settled(&d);
+    let before = fs_calls_settled(&d);
     a.stat("/top/d/f20").unwrap();
     assert!(
-        calls_settled(&d) > before,
+        fs_calls_settled(&d) > before,
         "asked again after the walk changed"
     );
     b.rename("/top", "/moved", false).unwrap();

@@ -376,3 +376,23 @@ impl Drop for ChannelMap {
         unsafe { rustix::mm::munmap(self.ptr.cast(), self.len).unwrap() };
     }
 }
+
+/// File calls the daemon has answered, through channels or referred to the socket.
+pub fn fs_calls(d: &Daemon) -> u64 {
+    let s = d.control().status().unwrap();
+    s.fs_calls + s.fs_calls_referred
+}
+
+/// [`fs_calls`] once the poller has gone idle and published its counts (it publishes them
+/// every so many busy passes and when it goes idle).
+pub fn fs_calls_settled(d: &Daemon) -> u64 {
+    let mut last = fs_calls(d);
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = fs_calls(d);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
