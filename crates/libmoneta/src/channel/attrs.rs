@@ -9,7 +9,8 @@
 //! **Directory listings.** A process that stats one path after another in a directory (`git
 //! status` of a work tree, `ls -l`, `find`) asks the daemon for the attributes of the
 //! directory's entries at once (`OP_FS_STATDIR`), a page at a time, at its second miss in the
-//! directory and at every second one after, until the directory is exhausted. Each entry is
+//! directory and at every second one after, until the directory is exhausted (at the first
+//! or the fourth, as the last pages paid or not: [`misses_before_a_listing`]). Each entry is
 //! kept under the path a stat of it would name, with two counters read before the question:
 //! the entry's own (its inode) and the directory path's (everything else it depends on: the
 //! walk to the directory and the directory's names). It is given again while both hold.
@@ -67,12 +68,46 @@ pub(crate) struct Attrs {
 /// Pages of directory listings asked for.
 static LISTINGS: AtomicU64 = AtomicU64::new(0);
 
-/// Stats answered from an entry a listing kept.
-static LISTED_HITS: AtomicU64 = AtomicU64::new(0);
-
 /// How many pages of directory listings (`OP_FS_STATDIR`) this process asked for.
 pub fn listings() -> u64 {
     LISTINGS.load(Ordering::Relaxed)
+}
+
+/// Pages in a window of [`misses_before_a_listing`]'s judgement.
+const WINDOW: u64 = 16;
+
+/// Pages asked for in the current window, and the stats their entries answered.
+static WINDOW_PAGES: AtomicU64 = AtomicU64::new(0);
+static WINDOW_HITS: AtomicU64 = AtomicU64::new(0);
+
+/// The last full window's judgement: misses in a directory before its next page.
+static MISSES: AtomicU64 = AtomicU64::new(2);
+
+/// How many stats in a directory must miss before its next page is asked for, as the last
+/// [`WINDOW`] pages paid: two at first; one when their entries answered two stats a page or
+/// more (the process walks trees, and the first miss in a directory is worth a page); four
+/// when they answered fewer than one a page (it stats a file or two in each of many
+/// directories, where a page costs more than it saves).
+fn misses_before_a_listing() -> u32 {
+    MISSES.load(Ordering::Relaxed) as u32
+}
+
+/// Counts a page asked for, and judges the window it ends.
+fn count_page() {
+    LISTINGS.fetch_add(1, Ordering::Relaxed);
+    let pages = WINDOW_PAGES.fetch_add(1, Ordering::Relaxed) + 1;
+    if pages >= WINDOW {
+        let hits = WINDOW_HITS.swap(0, Ordering::Relaxed);
+        WINDOW_PAGES.store(0, Ordering::Relaxed);
+        let misses = if hits >= 2 * pages {
+            1
+        } else if hits >= pages {
+            2
+        } else {
+            4
+        };
+        MISSES.store(misses, Ordering::Relaxed);
+    }
 }
 
 /// A target as a key: a handle, or a path and whether a final link is followed.
@@ -160,13 +195,19 @@ impl Channel {
 
     /// The answer kept for `key`, if its counters have not moved since.
     pub(crate) fn kept(&self, key: &Key) -> Option<Kept> {
+        self.kept_counted(key, true)
+    }
+
+    /// [`Channel::kept`]; `hit` counts an answer from a listing's entry as one the listing
+    /// saved (not so for the stat that asked for the page).
+    fn kept_counted(&self, key: &Key, hit: bool) -> Option<Kept> {
         let map = self.attrs.map.lock().unwrap_or_else(|e| e.into_inner());
         let e = map.get(key)?;
         let holds = e.count == self.change_count(&key.target())
             && e.dir
                 .is_none_or(|(slot, count)| self.board()[slot].load(Ordering::Acquire) == count);
-        if holds && e.dir.is_some() {
-            LISTED_HITS.fetch_add(1, Ordering::Relaxed);
+        if hit && holds && e.dir.is_some() {
+            WINDOW_HITS.fetch_add(1, Ordering::Relaxed);
         }
         holds.then(|| e.kept.clone())
     }
@@ -200,10 +241,9 @@ impl Channel {
             .remove(key);
     }
 
-    /// After a stat of `path` found nothing kept: when it is the second miss in its directory
-    /// since the last page (the first, once listings have answered twice as many stats as
-    /// there were pages: the process walks trees), asks for the next page of the directory's
-    /// listing and keeps its entries; the answer for `key` if the listing had it.
+    /// After a stat of `path` found nothing kept: when it is enough misses in its directory
+    /// since the last page ([`misses_before_a_listing`]), asks for the next page of the
+    /// directory's listing and keeps its entries; the answer for `key` if the listing had it.
     pub(crate) fn listed(&self, path: &[u8], follow: bool, key: &Key) -> Option<Kept> {
         if self.attrs.full.load(Ordering::Relaxed) {
             return None;
@@ -223,9 +263,7 @@ impl Channel {
                 return None;
             }
             l.misses += 1;
-            let pages = LISTINGS.load(Ordering::Relaxed);
-            let eager = pages > 0 && LISTED_HITS.load(Ordering::Relaxed) >= 2 * pages;
-            if l.misses < if eager { 1 } else { 2 } {
+            if l.misses < misses_before_a_listing() {
                 return None;
             }
             l.asking = true;
@@ -233,7 +271,7 @@ impl Channel {
         };
         // Every counter before the question: each entry's, and the directory's.
         let counts = self.change_counts();
-        LISTINGS.fetch_add(1, Ordering::Relaxed);
+        count_page();
         let req = FsRequest::StatDir {
             path: dir.to_vec(),
             cookie,
@@ -293,7 +331,7 @@ impl Channel {
                 asking: false,
             };
         }
-        self.kept(key)
+        self.kept_counted(key, false)
     }
 }
 
