@@ -112,6 +112,18 @@ pub const OP_FS_MAP: u16 = 38;
 /// connection that cannot have one more answer watched is refused with `ENOBUFS`.
 pub const OP_FS_STATDIR: u16 = 39;
 
+/// The path an [`OP_FS_STATDIR`] entry's answer is for, and is watched under: `dir/name`
+/// (`/name` in the root), from the directory's path exactly as the request named it.
+pub fn entry_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 /// Longest path, in bytes.
 pub const PATH_MAX: usize = 4095;
 /// Target kind: a path, following a final symlink.
@@ -1433,6 +1445,8 @@ mod tests {
                 }),
             ),
         ];
+        assert_eq!(entry_path(b"/", b"x"), b"/x");
+        assert_eq!(entry_path(b"/a/b", b"x"), b"/a/b/x");
         let mut w = Writer(Vec::new());
         w.stat(&stat);
         assert_eq!(w.0.len(), STAT_LEN);

@@ -183,7 +183,8 @@ fn a_listing_of_something_else_than_a_directory_is_refused_and_stats_go_on() {
         }
         other => panic!("{other:?}"),
     }
-    // Many stats of files that are not there, in a directory that is not one: one each.
+    // Stats under a file, past the misses that ask for its listing (refused): each answers
+    // as a stat does.
     for i in 0..5 {
         assert_eq!(errno_of(a.stat(format!("/file/x{i}"))), libc::ENOTDIR);
     }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use moneta_abi::fsproto::{FsReply, FsRequest, FsStat, Target};
+use moneta_abi::fsproto::{entry_path, FsReply, FsRequest, FsStat, Target};
 use moneta_abi::{change_slot, CHANGES_OFFSET, CHANGE_SLOTS, FS_CHANGE_BOARD};
 
 use super::Channel;
@@ -138,7 +138,7 @@ impl Key {
 
 /// The directory of `path` as a listing names it, when `path` is a plain absolute path below
 /// one (no empty, `.` or `..` component, no trailing `/`): entries are kept under
-/// [`entry_path`] of it, which must be the path a stat of them names.
+/// [`entry_path`] of it, which is then the path a stat of them names.
 fn parent(path: &[u8]) -> Option<&[u8]> {
     if path.len() < 2 || path[0] != b'/' || path.ends_with(b"/") {
         return None;
@@ -151,17 +151,6 @@ fn parent(path: &[u8]) -> Option<&[u8]> {
     }
     let cut = path.iter().rposition(|&b| b == b'/')?;
     Some(if cut == 0 { b"/" } else { &path[..cut] })
-}
-
-/// `dir/name`, as the daemon watches it (`/name` in the root).
-fn entry_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
-    p.extend_from_slice(dir);
-    if !dir.ends_with(b"/") {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 impl Channel {
@@ -255,10 +244,13 @@ impl Channel {
                 .listings
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if all.len() >= MOST_DIRS && !all.contains_key(dir) {
-                all.clear();
+            if !all.contains_key(dir) {
+                if all.len() >= MOST_DIRS {
+                    all.clear();
+                }
+                all.insert(dir.to_vec(), Listing::default());
             }
-            let l = all.entry(dir.to_vec()).or_default();
+            let l = all.get_mut(dir).expect("inserted above");
             if l.done || l.asking {
                 return None;
             }
@@ -340,7 +332,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_plain_paths_have_a_listing_and_entries_are_named_as_the_daemon_watches_them() {
+    fn only_plain_paths_have_a_listing() {
         assert_eq!(parent(b"/a"), Some(&b"/"[..]));
         assert_eq!(parent(b"/a/b/c"), Some(&b"/a/b"[..]));
         for odd in [
@@ -355,7 +347,5 @@ mod tests {
         ] {
             assert_eq!(parent(odd), None, "{}", String::from_utf8_lossy(odd));
         }
-        assert_eq!(entry_path(b"/", b"x"), b"/x");
-        assert_eq!(entry_path(b"/a/b", b"x"), b"/a/b/x");
     }
 }

@@ -10,7 +10,7 @@
 //! where single stats would take two for each directory on the way: a tree of thousands of
 //! files fits in the channel's bound.
 
-use moneta_abi::fsproto::{FsReply, FsStatEntry, Target};
+use moneta_abi::fsproto::{entry_path, FsReply, FsStatEntry, Target};
 
 use super::*;
 
@@ -19,18 +19,6 @@ pub(super) const MOST_ENTRIES: usize = 1024;
 
 /// Entries looked at in one call the poller answers itself: a few microseconds of its pass.
 pub(super) const QUICK_ENTRIES: usize = 32;
-
-/// `dir/name` as the client names it: a client sends the directory as it names paths, and
-/// keeps each entry under the path it will ask for.
-pub(crate) fn entry_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
-    p.extend_from_slice(dir);
-    if !dir.ends_with(b"/") {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
-}
 
 /// The reply to `OP_FS_STATDIR` of `path` from `cookie` for `cred`, looking at `most` entries
 /// at most, in at most `room` bytes of entries, with the answers watched for `channel` (none
