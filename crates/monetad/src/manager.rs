@@ -108,6 +108,8 @@ struct Releases {
     inos: Vec<u64>,
     /// The journal needs a checkpoint before quick calls can go on.
     checkpoint: bool,
+    /// The releaser waits to be woken (it is not gathering or settling).
+    parked: bool,
 }
 
 /// Flushes that outlive this many later ones forget their failure (each waiter reads its

@@ -1,13 +1,14 @@
 //! File-system calls through the channel (`OP_FS`): the device's poller answers the common
 //! calls of a connection itself, in the pass that takes the command, with no daemon thread to
-//! wake on either side; whatever it cannot answer at once it refers to the control socket,
-//! where the same request gets the same answer.
+//! wake on either side; whatever it cannot answer at once goes to one of the device's file-call
+//! workers (or, when they are all taken, back to the client for the control socket), where
+//! the same request gets the same answer.
 //!
 //! The poller must never wait: it serves every channel's data. So a quick call
 //!
 //! - only *tries* the locks it needs (the connection's session, the releaser's queue, the lock
-//!   table, the file system) and refers the call when one is busy, before it has changed
-//!   anything;
+//!   table, the file system) and leaves the call to a worker when one is busy, before it has
+//!   changed anything;
 //! - runs with the file system in quick mode ([`Fs::set_quick`]), where anything that would
 //!   zero free space, flush or revoke records fails with [`NOT_QUICK`] before any change, and
 //!   is referred;
@@ -115,10 +116,13 @@ impl Manager {
                 )
             }));
         }
-        // A close the poller cannot make at once (a lock it needs is busy, the journal needs
-        // room) is made by a worker, as the socket would make it: so a close libmoneta posted
-        // without waiting (docs/libmoneta.md) is made now, not when the process next calls.
-        let fallback = matches!(req, FsRequest::Close { .. }).then(|| req.clone());
+        // A call the poller cannot make at once (a lock it needs is busy, it would free or
+        // zero space, the journal needs room) is made by a worker, as the socket would make
+        // it: the client waits on its channel, not for a round trip through the socket and a
+        // connection thread woken for it; and a close libmoneta posted without waiting
+        // (docs/libmoneta.md) is made now, not when the process next calls. Lock calls, which
+        // may wait for other processes, go to the socket.
+        let fallback = (!matches!(req, FsRequest::Lock { .. })).then(|| req.clone());
         let later = |req: Option<FsRequest>| {
             req.map(|req| self.call_later(session, channel, req, seq, op, room))
         };
@@ -316,7 +320,11 @@ impl Manager {
             if fs.durability() == Durability::Host {
                 rel.checkpoint = true;
                 self.work_queued.store(true, Ordering::Release);
-                self.release_wake.notify_one();
+                let wake = std::mem::take(&mut rel.parked);
+                drop((fs, locks, rel));
+                if wake {
+                    self.release_wake.notify_one();
+                }
             }
             return None;
         }
@@ -338,9 +346,16 @@ impl Manager {
             &mut released,
         );
         fs.set_quick(false);
+        let mut wake = false;
         if !released.is_empty() {
             rel.inos.extend(released);
             self.work_queued.store(true, Ordering::Release);
+            // Only a parked releaser is woken, once the locks are down (it takes them): one
+            // gathering in its pause finds what comes meanwhile without a wake-up.
+            wake = std::mem::take(&mut rel.parked);
+        }
+        drop((fs, locks, rel));
+        if wake {
             self.release_wake.notify_one();
         }
         match r {
@@ -594,13 +609,16 @@ impl Manager {
         // The file system first: work taken from the queue is done before the lock goes, so
         // a quick call (which needs both) never sees a queue emptied of frees not yet made.
         let mut fs = self.fs();
-        let work = {
+        let (inos, checkpoint) = {
             let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
             self.work_queued.store(false, Ordering::Release);
-            std::mem::take(&mut *r)
+            (
+                std::mem::take(&mut r.inos),
+                std::mem::take(&mut r.checkpoint),
+            )
         };
         // One revocation for all of them (an `rm -rf` queues thousands).
-        match fs.close_many(&work.inos) {
+        match fs.close_many(&inos) {
             Ok(not_open) => {
                 for ino in not_open {
                     tracing::warn!(ino, "freeing an unlinked file: it was not open");
@@ -608,7 +626,7 @@ impl Manager {
             }
             Err(e) => tracing::warn!("freeing unlinked files: {e}"),
         }
-        if work.checkpoint {
+        if checkpoint {
             if let Err(e) = fs.checkpoint_if_full() {
                 tracing::warn!("checkpoint for quick calls: {e}");
             }
@@ -621,8 +639,10 @@ impl Manager {
             {
                 let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
                 while r.inos.is_empty() && !r.checkpoint {
+                    r.parked = true;
                     r = self.release_wake.wait(r).unwrap_or_else(|e| e.into_inner());
                 }
+                r.parked = false;
             }
             // A moment for more to come (an `rm -rf` unlinks a file every few microseconds):
             // they then share one revocation, which waits for the poller.
