@@ -208,6 +208,25 @@ impl Channel {
                 }
                 r
             }
+            FsRequest::Unlink { path } if self.unlink_kept() => {
+                // A stat of the name gone answers `ENOENT`, kept from the unlink itself: the
+                // daemon watched what that stat depends on as it made the change (abi.md
+                // §3.7, `FS_UNLINK_KEPT`), so the counters read before the call hold while
+                // it does.
+                let targets = [true, false].map(|follow| Target::Path {
+                    path: path.clone(),
+                    follow,
+                });
+                let counts = targets.clone().map(|t| self.change_count(&t));
+                let r = self.ask(req);
+                if r.is_ok() {
+                    for (t, count) in targets.iter().zip(counts) {
+                        let gone = (libc::ENOENT, "no such file or directory".to_string());
+                        self.keep(Key::of(t), count, Err(gone));
+                    }
+                }
+                r
+            }
             FsRequest::Close { handle } => {
                 self.forget(&Key::Handle(*handle));
                 self.ask(req)

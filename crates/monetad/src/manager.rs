@@ -274,6 +274,37 @@ fn stat_target(
     Ok(FsReply::Stat(wire_stat(&st?)))
 }
 
+/// After an unlink of `path` that succeeded, on a connection whose channel is `channel`, and
+/// under the same lock of the file system: watches what a stat of the path (either follow
+/// flag) depends on now, as if that stat had been asked, so that the client may keep `ENOENT`
+/// as its answer (docs/abi.md §3.7). An answer that is not `ENOENT` (none can be, so soon
+/// after the name went) moves its counter instead.
+fn watch_unlinked(fs: &mut Fs, cred: &Cred, channel: Option<u32>, path: &[u8]) {
+    let Some(c) = channel else { return };
+    let slots = [true, false].map(|follow| {
+        moneta_abi::change_slot(&Target::Path {
+            path: path.to_vec(),
+            follow,
+        }) as u16
+    });
+    // With its last name missing, the path's walk is the same for both follow flags: one
+    // walk, watched under both counters (room for both, as `stat_target` counts it).
+    let deps = 2 * path.iter().filter(|&&b| b == b'/').count() + 2;
+    let mut seen = Vec::with_capacity(16);
+    let gone = fs.watch_room(c) >= 2 * deps
+        && matches!(
+            fs.stat_seen(cred, path, false, &mut seen),
+            Err(e) if e.errno == libc::ENOENT
+        );
+    for slot in slots {
+        if gone {
+            fs.watch(c, slot, &seen);
+        } else {
+            fs.unkept(c, slot);
+        }
+    }
+}
+
 /// The change-board counters of the connection's channel: a client may keep the attributes
 /// an `OPEN` answered with as the answer to a `STAT` of the new handle.
 fn watch_opened(fs: &mut Fs, channel: Option<u32>, reply: &FsReply) {
@@ -385,8 +416,10 @@ impl Manager {
         fs.set_change_sink(Arc::new(Board(device.clone())));
         // At the `device` level an fsync has nothing to make durable, and on a volatile array
         // nothing is durable past the daemon at all: clients answer it.
-        let mut flags =
-            moneta_abi::FS_CHANGE_BOARD | moneta_abi::FS_LOCK_LEASES | moneta_abi::FS_SIZE_LEASES;
+        let mut flags = moneta_abi::FS_CHANGE_BOARD
+            | moneta_abi::FS_LOCK_LEASES
+            | moneta_abi::FS_SIZE_LEASES
+            | moneta_abi::FS_UNLINK_KEPT;
         if fs.durability() == moneta_fs::Durability::Device {
             flags |= moneta_abi::FS_FSYNC_IS_ORDER;
         }
@@ -972,7 +1005,9 @@ impl Manager {
                 Ok(FsReply::Empty)
             }
             FsRequest::Unlink { path } => {
-                self.fs().unlink(&cred, &path).map_err(failure)?;
+                let mut fs = self.fs();
+                fs.unlink(&cred, &path).map_err(failure)?;
+                watch_unlinked(&mut fs, &cred, channel, &path);
                 Ok(FsReply::Empty)
             }
             FsRequest::Rename { flags, from, to } => {

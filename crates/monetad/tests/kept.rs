@@ -210,3 +210,48 @@ fn a_channel_past_its_bound_asks_again_and_what_it_kept_still_hears_of_changes()
     assert_eq!(a.stat("/missing-5").unwrap().size, 0);
     assert_eq!(errno_of(a.stat("/missing-6")), libc::ENOENT);
 }
+
+#[test]
+fn a_name_this_process_unlinked_is_kept_missing_until_another_process_makes_it() {
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    a.mkdir("/dir", 0o755).unwrap();
+    for round in 0..2 {
+        a.open("/dir/j", &rw()).unwrap().close().unwrap();
+        a.symlink(b"j", "/dir/l").unwrap();
+        a.unlink("/dir/j").unwrap();
+        a.unlink("/dir/l").unwrap();
+        // The unlinks answered the stats of their paths, either follow flag: no call.
+        let before = fs_calls_settled(&d);
+        for p in ["/dir/j", "/dir/l"] {
+            assert_eq!(errno_of(a.stat(p)), libc::ENOENT);
+            assert_eq!(errno_of(a.lstat(p)), libc::ENOENT);
+        }
+        assert_eq!(fs_calls_settled(&d), before, "round {round}: kept missing");
+        // Another process makes both names again: asked again, and found.
+        b.open("/dir/j", &rw()).unwrap().close().unwrap();
+        b.symlink(b"j", "/dir/l").unwrap();
+        assert!(a.stat("/dir/j").is_ok());
+        assert!(a.lstat("/dir/l").is_ok());
+        assert!(a.stat("/dir/l").is_ok());
+        b.unlink("/dir/j").unwrap();
+        b.unlink("/dir/l").unwrap();
+        // And gone again, for this process too, though it kept the names made.
+        assert_eq!(errno_of(a.stat("/dir/j")), libc::ENOENT);
+        assert_eq!(errno_of(a.lstat("/dir/l")), libc::ENOENT);
+    }
+    // A directory made in an unlinked name's place, by another process, is seen too.
+    a.open("/dir/k", &rw()).unwrap().close().unwrap();
+    a.unlink("/dir/k").unwrap();
+    b.mkdir("/dir/k", 0o700).unwrap();
+    assert_eq!(a.stat("/dir/k").unwrap().mode & libc::S_IFMT, libc::S_IFDIR);
+    // A change of the directory's search rights is heard too: the stat is asked again (root
+    // searches any directory, so the answer is still that the name is missing).
+    a.open("/dir/m", &rw()).unwrap().close().unwrap();
+    a.unlink("/dir/m").unwrap();
+    b.chmod("/dir", 0o600).unwrap();
+    let before = fs_calls_settled(&d);
+    assert_eq!(errno_of(a.stat("/dir/m")), libc::ENOENT);
+    assert!(fs_calls_settled(&d) > before, "asked again after the chmod");
+}

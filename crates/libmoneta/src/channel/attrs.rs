@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use moneta_abi::fsproto::{entry_path, FsReply, FsRequest, FsStat, Target};
-use moneta_abi::{change_slot, CHANGES_OFFSET, CHANGE_SLOTS, FS_CHANGE_BOARD};
+use moneta_abi::{change_slot, CHANGES_OFFSET, CHANGE_SLOTS, FS_CHANGE_BOARD, FS_UNLINK_KEPT};
 
 use super::Channel;
 use crate::ClientError;
@@ -157,6 +157,11 @@ impl Channel {
     /// Whether the daemon keeps this channel's change board.
     pub(crate) fn keeps_changes(&self) -> bool {
         self.header().fs_flags.load(Ordering::Acquire) & FS_CHANGE_BOARD != 0
+    }
+
+    /// Whether a successful unlink is also the answer `ENOENT` to a stat of its path.
+    pub(crate) fn unlink_kept(&self) -> bool {
+        self.header().fs_flags.load(Ordering::Acquire) & FS_UNLINK_KEPT != 0
     }
 
     /// The change board.

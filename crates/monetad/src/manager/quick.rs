@@ -498,6 +498,9 @@ impl Manager {
                 let held = self.hold_last_name(fs, &cred, &path);
                 let r = fs.unlink(&cred, &path).map_err(failure);
                 self.after_hold(fs, held, released);
+                if r.is_ok() {
+                    watch_unlinked(fs, &cred, Some(channel), &path);
+                }
                 r.map(|()| FsReply::Empty)
             }
             FsRequest::Rename { flags, from, to } => {
