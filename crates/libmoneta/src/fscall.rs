@@ -105,6 +105,10 @@ pub(crate) fn count_call(req: &FsRequest) {
         FsRequest::Stat {
             target: moneta_abi::fsproto::Target::Handle(_),
         } => FSTAT,
+        // An unlink whose answer about the path is kept is an unlink.
+        FsRequest::UnlinkKeep { .. } => {
+            usize::from(moneta_abi::fsproto::OP_FS_UNLINK - moneta_abi::fsproto::OP_FS_OPEN)
+        }
         _ => usize::from(req.op().wrapping_sub(moneta_abi::fsproto::OP_FS_OPEN)),
     };
     if let Some(c) = CALLS.get(op) {
@@ -208,17 +212,19 @@ impl Channel {
                 }
                 r
             }
-            FsRequest::Unlink { path } if self.unlink_kept() => {
-                // A stat of the name gone answers `ENOENT`, kept from the unlink itself: the
-                // daemon watched what that stat depends on as it made the change (abi.md
-                // §3.7, `FS_UNLINK_KEPT`), so the counters read before the call hold while
-                // it does.
+            FsRequest::Unlink { path } if self.unlink_kept() && self.asked_about(path) => {
+                // A path this process has asked about (SQLite's journal, looked for at the
+                // start of each transaction): a stat of the name gone answers `ENOENT`, kept
+                // from the unlink itself. The daemon watches what that stat depends on as it
+                // makes the change (`FS_UNLINK_KEEP`, abi.md §3.7), so the counters read
+                // before the call hold while it does. Other unlinks (an `rm -rf`) do not ask
+                // it to watch what nobody is likely to ask.
                 let targets = [true, false].map(|follow| Target::Path {
                     path: path.clone(),
                     follow,
                 });
                 let counts = targets.clone().map(|t| self.change_count(&t));
-                let r = self.ask(req);
+                let r = self.ask(FsRequest::UnlinkKeep { path: path.clone() });
                 if r.is_ok() {
                     for (t, count) in targets.iter().zip(counts) {
                         let gone = (libc::ENOENT, "no such file or directory".to_string());

@@ -157,9 +157,10 @@ pub const FS_SIZE_LEASES: u32 = 8;
 /// covers have completed.
 pub const FS_VOLATILE: u32 = 16;
 
-/// [`ChannelHeader::fs_flags`]: an `FS_UNLINK` that succeeds is also the answer `ENOENT` to a
-/// `STAT` of its path, with either follow flag, which a client may keep as docs/abi.md §3.7
-/// says (the daemon watches what that stat depends on as it unlinks).
+/// [`ChannelHeader::fs_flags`]: the daemon takes `FS_UNLINK_KEEP`
+/// ([`crate::fsproto::OP_FS_UNLINK_KEEP`]), an unlink that succeeds and is also the answer
+/// `ENOENT` to a `STAT` of its path, with either follow flag, which a client may keep as
+/// docs/abi.md §3.7 says (the daemon watches what that stat depends on as it unlinks).
 pub const FS_UNLINK_KEPT: u32 = 32;
 
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the

@@ -111,6 +111,11 @@ pub const OP_FS_MAP: u16 = 38;
 /// directory the path does not reach is `ENOENT`, something else `ENOTDIR`. A channel's
 /// connection that cannot have one more answer watched is refused with `ENOBUFS`.
 pub const OP_FS_STATDIR: u16 = 39;
+/// `unlink`, for a client that keeps answers (docs/abi.md §3.7): payload path. Reply empty.
+/// As [`OP_FS_UNLINK`], and once the name is gone the daemon watches, for the calling
+/// connection's channel, what a stat of the path depends on, so that the client may keep
+/// `ENOENT` as that stat's answer. For a daemon whose channels have `FS_UNLINK_KEPT`.
+pub const OP_FS_UNLINK_KEEP: u16 = 40;
 
 /// The path an [`OP_FS_STATDIR`] entry's answer is for, and is watched under: `dir/name`
 /// (`/name` in the root), from the directory's path exactly as the request named it.
@@ -150,7 +155,7 @@ pub const LOCK_OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_STATDIR).contains(&op)
+    (OP_FS_OPEN..=OP_FS_UNLINK_KEEP).contains(&op)
 }
 
 /// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
@@ -297,6 +302,9 @@ pub enum FsRequest {
         path: Vec<u8>,
     },
     Unlink {
+        path: Vec<u8>,
+    },
+    UnlinkKeep {
         path: Vec<u8>,
     },
     Rename {
@@ -584,8 +592,8 @@ impl Writer {
 
 impl FsRequest {
     /// Whether the device may answer this call through the channel (`OP_FS`): the common
-    /// calls whose work is bounded. It refers every other call, and any of these it cannot
-    /// answer at once, to the control socket.
+    /// calls whose work is bounded. It refers every other call to the control socket (and
+    /// leaves any of these it cannot answer at once to a worker, docs/abi.md §4.3).
     pub fn on_channel(&self) -> bool {
         matches!(
             self,
@@ -597,6 +605,7 @@ impl FsRequest {
                 | FsRequest::Stat { .. }
                 | FsRequest::Statfs
                 | FsRequest::Unlink { .. }
+                | FsRequest::UnlinkKeep { .. }
                 | FsRequest::Rename { .. }
                 | FsRequest::Utimes { .. }
                 | FsRequest::Chmod { .. }
@@ -628,6 +637,7 @@ impl FsRequest {
             FsRequest::Mkdir { .. } => OP_FS_MKDIR,
             FsRequest::Rmdir { .. } => OP_FS_RMDIR,
             FsRequest::Unlink { .. } => OP_FS_UNLINK,
+            FsRequest::UnlinkKeep { .. } => OP_FS_UNLINK_KEEP,
             FsRequest::Rename { .. } => OP_FS_RENAME,
             FsRequest::Link { .. } => OP_FS_LINK,
             FsRequest::Symlink { .. } => OP_FS_SYMLINK,
@@ -691,6 +701,7 @@ impl FsRequest {
             }
             FsRequest::Rmdir { path }
             | FsRequest::Unlink { path }
+            | FsRequest::UnlinkKeep { path }
             | FsRequest::Readlink { path } => {
                 w.bytes(path);
             }
@@ -830,6 +841,7 @@ impl FsRequest {
             }
             OP_FS_RMDIR => FsRequest::Rmdir { path: r.path()? },
             OP_FS_UNLINK => FsRequest::Unlink { path: r.path()? },
+            OP_FS_UNLINK_KEEP => FsRequest::UnlinkKeep { path: r.path()? },
             OP_FS_RENAME => {
                 let flags = r.u32()?;
                 r.zero32("reserved")?;
@@ -1191,6 +1203,9 @@ mod tests {
                 path: b"/d".to_vec(),
             },
             FsRequest::Unlink {
+                path: b"/f".to_vec(),
+            },
+            FsRequest::UnlinkKeep {
                 path: b"/f".to_vec(),
             },
             FsRequest::Rename {

@@ -1005,6 +1005,10 @@ impl Manager {
                 Ok(FsReply::Empty)
             }
             FsRequest::Unlink { path } => {
+                self.fs().unlink(&cred, &path).map_err(failure)?;
+                Ok(FsReply::Empty)
+            }
+            FsRequest::UnlinkKeep { path } => {
                 let mut fs = self.fs();
                 fs.unlink(&cred, &path).map_err(failure)?;
                 watch_unlinked(&mut fs, &cred, channel, &path);

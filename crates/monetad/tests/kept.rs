@@ -217,6 +217,9 @@ fn a_name_this_process_unlinked_is_kept_missing_until_another_process_makes_it()
     let a = Moneta::connect(&d.socket).unwrap();
     let b = Moneta::connect(&d.socket).unwrap();
     a.mkdir("/dir", 0o755).unwrap();
+    // Looked for first, as SQLite looks for its journal: a path this process asked about.
+    assert_eq!(errno_of(a.stat("/dir/j")), libc::ENOENT);
+    assert_eq!(errno_of(a.lstat("/dir/l")), libc::ENOENT);
     for round in 0..2 {
         a.open("/dir/j", &rw()).unwrap().close().unwrap();
         a.symlink(b"j", "/dir/l").unwrap();
@@ -241,13 +244,24 @@ fn a_name_this_process_unlinked_is_kept_missing_until_another_process_makes_it()
         assert_eq!(errno_of(a.stat("/dir/j")), libc::ENOENT);
         assert_eq!(errno_of(a.lstat("/dir/l")), libc::ENOENT);
     }
+    // A path it never asked about is unlinked without a watch: a stat of it asks.
+    a.open("/dir/n", &rw()).unwrap().close().unwrap();
+    a.unlink("/dir/n").unwrap();
+    let before = fs_calls_settled(&d);
+    assert_eq!(errno_of(a.stat("/dir/n")), libc::ENOENT);
+    assert!(
+        fs_calls_settled(&d) > before,
+        "not kept: nobody asked about it before"
+    );
     // A directory made in an unlinked name's place, by another process, is seen too.
+    assert_eq!(errno_of(a.stat("/dir/k")), libc::ENOENT);
     a.open("/dir/k", &rw()).unwrap().close().unwrap();
     a.unlink("/dir/k").unwrap();
     b.mkdir("/dir/k", 0o700).unwrap();
     assert_eq!(a.stat("/dir/k").unwrap().mode & libc::S_IFMT, libc::S_IFDIR);
     // A change of the directory's search rights is heard too: the stat is asked again (root
     // searches any directory, so the answer is still that the name is missing).
+    assert_eq!(errno_of(a.stat("/dir/m")), libc::ENOENT);
     a.open("/dir/m", &rw()).unwrap().close().unwrap();
     a.unlink("/dir/m").unwrap();
     b.chmod("/dir", 0o600).unwrap();

@@ -167,8 +167,15 @@ fn sequence(
     note(call(FsRequest::Unlink {
         path: path(dir, "g"),
     }));
-    note(call(FsRequest::Unlink {
+    note(call(FsRequest::UnlinkKeep {
         path: path(dir, "g"),
+    }));
+    let r = call(open(path(dir, "k"), CREAT, 0o600));
+    let hk = handle_of(&r);
+    note(r);
+    note(call(FsRequest::Close { handle: hk }));
+    note(call(FsRequest::UnlinkKeep {
+        path: path(dir, "k"),
     }));
     note(call(FsRequest::Unlink {
         path: format!("/{dir}").into_bytes(),

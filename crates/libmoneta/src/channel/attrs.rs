@@ -159,9 +159,18 @@ impl Channel {
         self.header().fs_flags.load(Ordering::Acquire) & FS_CHANGE_BOARD != 0
     }
 
-    /// Whether a successful unlink is also the answer `ENOENT` to a stat of its path.
+    /// Whether the daemon takes `FS_UNLINK_KEEP`, whose success is also the answer `ENOENT`
+    /// to a stat of its path.
     pub(crate) fn unlink_kept(&self) -> bool {
         self.header().fs_flags.load(Ordering::Acquire) & FS_UNLINK_KEPT != 0
+    }
+
+    /// Whether an answer about `path` (either follow flag) was kept, held or not.
+    pub(crate) fn asked_about(&self, path: &[u8]) -> bool {
+        let map = self.attrs.map.lock().unwrap_or_else(|e| e.into_inner());
+        [true, false]
+            .into_iter()
+            .any(|follow| map.contains_key(&Key::Path(path.to_vec(), follow)))
     }
 
     /// The change board.

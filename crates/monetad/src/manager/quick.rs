@@ -384,6 +384,7 @@ impl Manager {
         let cred = s.cred.clone();
         // Extents an answer may carry in the slice.
         let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
+        let req_op = req.op();
         let r = match req {
             FsRequest::Open { flags, mode, path } => {
                 if s.handles.len() >= MAX_HANDLES {
@@ -494,11 +495,12 @@ impl Manager {
                 &target,
             ),
             FsRequest::Statfs => Ok(statfs_reply(fs)),
-            FsRequest::Unlink { path } => {
+            FsRequest::Unlink { path } | FsRequest::UnlinkKeep { path } => {
+                let keep = matches!(req_op, OP_FS_UNLINK_KEEP);
                 let held = self.hold_last_name(fs, &cred, &path);
                 let r = fs.unlink(&cred, &path).map_err(failure);
                 self.after_hold(fs, held, released);
-                if r.is_ok() {
+                if keep && r.is_ok() {
                     watch_unlinked(fs, &cred, Some(channel), &path);
                 }
                 r.map(|()| FsReply::Empty)
