@@ -88,7 +88,8 @@ pub struct MountOptions {
     /// zeroing before it is handed out).
     pub fresh: bool,
     /// Nothing reads the array after this mount ends (a volatile array, gone with the
-    /// daemon): metadata goes in place with no journal log ([`Journal::without_log`]).
+    /// daemon): there is no journal log ([`Journal::without_log`]), and at the `Device` level
+    /// no metadata goes to the array's tables at all (the mount's mirror is all there is).
     pub volatile: bool,
 }
 
@@ -313,6 +314,10 @@ pub struct Fs {
     reserve_chunks: u64,
     /// Nothing reads the array after this mount ([`MountOptions::volatile`]).
     volatile: bool,
+    /// Whether changes write their images to the array's tables: not on a volatile array at
+    /// the `Device` level, whose tables nothing reads again (the mirror is all there is, as
+    /// a tmpfs's metadata is in memory alone).
+    images: bool,
     /// Files whose space is being freed in transactions of their own (too many extents for
     /// the call's): an orphan until the last one.
     doomed: Vec<u64>,
@@ -518,6 +523,7 @@ impl Fs {
             reserves: HashMap::new(),
             reserve_chunks: opts.append_reserve / g.chunk_size,
             volatile: opts.volatile,
+            images: !(opts.volatile && opts.durability == Durability::Device),
             doomed: Vec::new(),
             next_zero_batch: FIRST_ZERO_BATCH,
             sums: g.integrity(),
@@ -825,7 +831,9 @@ impl Fs {
             kind,
             name: name.to_vec(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        if self.images {
+            self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        }
         let d = self.dirs.get_mut(&dir).expect("a directory");
         let name: Name = name.into();
         d.by_name.insert(name.clone(), (ino, slot));
@@ -841,8 +849,10 @@ impl Fs {
         let d = self.dirs.get_mut(&dir).expect("a directory");
         let (ino, slot) = d.by_name.remove(name).expect("entry exists");
         d.by_slot.remove(&slot);
-        self.txn
-            .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+        if self.images {
+            self.txn
+                .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+        }
         self.free_dirents.insert(slot);
         ino
     }

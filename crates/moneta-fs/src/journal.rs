@@ -36,7 +36,9 @@
 //!
 //! On an array that nothing reads after the daemon (a volatile array: a memfd that goes with
 //! the process) the log has no reader, and [`Journal::without_log`] drops it: a commit writes
-//! its images in place and nothing else, as a tmpfs keeps its metadata in memory alone.
+//! its images in place and nothing else. The file system does not even make images there
+//! (its tables have no reader either), so such commits are empty: its metadata is in memory
+//! alone, as a tmpfs's is.
 //!
 //! What mounting replays follows from when images went in place, which the head records (the
 //! level of the daemon that wrote the log since the checkpoint): at `Device`, every

@@ -28,12 +28,16 @@ impl Fs {
             }
         }
         for ino in std::mem::take(&mut self.dirty) {
-            let rec = self.inodes[(ino - 1) as usize].encode(ino);
-            self.txn.put(self.g.inode_addr(ino), &rec);
+            if self.images {
+                let rec = self.inodes[(ino - 1) as usize].encode(ino);
+                self.txn.put(self.g.inode_addr(ino), &rec);
+            }
         }
         for (w, v) in self.space.take_dirty_words() {
-            self.txn
-                .put(self.g.bitmap_off + w as u64 * 8, &v.to_le_bytes());
+            if self.images {
+                self.txn
+                    .put(self.g.bitmap_off + w as u64 * 8, &v.to_le_bytes());
+            }
         }
         let txn = std::mem::take(&mut self.txn);
         match self.journal.commit(&*self.media, txn) {

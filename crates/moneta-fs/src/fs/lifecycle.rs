@@ -58,8 +58,10 @@ impl Fs {
             }
             let (s, l) = if fc >= from {
                 m.remove(&fc);
-                self.txn
-                    .put(self.g.extent_addr(x.slot), &[0u8; EXTENT_SIZE as usize]);
+                if self.images {
+                    self.txn
+                        .put(self.g.extent_addr(x.slot), &[0u8; EXTENT_SIZE as usize]);
+                }
                 self.free_extents.insert(x.slot);
                 (x.dev, x.count)
             } else {
@@ -71,8 +73,10 @@ impl Fs {
                     dev_chunk: x.dev,
                     count: keep as u32,
                 };
-                self.txn
-                    .put(self.g.extent_addr(x.slot), &rec.encode(x.slot));
+                if self.images {
+                    self.txn
+                        .put(self.g.extent_addr(x.slot), &rec.encode(x.slot));
+                }
                 (x.dev + keep, x.count - keep)
             };
             self.space.free_run(s, l);
@@ -107,8 +111,10 @@ impl Fs {
     /// Clears an inode whose space is freed: its symlink target, its record.
     pub(super) fn forget(&mut self, ino: u64) {
         if let Some((slot, _)) = self.symlinks.remove(&ino) {
-            self.txn
-                .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+            if self.images {
+                self.txn
+                    .put(self.g.dirent_addr(slot), &[0u8; DIRENT_SIZE as usize]);
+            }
             self.free_dirents.insert(slot);
         }
         self.dirs.remove(&ino);

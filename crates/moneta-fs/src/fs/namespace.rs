@@ -169,7 +169,9 @@ impl Fs {
             kind: DT_LNK,
             name: target.to_vec(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        if self.images {
+            self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        }
         self.symlinks.insert(ino, (slot, target.to_vec()));
         self.add_entry(p.dir, &name, ino);
         self.touch_dir(p.dir, now);
@@ -289,7 +291,9 @@ impl Fs {
             kind: kind_of(self.inode(ino).mode),
             name: dname.clone(),
         };
-        self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        if self.images {
+            self.txn.put(self.g.dirent_addr(slot), &rec.encode(slot));
+        }
         let dd = self.dirs.get_mut(&dp.dir).expect("dir");
         let dname: super::Name = dname.into();
         dd.by_name.insert(dname.clone(), (ino, slot));

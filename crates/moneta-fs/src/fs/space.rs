@@ -308,7 +308,9 @@ impl Fs {
                     count: px.count as u32,
                 };
                 let slot = px.slot;
-                self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
+                if self.images {
+                    self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
+                }
                 return;
             }
         }
@@ -326,7 +328,9 @@ impl Fs {
                 dev_chunk: d,
                 count: take as u32,
             };
-            self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
+            if self.images {
+                self.txn.put(self.g.extent_addr(slot), &rec.encode(slot));
+            }
             self.extents.entry(ino).or_default().insert(
                 f,
                 Ext {
