@@ -405,7 +405,7 @@ impl Manager {
                 }
                 if locks.leases.any() {
                     // Another open of a leased file takes the lease back first; when its
-                    // holder is changing its locks, the socket waits for it.
+                    // holder is changing its locks, a worker waits for it.
                     let follow = flags & libc::O_NOFOLLOW == 0;
                     if let Ok(ino) = fs.lookup(&cred, &path, follow) {
                         if !self.recall(locks, ino, false) {
@@ -466,10 +466,10 @@ impl Manager {
                     return Err(fail(errno::EBADF, "the handle is not open for writing"));
                 }
                 // A mapped file's new space is shown from its segment, which revokes records
-                // and waits for the poller: the socket does that.
+                // and waits for the poller: a worker does that, as the socket would.
                 match self.segments.try_lock() {
                     Ok(segs) if !segs.has(h.ino) => {}
-                    _ => return Err(fail(NOT_QUICK, "a mapped file grows through the socket")),
+                    _ => return Err(fail(NOT_QUICK, "a mapped file grows on a worker")),
                 }
                 let (size, maps) =
                     self.extend_with_room(fs, Some(channel), false, &h, handle, offset, len, max)?;
