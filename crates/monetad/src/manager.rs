@@ -561,7 +561,7 @@ impl Manager {
     /// once it has one.
     fn publish(&self, s: &mut Session, channel: Option<u32>) {
         let Some(channel) = channel else { return };
-        if s.published.is_some() {
+        if s.published.is_some() || s.ending {
             return;
         }
         let mut p = Published {
@@ -577,8 +577,10 @@ impl Manager {
     }
 
     /// Withdraws the session's handles from `OP_LOOKUP`: before its channel is closed, whose
-    /// id another connection may get next.
+    /// id another connection may get next. The session ends with it: it is not published
+    /// again.
     pub fn unpublish(&self, s: &mut Session) {
+        s.ending = true;
         if let Some((channel, _)) = &s.published {
             // The connection lives on: its locks come back to the table.
             let channel = *channel;

@@ -1,6 +1,7 @@
 //! File calls answered later: the work of an `OP_FS` call that waits for the disk or for
-//! locks (a durability point at the `host` level, a close the poller could not make at once)
-//! runs on a few worker threads, never on the poller.
+//! locks (a durability point at the `host` level, a call the poller could not make at once:
+//! a lock it needed was busy, or the call frees or zeroes space) runs on a few worker threads,
+//! never on the poller.
 //! The command stays in flight on its channel meanwhile (so the channel stays active, and its
 //! next command is taken without a kick), and the pass that finds the work done completes it
 //! with the answer, as if it had been given at once.

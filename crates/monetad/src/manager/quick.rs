@@ -11,10 +11,10 @@
 //!   changed anything;
 //! - runs with the file system in quick mode ([`Fs::set_quick`]), where anything that would
 //!   zero free space, flush or revoke records fails with [`NOT_QUICK`] before any change, and
-//!   is referred;
+//!   goes to a worker;
 //! - is refused up front at the `Host` durability level when the journal's log is short of
 //!   room (a checkpoint there flushes): the releaser thread makes the checkpoint, and the
-//!   socket answers meanwhile;
+//!   workers answer meanwhile;
 //! - never frees space itself. Freeing revokes every channel's records and waits until no
 //!   request issued before is in flight, which only the poller can confirm. An unlink or a
 //!   rename that takes the last name of a file with space first *holds* the file (one more open count, as a
@@ -103,7 +103,12 @@ impl Manager {
                 }));
             }
             return Some(self.later(session, seq, op, room, move |me, s| {
-                let cred = s.lock().unwrap_or_else(|e| e.into_inner()).cred.clone();
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                if s.ending {
+                    return Err(fail(errno::EBADF, "the connection is closing"));
+                }
+                let cred = s.cred.clone();
+                drop(s);
                 statdir::stat_dir(
                     &mut me.fs(),
                     &cred,
@@ -121,8 +126,16 @@ impl Manager {
         // it: the client waits on its channel, not for a round trip through the socket and a
         // connection thread woken for it; and a close libmoneta posted without waiting
         // (docs/libmoneta.md) is made now, not when the process next calls. Lock calls, which
-        // may wait for other processes, go to the socket.
-        let fallback = (!matches!(req, FsRequest::Lock { .. })).then(|| req.clone());
+        // may wait for other processes, go to the socket, and so do those whose answer made
+        // as the socket makes it may not fit the tag's slice (extents, directory entries).
+        let fallback = (!matches!(
+            req,
+            FsRequest::Lock { .. }
+                | FsRequest::Lookup { .. }
+                | FsRequest::Extend { .. }
+                | FsRequest::Readdir { .. }
+        ))
+        .then(|| req.clone());
         let later = |req: Option<FsRequest>| {
             req.map(|req| self.call_later(session, channel, req, seq, op, room))
         };
@@ -248,11 +261,13 @@ impl Manager {
         room: usize,
     ) -> FsOutcome {
         self.later(session, seq, op, room, move |me, s| {
-            me.call(
-                &mut s.lock().unwrap_or_else(|e| e.into_inner()),
-                Some(channel),
-                req,
-            )
+            let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
+            if s.ending {
+                // Its channel is going, and the id may be another connection's soon: nothing
+                // may be published, watched or granted for it any more.
+                return Err(fail(errno::EBADF, "the connection is closing"));
+            }
+            me.call(&mut s, Some(channel), req)
         })
     }
 
@@ -301,7 +316,8 @@ impl Manager {
         }))
     }
 
-    /// One call of `s` on the poller. `None` refers it, and then nothing has changed.
+    /// One call of `s` on the poller. `None` leaves it to a worker (or refers it), and then
+    /// nothing has changed.
     fn quick_call(
         &self,
         s: &mut Session,
@@ -395,7 +411,7 @@ impl Manager {
                 }
                 let flags = flags as i32;
                 if flags & libc::O_TRUNC != 0 {
-                    // Truncating a file with data frees space: the socket does that.
+                    // Truncating a file with data frees space: a worker does that.
                     let follow = flags & libc::O_NOFOLLOW == 0;
                     if let Ok(ino) = fs.lookup(&cred, &path, follow) {
                         if fs.stat_ino(ino).size > 0 {
@@ -466,10 +482,10 @@ impl Manager {
                     return Err(fail(errno::EBADF, "the handle is not open for writing"));
                 }
                 // A mapped file's new space is shown from its segment, which revokes records
-                // and waits for the poller: a worker does that, as the socket would.
+                // and waits for the poller: the socket does that.
                 match self.segments.try_lock() {
                     Ok(segs) if !segs.has(h.ino) => {}
-                    _ => return Err(fail(NOT_QUICK, "a mapped file grows on a worker")),
+                    _ => return Err(fail(NOT_QUICK, "a mapped file grows through the socket")),
                 }
                 let (size, maps) =
                     self.extend_with_room(fs, Some(channel), false, &h, handle, offset, len, max)?;

@@ -39,6 +39,10 @@ pub struct Session {
     pub(super) next: u64,
     /// The last bundle claimed, with its pairs, for reading them in pages.
     pub(super) claimed: Option<Claimed>,
+    /// The connection is ending: its handles are withdrawn from its channel, whose id another
+    /// connection may get at once, so nothing is published for that channel again (a call a
+    /// worker makes meanwhile is refused).
+    pub(super) ending: bool,
 }
 
 impl Session {
@@ -54,6 +58,7 @@ impl Session {
             me: Weak::new(),
             next: 1,
             claimed: None,
+            ending: false,
         }
     }
 
