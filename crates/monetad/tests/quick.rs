@@ -778,7 +778,9 @@ fn many_file_calls_at_once_are_answered_over_several_passes() {
         FsReply::Extents { extents, .. } => extents[0],
         r => panic!("{r:?}"),
     };
-    // 64 creates rung at once: every one answered through the channel, none referred.
+    // 64 creates rung at once: each answered once, through the channel (or, when the file
+    // system was busy and the workers were taken, referred having changed nothing: the
+    // socket then makes the same exclusive create).
     let before = d.control().status().unwrap();
     let mut mask = 0u64;
     let mut msgs = Vec::new();
@@ -813,14 +815,22 @@ fn many_file_calls_at_once_are_answered_over_several_passes() {
             r => panic!("{r:?}"),
         }
     }
-    for tag in &msgs {
+    let mut referred = 0;
+    for (t, tag) in msgs.iter().enumerate() {
         let c = ch.wait(*tag, Completion::Dma).unwrap();
-        assert_eq!(c.status, Status::Ok);
         ch.release(*tag);
+        if c.status == Status::Refer {
+            referred += 1;
+            ch.control()
+                .fs_open(format!("/burst{t}").as_bytes(), CREAT | libc::O_EXCL, 0o644)
+                .expect("a referred create changed nothing");
+            continue;
+        }
+        assert_eq!(c.status, Status::Ok);
     }
     let after = d.control().status().unwrap();
-    assert_eq!(after.fs_calls_referred, before.fs_calls_referred);
-    assert!(after.fs_calls >= before.fs_calls + 64);
+    assert_eq!(after.fs_calls_referred - before.fs_calls_referred, referred);
+    assert!(after.fs_calls >= before.fs_calls + 64 - referred);
     for t in 0..64 {
         ch.control()
             .fs_stat(format!("/burst{t}").as_bytes(), true)
