@@ -128,19 +128,18 @@ impl Manager {
         // (docs/libmoneta.md) is made now, not when the process next calls. Lock calls, which
         // may wait for other processes, go to the socket, and so do those whose answer made
         // as the socket makes it may not fit the tag's slice (extents, directory entries).
-        let fallback = (!matches!(
+        let to_worker = !matches!(
             req,
             FsRequest::Lock { .. }
                 | FsRequest::Lookup { .. }
                 | FsRequest::Extend { .. }
                 | FsRequest::Readdir { .. }
-        ))
-        .then(|| req.clone());
-        let later = |req: Option<FsRequest>| {
-            req.map(|req| self.call_later(session, channel, req, seq, op, room))
+        );
+        let later = |req: FsRequest| {
+            to_worker.then(|| self.call_later(session, channel, req, seq, op, room))
         };
         let Ok(mut s) = session.try_lock() else {
-            return later(fallback);
+            return later(req);
         };
         if let FsRequest::Lock {
             handle,
@@ -181,9 +180,9 @@ impl Manager {
             }));
         }
         let mut ops = Vec::new();
-        let Some(result) = self.quick_call(&mut s, channel, req, room, &mut ops) else {
+        let Some(result) = self.quick_call(&mut s, channel, &req, room, &mut ops) else {
             drop(s);
-            return later(fallback);
+            return later(req);
         };
         drop(s);
         let reply = fitted_reply(op, seq, result, room)?;
@@ -322,7 +321,7 @@ impl Manager {
         &self,
         s: &mut Session,
         channel: u32,
-        req: FsRequest,
+        req: &FsRequest,
         room: usize,
         ops: &mut Vec<TableOp>,
     ) -> Option<Result<FsReply, Failure>> {
@@ -392,7 +391,7 @@ impl Manager {
         locks: &mut LockState,
         s: &mut Session,
         channel: u32,
-        req: FsRequest,
+        req: &FsRequest,
         room: usize,
         ops: &mut Vec<TableOp>,
         released: &mut Vec<u64>,
@@ -400,9 +399,12 @@ impl Manager {
         let cred = s.cred.clone();
         // Extents an answer may carry in the slice.
         let max = (room.saturating_sub(EXTENTS_OVERHEAD) / EXTENT_BYTES).min(MAX_EXTENTS);
-        let req_op = req.op();
         let r = match req {
-            FsRequest::Open { flags, mode, path } => {
+            &FsRequest::Open {
+                flags,
+                mode,
+                ref path,
+            } => {
                 if s.handles.len() >= MAX_HANDLES {
                     return Some(Err(fail(
                         errno::EMFILE,
@@ -413,7 +415,7 @@ impl Manager {
                 if flags & libc::O_TRUNC != 0 {
                     // Truncating a file with data frees space: a worker does that.
                     let follow = flags & libc::O_NOFOLLOW == 0;
-                    if let Ok(ino) = fs.lookup(&cred, &path, follow) {
+                    if let Ok(ino) = fs.lookup(&cred, path, follow) {
                         if fs.stat_ino(ino).size > 0 {
                             return None;
                         }
@@ -423,13 +425,13 @@ impl Manager {
                     // Another open of a leased file takes the lease back first; when its
                     // holder is changing its locks, a worker waits for it.
                     let follow = flags & libc::O_NOFOLLOW == 0;
-                    if let Ok(ino) = fs.lookup(&cred, &path, follow) {
+                    if let Ok(ino) = fs.lookup(&cred, path, follow) {
                         if !self.recall(locks, ino, false) {
                             return None;
                         }
                     }
                 }
-                fs.open(&cred, &path, flags, mode)
+                fs.open(&cred, path, flags, mode)
                     .map(|o| {
                         let reply = Self::opened(s, locks, o);
                         watch_opened(fs, Some(channel), &reply);
@@ -437,7 +439,7 @@ impl Manager {
                     })
                     .map_err(failure)
             }
-            FsRequest::Close { handle } => (|| {
+            &FsRequest::Close { handle } => (|| {
                 let h = Self::handle(s, handle)?;
                 let before = s.rights(h.ino);
                 s.remove(handle);
@@ -461,7 +463,7 @@ impl Manager {
                 }
                 Ok(FsReply::Empty)
             })(),
-            FsRequest::Lookup {
+            &FsRequest::Lookup {
                 handle,
                 offset,
                 len,
@@ -472,7 +474,7 @@ impl Manager {
                 ops.extend(inserts(s, channel, &h, &maps, file));
                 Ok(extents(size, file, &maps))
             })(),
-            FsRequest::Extend {
+            &FsRequest::Extend {
                 handle,
                 offset,
                 len,
@@ -493,7 +495,7 @@ impl Manager {
                 ops.extend(inserts(s, channel, &h, &maps, file));
                 Ok(extents(size, file, &maps))
             })(),
-            FsRequest::Fsync { handle } => {
+            &FsRequest::Fsync { handle } => {
                 // At the `Device` level a durability point flushes nothing; at `Host` it
                 // does, and a worker makes it (`quick_request`).
                 if fs.durability() != Durability::Device {
@@ -508,48 +510,56 @@ impl Manager {
                 &cred,
                 |h| Self::handle(s, h).map(|h| h.ino),
                 Some(channel),
-                &target,
+                target,
             ),
-            FsRequest::Statfs => Ok(statfs_reply(fs)),
-            FsRequest::Unlink { path } | FsRequest::UnlinkKeep { path } => {
-                let keep = matches!(req_op, OP_FS_UNLINK_KEEP);
-                let held = self.hold_last_name(fs, &cred, &path);
-                let r = fs.unlink(&cred, &path).map_err(failure);
+            &FsRequest::Statfs => Ok(statfs_reply(fs)),
+            &FsRequest::Unlink { ref path } | &FsRequest::UnlinkKeep { ref path } => {
+                let keep = matches!(req, FsRequest::UnlinkKeep { .. });
+                let held = self.hold_last_name(fs, &cred, path);
+                let r = fs.unlink(&cred, path).map_err(failure);
                 self.after_hold(fs, held, released);
                 if keep && r.is_ok() {
-                    watch_unlinked(fs, &cred, Some(channel), &path);
+                    watch_unlinked(fs, &cred, Some(channel), path);
                 }
                 r.map(|()| FsReply::Empty)
             }
-            FsRequest::Rename { flags, from, to } => {
+            &FsRequest::Rename {
+                flags,
+                ref from,
+                ref to,
+            } => {
                 let held = if flags & RENAME_NOREPLACE != 0 {
                     None
                 } else {
-                    self.hold_last_name(fs, &cred, &to)
+                    self.hold_last_name(fs, &cred, to)
                 };
                 let r = fs
-                    .rename(&cred, &from, &to, flags & RENAME_NOREPLACE != 0)
+                    .rename(&cred, from, to, flags & RENAME_NOREPLACE != 0)
                     .map_err(failure);
                 self.after_hold(fs, held, released);
                 r.map(|()| FsReply::Empty)
             }
-            FsRequest::Utimes {
-                target,
+            &FsRequest::Utimes {
+                ref target,
                 atime,
                 mtime,
             } => (|| {
-                let ino = self.target_ino(fs, s, &target)?;
+                let ino = self.target_ino(fs, s, target)?;
                 fs.utimes(&cred, ino, set_time(atime), set_time(mtime))
                     .map_err(failure)?;
                 Ok(FsReply::Empty)
             })(),
-            FsRequest::Chmod { target, mode } => (|| {
-                let ino = self.target_ino(fs, s, &target)?;
+            &FsRequest::Chmod { ref target, mode } => (|| {
+                let ino = self.target_ino(fs, s, target)?;
                 fs.chmod(&cred, ino, mode).map_err(failure)?;
                 Ok(FsReply::Empty)
             })(),
-            FsRequest::Chown { target, uid, gid } => (|| {
-                let ino = self.target_ino(fs, s, &target)?;
+            &FsRequest::Chown {
+                ref target,
+                uid,
+                gid,
+            } => (|| {
+                let ino = self.target_ino(fs, s, target)?;
                 let opt = |v: u32| (v != u32::MAX).then_some(v);
                 fs.chown(&cred, ino, opt(uid), opt(gid)).map_err(failure)?;
                 Ok(FsReply::Empty)
@@ -557,27 +567,27 @@ impl Manager {
             // The name space: none of these frees space (a directory, a name and a link
             // target take records, not chunks), and the file system refuses in quick mode
             // anything that would flush or revoke.
-            FsRequest::Mkdir { mode, path } => fs
-                .mkdir(&cred, &path, mode)
+            &FsRequest::Mkdir { mode, ref path } => fs
+                .mkdir(&cred, path, mode)
                 .map(|st| FsReply::Stat(wire_stat(&st)))
                 .map_err(failure),
             FsRequest::Rmdir { path } => fs
-                .rmdir(&cred, &path)
+                .rmdir(&cred, path)
                 .map(|()| FsReply::Empty)
                 .map_err(failure),
             FsRequest::Link { from, to } => fs
-                .link(&cred, &from, &to)
+                .link(&cred, from, to)
                 .map(|st| FsReply::Stat(wire_stat(&st)))
                 .map_err(failure),
             FsRequest::Symlink { target, path } => fs
-                .symlink(&cred, &target, &path)
+                .symlink(&cred, target, path)
                 .map(|st| FsReply::Stat(wire_stat(&st)))
                 .map_err(failure),
             FsRequest::Readlink { path } => fs
-                .readlink(&cred, &path)
+                .readlink(&cred, path)
                 .map(FsReply::Bytes)
                 .map_err(failure),
-            FsRequest::Readdir { handle, cookie } => (|| {
+            &FsRequest::Readdir { handle, cookie } => (|| {
                 let h = Self::handle(s, handle)?;
                 if !h.read {
                     return Err(fail(errno::EBADF, "the handle is not open for reading"));
