@@ -98,7 +98,14 @@ pub(crate) struct Inner {
     pub(crate) ticket: GenLock<Option<Ticket>>,
     /// Files open on the connection (a fork with none asks the daemon for nothing).
     pub(crate) open: AtomicUsize,
+    /// Paths whose file this process made, then grew in room a size lease gave it: made
+    /// again (a rollback journal is, in each transaction), they ask for room at the open
+    /// ([`Moneta::open_flags`]). The most recent [`ROOMY_PATHS`].
+    roomy: std::sync::Mutex<std::collections::VecDeque<Box<[u8]>>>,
 }
+
+/// Paths remembered as growing files ([`Inner::roomy`]).
+const ROOMY_PATHS: usize = 8;
 
 struct ConnState {
     // Boxed: `cur` and references handed out point at a channel while the vector grows.
@@ -111,6 +118,24 @@ struct ConnState {
 }
 
 impl Inner {
+    /// Whether `path` names a file this process made and grew before ([`Inner::roomy`]).
+    fn roomy(&self, path: &[u8]) -> bool {
+        let r = self.roomy.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter().any(|p| &**p == path)
+    }
+
+    /// Remembers that the file this process made at `path` grew in room a size lease gave.
+    pub(crate) fn note_roomy(&self, path: Box<[u8]>) {
+        let mut r = self.roomy.lock().unwrap_or_else(|e| e.into_inner());
+        if r.iter().any(|p| *p == path) {
+            return;
+        }
+        if r.len() == ROOMY_PATHS {
+            r.pop_front();
+        }
+        r.push_back(path);
+    }
+
     /// The current channel: valid once [`Inner::live`] has succeeded in this generation.
     #[inline]
     pub(crate) fn cur(&self) -> &Channel {
@@ -452,6 +477,7 @@ impl OpenOptions {
 fn handle_free(req: &FsRequest) -> bool {
     match req {
         FsRequest::Open { .. }
+        | FsRequest::OpenRoom { .. }
         | FsRequest::Mkdir { .. }
         | FsRequest::Rmdir { .. }
         | FsRequest::Unlink { .. }
@@ -542,6 +568,7 @@ impl Moneta {
             }),
             ticket: GenLock::new(None),
             open: AtomicUsize::new(0),
+            roomy: Default::default(),
         });
         fork::register(Arc::downgrade(&inner) as std::sync::Weak<dyn fork::Forkable>);
         Ok(Moneta { inner })
@@ -643,29 +670,53 @@ impl Moneta {
         mode: u32,
     ) -> Result<File, ClientError> {
         let pos = Position::new()?;
-        let (reply, epoch) = self.inner.fs_call_at(FsRequest::Open {
-            flags: flags as u32,
-            mode,
-            path: path_bytes(&path),
-        })?;
-        let FsReply::Opened {
-            handle,
-            rights,
-            stat,
-        } = reply
-        else {
-            return Err(bad_reply("open reply"));
+        let path = path_bytes(&path);
+        // A file made for reading and writing may grow from its first write on: where this
+        // process grew the file it made at that path before (a journal made in each
+        // transaction), the open asks for room at once and the first write needs no extend.
+        let grows = flags & libc::O_ACCMODE == libc::O_RDWR && flags & libc::O_CREAT != 0;
+        let room = grows && self.inner.live()?.room_at_open() && self.inner.roomy(&path);
+        let req = if room {
+            FsRequest::OpenRoom {
+                flags: flags as u32,
+                mode,
+                path: path.clone(),
+            }
+        } else {
+            FsRequest::Open {
+                flags: flags as u32,
+                mode,
+                path: path.clone(),
+            }
+        };
+        let (reply, epoch) = self.inner.fs_call_at(req)?;
+        let (handle, rights, stat, given) = match reply {
+            FsReply::Opened {
+                handle,
+                rights,
+                stat,
+            } if !room => (handle, rights, stat, None),
+            FsReply::OpenedRoom {
+                handle,
+                rights,
+                stat,
+                file,
+                extents,
+            } if room => (handle, rights, stat, Some((file, extents))),
+            _ => return Err(bad_reply("open reply")),
         };
         self.inner.open.fetch_add(1, Ordering::AcqRel);
-        Ok(File::opened(
-            self.clone(),
-            handle,
-            epoch,
-            rights,
-            flags,
-            &stat,
-            pos,
-        ))
+        let f = File::opened(self.clone(), handle, epoch, rights, flags, &stat, pos);
+        match given {
+            Some((file, extents)) if !extents.is_empty() => f.take_room(crate::control::Mapped {
+                size: stat.size,
+                file,
+                extents,
+            }),
+            _ if grows && stat.size == 0 && !room => f.watch_growth(path),
+            _ => {}
+        }
+        Ok(f)
     }
 
     /// Creates (or truncates) `path` for writing, like `std::fs::File::create`.

@@ -92,6 +92,9 @@ pub struct File {
     /// The channel knows that the process asks for locks on the file
     /// ([`Channel::note_locking`], noted once).
     locking_noted: std::sync::atomic::AtomicBool,
+    /// The path of a file this process made empty for reading and writing, until its first
+    /// extend says whether it grew in room a size lease gave ([`File::watch_growth`]).
+    growth_path: Mutex<Option<Box<[u8]>>>,
 }
 
 /// [`File::born`] of a file another program image handed over.
@@ -160,6 +163,35 @@ impl File {
             grown: std::sync::atomic::AtomicBool::new(false),
             born: sharing_stamp(),
             locking_noted: std::sync::atomic::AtomicBool::new(false),
+            growth_path: Mutex::new(None),
+        }
+    }
+
+    /// Remembers `path` (the file was made empty, for reading and writing) until the first
+    /// extend: if a size lease then gives it room, the process makes growing files at that
+    /// path, and opens that make one again ask for room at once ([`Moneta::open_flags`]).
+    pub(crate) fn watch_growth(&self, path: Vec<u8>) {
+        *self.growth_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path.into());
+    }
+
+    /// The room an open gave the file (`FS_OPEN_ROOM`): its extents go into the map, as an
+    /// extend's would, and the size lease over them is in the channel already.
+    pub(crate) fn take_room(&self, m: crate::control::Mapped) {
+        let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
+        self.apply_mapped(m);
+    }
+
+    /// What the file's first extend says about its growth ([`File::watch_growth`]).
+    pub(super) fn note_growth(&self, handle: u64) {
+        let path = self
+            .growth_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(path) = path {
+            if self.ch().leased_size(handle).is_some() {
+                self.m.inner.note_roomy(path);
+            }
         }
     }
 
@@ -213,6 +245,7 @@ impl File {
             grown: std::sync::atomic::AtomicBool::new(false),
             born: HANDED_OVER,
             locking_noted: std::sync::atomic::AtomicBool::new(false),
+            growth_path: Mutex::new(None),
         })
     }
 

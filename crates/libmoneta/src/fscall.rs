@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use moneta_abi::control::{decode_reply, encode_request, ReplyBody, Request};
-use moneta_abi::fsproto::{FsReply, FsRequest, Target};
+use moneta_abi::fsproto::{FsReply, FsRequest, FsStat, Target};
 use moneta_abi::{Command, Completion, Opcode, Status};
 
 use crate::channel::attrs::Key;
@@ -109,6 +109,8 @@ pub(crate) fn count_call(req: &FsRequest) {
         FsRequest::UnlinkKeep { .. } => {
             usize::from(moneta_abi::fsproto::OP_FS_UNLINK - moneta_abi::fsproto::OP_FS_OPEN)
         }
+        // An open that asks for room is an open.
+        FsRequest::OpenRoom { .. } => 0,
         _ => usize::from(req.op().wrapping_sub(moneta_abi::fsproto::OP_FS_OPEN)),
     };
     if let Some(c) = CALLS.get(op) {
@@ -177,7 +179,7 @@ impl Channel {
                 if let Some(kept) = self.kept(&key) {
                     KEPT.fetch_add(1, Ordering::Relaxed);
                     return kept
-                        .map(FsReply::Stat)
+                        .map(|st| FsReply::Stat(self.with_published_size(target, st)))
                         .map_err(|(errno, message)| ClientError::Refused { errno, message });
                 }
                 // Another path in a directory this process stats path after path in: the
@@ -201,11 +203,14 @@ impl Channel {
                 }
                 r
             }
-            FsRequest::Open { .. } => {
+            FsRequest::Open { .. } | FsRequest::OpenRoom { .. } => {
                 // The new handle's counter is known only from the answer.
                 let counts = self.change_counts();
                 let r = self.ask(req);
-                if let Ok(FsReply::Opened { handle, stat, .. }) = &r {
+                if let Ok(
+                    FsReply::Opened { handle, stat, .. } | FsReply::OpenedRoom { handle, stat, .. },
+                ) = &r
+                {
                     let t = Target::Handle(*handle);
                     let count = counts[moneta_abi::change_slot(&t)];
                     self.keep(Key::of(&t), count, Ok(*stat));
@@ -239,6 +244,19 @@ impl Channel {
             }
             _ => self.ask(req),
         }
+    }
+
+    /// A kept answer about `target` as the daemon would give it now: for a handle whose file
+    /// this channel holds a size lease on, the size it published counts (the daemon keeps
+    /// watching such an answer for the lease's holder alone, docs/abi.md §3.9: nothing else
+    /// about the file changes without moving its counter).
+    fn with_published_size(&self, target: &Target, mut st: FsStat) -> FsStat {
+        if let Target::Handle(h) = target {
+            if let Some(p) = self.leased_size(*h) {
+                st.size = st.size.max(p);
+            }
+        }
+        st
     }
 
     /// Asks the daemon, whatever was kept: through the channel when the device may answer

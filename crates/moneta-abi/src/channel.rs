@@ -163,6 +163,11 @@ pub const FS_VOLATILE: u32 = 16;
 /// docs/abi.md §3.7 says (the daemon watches what that stat depends on as it unlinks).
 pub const FS_UNLINK_KEPT: u32 = 32;
 
+/// [`ChannelHeader::fs_flags`]: the daemon takes `FS_OPEN_ROOM`
+/// ([`crate::fsproto::OP_FS_OPEN_ROOM`]), an open that may also give an empty file room and a
+/// size lease over it, as the first extend of a growing file would (docs/abi.md §3.9).
+pub const FS_ROOM_AT_OPEN: u32 = 64;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

@@ -1,4 +1,4 @@
-//! The file-system calls of the control protocol (ops 16 to 39): the permission manager's
+//! The file-system calls of the control protocol (ops 16 to 41): the permission manager's
 //! interface (Moneta-D §2.1). Payloads use the control protocol's little-endian encoding; a
 //! byte string is a u32 length followed by the bytes (no terminator, no padding).
 //!
@@ -116,6 +116,13 @@ pub const OP_FS_STATDIR: u16 = 39;
 /// connection's channel, what a stat of the path depends on, so that the client may keep
 /// `ENOENT` as that stat's answer. For a daemon whose channels have `FS_UNLINK_KEPT`.
 pub const OP_FS_UNLINK_KEEP: u16 = 40;
+/// `open` that also asks for room (docs/abi.md §3.9): payload as [`OP_FS_OPEN`]. As
+/// [`OP_FS_OPEN`]; and when the file it opens is an empty regular file, opened for reading
+/// and writing, through a channel that wants size leases and has a slot free, the daemon
+/// allocates room from offset 0 and grants a size lease over it, as an extend that ends the
+/// file would. Reply: [`FsReply::OpenedRoom`] (no extents when it gave no room). For a daemon
+/// whose channels have `FS_ROOM_AT_OPEN`.
+pub const OP_FS_OPEN_ROOM: u16 = 41;
 
 /// The path an [`OP_FS_STATDIR`] entry's answer is for, and is watched under: `dir/name`
 /// (`/name` in the root), from the directory's path exactly as the request named it.
@@ -153,9 +160,25 @@ pub const MAX_INHERITED: usize = 1000;
 /// whose `len` is 0 ends there.
 pub const LOCK_OFFSET_MAX: u64 = i64::MAX as u64;
 
+/// `n` extents of a reply (at most [`MAX_EXTENTS`]).
+fn extent_list(r: &mut Reader<'_>, n: usize) -> Result<Vec<FsExtent>, Error> {
+    if n > MAX_EXTENTS {
+        return Err(Error::BadField("extent count"));
+    }
+    let mut extents = Vec::with_capacity(n);
+    for _ in 0..n {
+        extents.push(FsExtent {
+            file_off: r.u64()?,
+            len: r.u64()?,
+            dev: r.u64()?,
+        });
+    }
+    Ok(extents)
+}
+
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_UNLINK_KEEP).contains(&op)
+    (OP_FS_OPEN..=OP_FS_OPEN_ROOM).contains(&op)
 }
 
 /// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
@@ -253,6 +276,11 @@ pub struct WireTime {
 #[allow(missing_docs)]
 pub enum FsRequest {
     Open {
+        flags: u32,
+        mode: u32,
+        path: Vec<u8>,
+    },
+    OpenRoom {
         flags: u32,
         mode: u32,
         path: Vec<u8>,
@@ -441,6 +469,21 @@ pub enum FsReply {
         /// Attributes.
         stat: FsStat,
     },
+    /// handle (u64), rights (u32), reserved (u32), attributes, count (u32), reserved (u32),
+    /// file tag (u64), `count` extents: an open with the room it was given (none when `count`
+    /// is 0). The size is the attributes'.
+    OpenedRoom {
+        /// The new handle.
+        handle: u64,
+        /// Rights granted.
+        rights: u32,
+        /// Attributes.
+        stat: FsStat,
+        /// The tag the extents' records carry.
+        file: u64,
+        /// The room: whole extents from offset 0.
+        extents: Vec<FsExtent>,
+    },
     /// Attributes.
     Stat(FsStat),
     /// size (u64), count (u32), reserved (u32), file tag (u64), `count` extents.
@@ -598,6 +641,7 @@ impl FsRequest {
         matches!(
             self,
             FsRequest::Open { .. }
+                | FsRequest::OpenRoom { .. }
                 | FsRequest::Close { .. }
                 | FsRequest::Lookup { .. }
                 | FsRequest::Extend { .. }
@@ -625,6 +669,7 @@ impl FsRequest {
     pub fn op(&self) -> u16 {
         match self {
             FsRequest::Open { .. } => OP_FS_OPEN,
+            FsRequest::OpenRoom { .. } => OP_FS_OPEN_ROOM,
             FsRequest::Close { .. } => OP_FS_CLOSE,
             FsRequest::Lookup { .. } => OP_FS_LOOKUP,
             FsRequest::Extend { .. } => OP_FS_EXTEND,
@@ -654,7 +699,7 @@ impl FsRequest {
 
     pub(crate) fn encode(&self, w: &mut Writer) {
         match self {
-            FsRequest::Open { flags, mode, path } => {
+            FsRequest::Open { flags, mode, path } | FsRequest::OpenRoom { flags, mode, path } => {
                 w.u32(*flags).u32(*mode).bytes(path);
             }
             FsRequest::Close { handle } | FsRequest::Fsync { handle } => {
@@ -769,6 +814,11 @@ impl FsRequest {
         };
         Ok(match op {
             OP_FS_OPEN => FsRequest::Open {
+                flags: r.u32()?,
+                mode: r.u32()?,
+                path: r.path()?,
+            },
+            OP_FS_OPEN_ROOM => FsRequest::OpenRoom {
                 flags: r.u32()?,
                 mode: r.u32()?,
                 path: r.path()?,
@@ -942,6 +992,20 @@ impl FsReply {
                 w.u64(*handle).u32(*rights).u32(0);
                 w.stat(stat);
             }
+            FsReply::OpenedRoom {
+                handle,
+                rights,
+                stat,
+                file,
+                extents,
+            } => {
+                w.u64(*handle).u32(*rights).u32(0);
+                w.stat(stat);
+                w.u32(extents.len() as u32).u32(0).u64(*file);
+                for x in extents {
+                    w.u64(x.file_off).u64(x.len).u64(x.dev);
+                }
+            }
             FsReply::Stat(s) => w.stat(s),
             FsReply::Extents {
                 size,
@@ -1029,6 +1093,22 @@ impl FsReply {
                     stat: r.stat()?,
                 }
             }
+            OP_FS_OPEN_ROOM => {
+                let handle = r.u64()?;
+                let rights = r.u32()?;
+                r.zero32("reserved")?;
+                let stat = r.stat()?;
+                let n = r.u32()? as usize;
+                r.zero32("reserved")?;
+                let file = r.u64()?;
+                FsReply::OpenedRoom {
+                    handle,
+                    rights,
+                    stat,
+                    file,
+                    extents: extent_list(r, n)?,
+                }
+            }
             OP_FS_STAT | OP_FS_MKDIR | OP_FS_LINK | OP_FS_SYMLINK | OP_FS_MAP => {
                 FsReply::Stat(r.stat()?)
             }
@@ -1036,22 +1116,11 @@ impl FsReply {
                 let size = r.u64()?;
                 let n = r.u32()? as usize;
                 r.zero32("reserved")?;
-                if n > MAX_EXTENTS {
-                    return Err(Error::BadField("extent count"));
-                }
                 let file = r.u64()?;
-                let mut extents = Vec::with_capacity(n);
-                for _ in 0..n {
-                    extents.push(FsExtent {
-                        file_off: r.u64()?,
-                        len: r.u64()?,
-                        dev: r.u64()?,
-                    });
-                }
                 FsReply::Extents {
                     size,
                     file,
-                    extents,
+                    extents: extent_list(r, n)?,
                 }
             }
             OP_FS_READDIR => {
@@ -1158,6 +1227,11 @@ mod tests {
                 flags: 0o102,
                 mode: 0o644,
                 path: b"/a/b".to_vec(),
+            },
+            FsRequest::OpenRoom {
+                flags: 0o102,
+                mode: 0o600,
+                path: b"/a/b-journal".to_vec(),
             },
             FsRequest::Close { handle: 7 },
             FsRequest::Lookup {
@@ -1372,6 +1446,30 @@ mod tests {
                     handle: 1,
                     rights: 3,
                     stat,
+                },
+            ),
+            (
+                OP_FS_OPEN_ROOM,
+                FsReply::OpenedRoom {
+                    handle: 2,
+                    rights: 3,
+                    stat: FsStat { size: 0, ..stat },
+                    file: 0x55,
+                    extents: vec![FsExtent {
+                        file_off: 0,
+                        len: 16 << 10,
+                        dev: 1 << 30,
+                    }],
+                },
+            ),
+            (
+                OP_FS_OPEN_ROOM,
+                FsReply::OpenedRoom {
+                    handle: 3,
+                    rights: 1,
+                    stat,
+                    file: 0,
+                    extents: Vec::new(),
                 },
             ),
             (OP_FS_STAT, FsReply::Stat(stat)),

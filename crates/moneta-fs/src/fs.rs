@@ -605,6 +605,13 @@ impl Fs {
             self.unkept(observer, slot);
             return;
         }
+        self.watch_holder(observer, slot, inos);
+    }
+
+    /// [`Fs::watch`] even of a file with a size grant out: for an answer that only the
+    /// grant's holder asked, about the very handle the grant is on, which adds the size it
+    /// published itself (docs/abi.md §3.9). Nothing but the size changes with no call.
+    pub fn watch_holder(&mut self, observer: u32, slot: u16, inos: &[u64]) {
         let sink = self.sink.clone();
         self.watches.watch(observer, slot, inos, sink.as_deref());
     }

@@ -335,3 +335,69 @@ fn free_space_a_mount_knows_nothing_of_is_zeroed_before_it_is_handed_out() {
     let (_, dirty, _, _) = fs.space_states();
     assert!(dirty > 0, "the rest waits for its turn");
 }
+
+#[test]
+fn room_given_at_an_open_is_allocated_past_a_size_of_0_and_a_crash_at_any_store_leaves_it_free() {
+    let root = Cred::root();
+    let a = blocks(16 << 20);
+    let (free, ino) = {
+        let mut fs = mount_fresh(&a);
+        let ino = fs.open(&root, b"/j", CREAT, 0o644).unwrap().ino;
+        let data = fs.open(&root, b"/d", CREAT, 0o644).unwrap().ino;
+        fs.extend(data, 0, 10, 8).unwrap();
+        let before = fs.stat_ino(ino);
+        // An empty file gets at least the room asked for, from offset 0, as one extent;
+        // the size and the times stay.
+        let (maps, end) = fs.room_at_open(ino, 16 << 10, 1, 8).unwrap();
+        assert!(end >= 16 << 10, "{end}");
+        assert_eq!(maps.len(), 1);
+        assert_eq!((maps[0].file_off, maps[0].len), (0, end));
+        assert!(maps[0].dev.is_some());
+        let after = fs.stat_ino(ino);
+        assert_eq!(after.size, 0);
+        assert_eq!((after.mtime, after.ctime), (before.mtime, before.ctime));
+        assert_eq!(after.blocks * 512, end);
+        assert_eq!(fs.check().errors(), 0, "room past a size of 0 is allowed");
+        // The room reads as zeros.
+        let mut buf = vec![1u8; end as usize];
+        // SAFETY: `buf` holds `end` bytes.
+        unsafe { a.read(maps[0].dev.unwrap(), buf.as_mut_ptr(), buf.len()) };
+        assert!(buf.iter().all(|&b| b == 0));
+        // A file that holds space, or one that has room already, gets none.
+        assert_eq!(fs.room_at_open(data, 16 << 10, 2, 8).unwrap().0.len(), 0);
+        assert_eq!(fs.room_at_open(ino, 16 << 10, 3, 8).unwrap().0.len(), 0);
+        // The last close gives it back.
+        fs.close(ino).unwrap();
+        assert_eq!(fs.stat_ino(ino).blocks, 0);
+        let free = fs.statfs().chunks_free;
+        fs.close(data).unwrap();
+        fs.unmount().unwrap();
+        (free, ino)
+    };
+    let mut image = vec![0u8; a.size() as usize];
+    // SAFETY: `image` holds the whole array.
+    unsafe { a.read(0, image.as_mut_ptr(), image.len()) };
+    let mut budget = 0;
+    loop {
+        // SAFETY: `image` holds the whole array.
+        unsafe { a.write(0, image.as_ptr(), image.len()) };
+        let dying = Arc::new(Dying::new(a.clone(), budget));
+        {
+            let mut fs = Fs::mount(dying.clone() as Arc<dyn Media>).unwrap();
+            let o = fs.open(&root, b"/j", libc::O_RDWR, 0).unwrap();
+            assert_eq!(o.ino, ino);
+            let _ = fs.room_at_open(ino, 16 << 10, 1, 8);
+        }
+        let finished = !dying.died();
+        let fs = mount(&a);
+        assert_eq!(fs.check().errors(), 0, "crash after {budget} stores");
+        let st = fs.stat(&root, b"/j", true).unwrap();
+        assert_eq!((st.size, st.blocks), (0, 0), "crash after {budget} stores");
+        assert_eq!(fs.statfs().chunks_free, free, "crash after {budget} stores");
+        if finished {
+            break;
+        }
+        budget += 1;
+    }
+    assert!(budget > 0, "the room took stores to give");
+}

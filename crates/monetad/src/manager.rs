@@ -265,7 +265,9 @@ fn stat_target(
     };
     if let Some(channel) = channel {
         let slot = moneta_abi::change_slot(target) as u16;
-        if watched {
+        if let (true, Target::Handle(h), &[ino]) = (watched, target, seen.as_slice()) {
+            watch_handle(fs, channel, *h, ino);
+        } else if watched {
             fs.watch(channel, slot, &seen);
         } else {
             fs.unkept(channel, slot);
@@ -308,9 +310,24 @@ fn watch_unlinked(fs: &mut Fs, cred: &Cred, channel: Option<u32>, path: &[u8]) {
 /// The change-board counters of the connection's channel: a client may keep the attributes
 /// an `OPEN` answered with as the answer to a `STAT` of the new handle.
 fn watch_opened(fs: &mut Fs, channel: Option<u32>, reply: &FsReply) {
-    if let (Some(channel), FsReply::Opened { handle, stat, .. }) = (channel, reply) {
-        let slot = moneta_abi::change_slot(&Target::Handle(*handle)) as u16;
-        fs.watch(channel, slot, &[stat.ino]);
+    let (
+        Some(channel),
+        FsReply::Opened { handle, stat, .. } | FsReply::OpenedRoom { handle, stat, .. },
+    ) = (channel, reply)
+    else {
+        return;
+    };
+    watch_handle(fs, channel, *handle, stat.ino);
+}
+
+/// Watches the answer about `handle` (of `ino`) that `channel`'s process may keep: also while
+/// the file has a size grant, if that handle of that channel holds it (docs/abi.md §3.9).
+fn watch_handle(fs: &mut Fs, channel: u32, handle: u64, ino: u64) {
+    let slot = moneta_abi::change_slot(&Target::Handle(handle)) as u16;
+    if sizes::holds_grant(fs, ino, channel, handle) {
+        fs.watch_holder(channel, slot, &[ino]);
+    } else {
+        fs.watch(channel, slot, &[ino]);
     }
 }
 
@@ -419,7 +436,8 @@ impl Manager {
         let mut flags = moneta_abi::FS_CHANGE_BOARD
             | moneta_abi::FS_LOCK_LEASES
             | moneta_abi::FS_SIZE_LEASES
-            | moneta_abi::FS_UNLINK_KEPT;
+            | moneta_abi::FS_UNLINK_KEPT
+            | moneta_abi::FS_ROOM_AT_OPEN;
         if fs.durability() == moneta_fs::Durability::Device {
             flags |= moneta_abi::FS_FSYNC_IS_ORDER;
         }
@@ -855,8 +873,9 @@ impl Manager {
         // What quick calls left is done first: a call here sees every unlinked file freed.
         self.settle_releases();
         let cred = s.cred.clone();
+        let room_asked = matches!(req, FsRequest::OpenRoom { .. });
         match req {
-            FsRequest::Open { flags, mode, path } => {
+            FsRequest::Open { flags, mode, path } | FsRequest::OpenRoom { flags, mode, path } => {
                 if s.handles.len() >= MAX_HANDLES {
                     return Err(fail(
                         errno::EMFILE,
@@ -866,7 +885,21 @@ impl Manager {
                 let mut fs = self.fs();
                 let o = fs.open(&cred, &path, flags as i32, mode).map_err(failure)?;
                 let ino = o.ino;
-                let reply = Self::opened(s, &mut self.locks(), o);
+                let mut reply = Self::opened(s, &mut self.locks(), o);
+                if room_asked {
+                    let mapped = |ino| self.segments().has(ino);
+                    let (r, given) =
+                        self.opened_room(&mut fs, s, channel, mapped, reply, MAX_EXTENTS);
+                    reply = r;
+                    if let Some((h, maps, file)) = given {
+                        // The open stands whatever happens to its room; a client without the
+                        // records extends as after a plain open.
+                        if let Err(e) = self.install(s, channel, &h, &maps, file) {
+                            tracing::warn!("installing the records of room at open: {}", e.message);
+                        }
+                    }
+                }
+                // After the room's transaction, which fires the file's watches.
                 watch_opened(&mut fs, channel, &reply);
                 drop(fs);
                 // The file is open twice now, so no lease on it can be granted again: take

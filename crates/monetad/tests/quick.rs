@@ -25,6 +25,27 @@ fn norm(r: Result<FsReply, ClientError>) -> String {
                 stat.mode, stat.size
             )
         }
+        // How much room depends on what lies next to the file on the array: at least
+        // 16 KiB from offset 0 is the rule.
+        Ok(FsReply::OpenedRoom {
+            rights,
+            stat,
+            extents,
+            ..
+        }) => format!(
+            "opened rights {rights} mode {:o} size {} with room {}",
+            stat.mode,
+            stat.size,
+            match extents.first() {
+                None => "none".to_string(),
+                Some(x) => format!(
+                    "from {} of at least 16 KiB {}, holes {}",
+                    x.file_off,
+                    extents.iter().map(|x| x.len).sum::<u64>() >= 16 << 10,
+                    extents.iter().any(|x| x.dev == HOLE)
+                ),
+            }
+        ),
         Ok(FsReply::Stat(s)) => format!(
             "stat mode {:o} nlink {} size {} blocks {}",
             s.mode, s.nlink, s.size, s.blocks
@@ -49,11 +70,13 @@ fn path(dir: &str, name: &str) -> Vec<u8> {
 }
 
 /// The same sequence of calls in directory `dir`, each made by `call`; the normalised
-/// replies.
+/// replies. `leases` says whether the caller's channel wants size leases (around the opens
+/// that ask for room: an extend's room depends on where the file lies on the array).
 fn sequence(
     dir: &str,
     call: &dyn Fn(FsRequest) -> Result<FsReply, ClientError>,
     handle_of: &dyn Fn(&Result<FsReply, ClientError>) -> u64,
+    leases: &dyn Fn(bool),
 ) -> Vec<String> {
     let mut out = Vec::new();
     let mut note = |r: Result<FsReply, ClientError>| {
@@ -64,6 +87,7 @@ fn sequence(
         mode,
         path: p,
     };
+    leases(false);
     let f = path(dir, "f");
     let r = call(open(f.clone(), CREAT | libc::O_EXCL, 0o640));
     let h = handle_of(&r);
@@ -177,6 +201,39 @@ fn sequence(
     note(call(FsRequest::UnlinkKeep {
         path: path(dir, "k"),
     }));
+    // An open that asks for room: an empty file made for reading and writing gets it (and a
+    // size lease over it); one with data, or opened for writing only, does not.
+    let room = |p: Vec<u8>, flags: i32| FsRequest::OpenRoom {
+        flags: flags as u32,
+        mode: 0o600,
+        path: p,
+    };
+    leases(true);
+    let r = call(room(path(dir, "j"), CREAT | libc::O_EXCL));
+    let hj = handle_of(&r);
+    note(r);
+    let r = call(room(path(dir, "k"), libc::O_CREAT | libc::O_WRONLY));
+    let hw = handle_of(&r);
+    note(r);
+    note(call(FsRequest::Extend {
+        handle: hw,
+        offset: 0,
+        len: 3,
+    }));
+    let r = call(room(path(dir, "k"), libc::O_RDWR));
+    let hk = handle_of(&r);
+    note(r);
+    let r = call(room(path(dir, "j"), libc::O_RDONLY));
+    let hr = handle_of(&r);
+    note(r);
+    note(call(room(path(dir, "nothing"), libc::O_RDWR)));
+    leases(false);
+    for handle in [hj, hw, hk, hr] {
+        note(call(FsRequest::Close { handle }));
+    }
+    for p in ["j", "k"] {
+        note(call(FsRequest::Unlink { path: path(dir, p) }));
+    }
     note(call(FsRequest::Unlink {
         path: format!("/{dir}").into_bytes(),
     }));
@@ -253,7 +310,7 @@ fn sequence(
 
 fn opened_handle(r: &Result<FsReply, ClientError>) -> u64 {
     match r {
-        Ok(FsReply::Opened { handle, .. }) => *handle,
+        Ok(FsReply::Opened { handle, .. } | FsReply::OpenedRoom { handle, .. }) => *handle,
         _ => 0,
     }
 }
@@ -263,6 +320,13 @@ fn calls_through_the_channel_answer_as_the_socket_does() {
     let d = Daemon::start_fs("64M", &[]);
     let ch = d.channel();
     let sock = d.channel();
+    // Each asks for size leases around the opens that ask for room.
+    let maps = [&ch, &sock].map(ChannelMap::of_channel);
+    let leases = |m: &ChannelMap, on: bool| {
+        m.at::<moneta_abi::SizeLeaseArea>(moneta_abi::SIZE_LEASE_OFFSET)
+            .wanted
+            .store(u32::from(on), std::sync::atomic::Ordering::Release);
+    };
     for dir in ["a", "b"] {
         sock.control()
             .fs(FsRequest::Mkdir {
@@ -275,11 +339,20 @@ fn calls_through_the_channel_answer_as_the_socket_does() {
     // The connection's first file call on the socket publishes its handles for the device.
     ch.control().fs(FsRequest::Statfs).unwrap();
     let st0 = d.control().status().unwrap();
-    let fast = sequence("a", &|r| ch.fs(r), &opened_handle);
+    let fast = sequence("a", &|r| ch.fs(r), &opened_handle, &|on| {
+        leases(&maps[0], on)
+    });
     let st1 = d.control().status().unwrap();
-    let slow = sequence("b", &|r| sock.control().fs(r), &opened_handle);
+    let slow = sequence("b", &|r| sock.control().fs(r), &opened_handle, &|on| {
+        leases(&maps[1], on)
+    });
     assert_eq!(fast, slow);
     assert!(fast.iter().any(|r| r.starts_with("extents")), "{fast:?}");
+    assert!(
+        fast.iter()
+            .any(|r| r.ends_with("with room from 0 of at least 16 KiB true, holes false")),
+        "an open got room: {fast:?}"
+    );
     assert!(fast.iter().filter(|r| r.starts_with("errno")).count() >= 6);
     // The device answered all of them (the O_TRUNC of a file with data through a worker,
     // not referred to the socket), and the socket path none.

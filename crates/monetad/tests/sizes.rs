@@ -299,6 +299,16 @@ fn what_was_published_survives_a_killed_client_and_an_fsync_survives_a_killed_da
     f.sync_all().unwrap();
     let st = b.stat("/synced").unwrap();
     assert!(st.blocks > whole(st.size), "room past the end: {st:?}");
+    // Room given at an open (a file made again where one grew) and a write in it with no
+    // fsync: the kill leaves the room allocated past a size of 0.
+    let j = b.open("/again", &rw()).unwrap();
+    j.write_at(b"first", 0).unwrap();
+    j.close().unwrap();
+    b.unlink("/again").unwrap();
+    let j = b.open("/again", &rw()).unwrap();
+    assert!(b.stat("/again").unwrap().blocks > 0, "room at the open");
+    j.write_at(b"second", 0).unwrap();
+    assert_eq!(b.stat("/again").unwrap().size, 6);
     d.kill9();
     // The image as the kill left it checks clean, the room still allocated past the end: it
     // continues the file's last extent, which nvfs allows.
@@ -314,7 +324,10 @@ fn what_was_published_survives_a_killed_client_and_an_fsync_survives_a_killed_da
     assert_eq!((st.size, st.blocks), (synced.len() as u64, whole(st.size)));
     assert_eq!(read_all(&c, "/synced"), synced);
     assert_eq!(read_all(&c, "/killed"), want);
-    drop(f);
+    // A size published and never applied was not the file system's; the room went back.
+    let st = c.stat("/again").unwrap();
+    assert_eq!((st.size, st.blocks), (0, 0));
+    drop((f, j));
 }
 
 #[test]
@@ -451,4 +464,83 @@ fn under_a_lease_a_read_past_the_end_needs_no_call_and_another_extend_ends_the_l
     assert!(got[250..2000].iter().all(|&x| x == 0));
     g.close().unwrap();
     f.close().unwrap();
+}
+
+#[test]
+fn a_file_made_again_where_one_grew_gets_room_at_its_open_and_its_stat_counts_what_it_published() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    // The first journal: a plain open, whose first write extends and gets room.
+    let f = a.open("/db-journal", &rw()).unwrap();
+    assert_eq!(area.granted(), None, "no room before the first growth");
+    let e = a.stats().extends;
+    f.write_at(&bytes(1, 512), 0).unwrap();
+    assert_eq!(a.stats().extends, e + 1);
+    assert!(area.granted().is_some());
+    f.close().unwrap();
+    a.unlink("/db-journal").unwrap();
+
+    // Made again at that path: the open brings the room and the lease.
+    let f = a.open("/db-journal", &rw()).unwrap();
+    let (_, _, limit) = area.granted().expect("room at the open");
+    assert!(limit >= 16 * 1024, "{limit}");
+    let st = b.stat("/db-journal").unwrap();
+    assert_eq!(st.size, 0);
+    assert!(st.blocks * 512 >= limit, "the room is the file's: {st:?}");
+    assert_eq!(read_all(&b, "/db-journal"), b"");
+    let (e, kept) = (a.stats().extends, libmoneta::stats_kept());
+    assert_eq!(f.stat().unwrap().size, 0, "kept from the open");
+    let other = a
+        .open("/db-journal", OpenOptions::new().read(true))
+        .unwrap();
+    let mut want = Vec::new();
+    for i in 0..5u8 {
+        let rec = bytes(i, 1000 + i as usize);
+        f.write_at(&rec, want.len() as u64).unwrap();
+        want.extend_from_slice(&rec);
+        // The holder's own stat of its handle is kept and counts what it published; another
+        // handle's (of this process or another) asks, and sees the same.
+        assert_eq!(f.stat().unwrap().size, want.len() as u64);
+        assert_eq!(other.stat().unwrap().size, want.len() as u64);
+        assert_eq!(b.stat("/db-journal").unwrap().size, want.len() as u64);
+    }
+    assert_eq!(a.stats().extends, e, "every write inside the room");
+    assert_eq!(
+        libmoneta::stats_kept(),
+        kept + 6,
+        "the holder's stats were kept, the other handle's asked"
+    );
+    assert_eq!(read_all(&b, "/db-journal"), want);
+    // A change by another process moves the kept answer.
+    b.chmod("/db-journal", 0o600).unwrap();
+    assert_eq!(f.stat().unwrap().mode & 0o777, 0o600);
+    assert_eq!(f.stat().unwrap().size, want.len() as u64);
+    other.close().unwrap();
+    f.close().unwrap();
+    room_gone(&b, "/db-journal");
+    assert_eq!(read_all(&b, "/db-journal"), want);
+
+    // No room for a file with data, for an open for writing only, or on another connection
+    // (which never grew a file at that path).
+    let g = a.open("/db-journal", &rw()).unwrap();
+    assert_eq!(area.granted(), None);
+    g.close().unwrap();
+    a.unlink("/db-journal").unwrap();
+    let g = a.open("/db-journal", &wo()).unwrap();
+    assert_eq!(area.granted(), None);
+    g.close().unwrap();
+    a.unlink("/db-journal").unwrap();
+    let g = b.open("/db-journal", &rw()).unwrap();
+    assert_eq!(Area::of(&b).granted(), None);
+    g.close().unwrap();
+    b.unlink("/db-journal").unwrap();
+    // The room of a file closed without a write goes back too.
+    let g = a.open("/db-journal", &rw()).unwrap();
+    assert!(area.granted().is_some());
+    g.close().unwrap();
+    room_gone(&b, "/db-journal");
+    assert_eq!(b.stat("/db-journal").unwrap().size, 0);
 }

@@ -12,7 +12,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use moneta_abi::SIZE_LEASE_WANTED;
-use moneta_abi::{size_word, word_size, SizeLeaseArea, FS_SIZE_LEASES, SIZE_LEASE_OFFSET};
+use moneta_abi::{
+    size_word, word_size, SizeLeaseArea, FS_ROOM_AT_OPEN, FS_SIZE_LEASES, SIZE_LEASE_OFFSET,
+};
 
 use super::Channel;
 
@@ -47,6 +49,13 @@ impl Channel {
                 .wanted
                 .store(SIZE_LEASE_WANTED, Ordering::Release);
         }
+    }
+
+    /// Whether an open may ask for room (`FS_OPEN_ROOM`): the daemon takes it, and this
+    /// process asked for size leases.
+    pub(crate) fn room_at_open(&self) -> bool {
+        self.header().fs_flags.load(Ordering::Acquire) & FS_ROOM_AT_OPEN != 0
+            && self.size_area().wanted.load(Ordering::Acquire) == SIZE_LEASE_WANTED
     }
 
     /// The size `handle`'s file has published under a size lease this channel holds on it

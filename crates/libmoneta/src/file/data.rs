@@ -85,6 +85,16 @@ impl File {
                 None => ctl.fs_lookup_mapped(handle, off, ask)?,
             }
         };
+        let r = self.apply_mapped(m);
+        if extend {
+            self.note_growth(handle);
+        }
+        Ok(r)
+    }
+
+    /// Takes a lookup's or an extend's answer into the map (the caller holds `miss`): its
+    /// generation and the size it reported.
+    pub(super) fn apply_mapped(&self, m: crate::control::Mapped) -> (u64, u64) {
         let (size, exts) = (m.size, m.extents);
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if m.file != map.file {
@@ -102,7 +112,7 @@ impl File {
                 map.insert(x, gen);
             }
         }
-        Ok((gen, size))
+        (gen, size)
     }
 
     /// The soft miss through the channel ([`Channel::lookup`]); `None` when the device

@@ -36,6 +36,64 @@ impl Fs {
         holder: Option<u64>,
         max: usize,
     ) -> FsResult<(u64, Vec<Mapping>, u64)> {
+        self.allocate(ino, off, len, ahead, holder, max, true)
+    }
+
+    /// Room for an empty regular file that holds no space, just opened by the caller of
+    /// `holder`'s grant: at least `ahead` bytes allocated from offset 0 (zeroed, as any
+    /// extend's), the size left at 0 and no time changed, as if an extend that ends the file
+    /// had given room and nothing more. Returns the mapping of the room (whole extents from
+    /// offset 0) and its end; no room (an empty mapping) for any other file, or one another
+    /// handle holds a grant on.
+    pub fn room_at_open(
+        &mut self,
+        ino: u64,
+        ahead: u64,
+        holder: u64,
+        max: usize,
+    ) -> FsResult<(Vec<Mapping>, u64)> {
+        let none = Ok((Vec::new(), 0));
+        if ahead == 0
+            || !self.exists(ino)
+            || !self.inode(ino).is_reg()
+            || self.size_now(ino) != 0
+            || self.grants.contains_key(&ino)
+            || self.extents.get(&ino).is_some_and(|m| !m.is_empty())
+        {
+            return none;
+        }
+        let cs = self.g.chunk_size;
+        let (_, _, room) = self.allocate(ino, 0, cs, ahead, Some(holder), max, false)?;
+        let maps = self
+            .extents
+            .get(&ino)
+            .map(|m| {
+                m.iter()
+                    .take(max)
+                    .map(|(&fc, x)| Mapping {
+                        file_off: fc * cs,
+                        len: x.count * cs,
+                        dev: Some(self.g.chunk_addr(x.dev)),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok((maps, room))
+    }
+
+    /// [`Fs::extend_ahead`]; with `grow` false the size and times stay as they are (room
+    /// only, [`Fs::room_at_open`]).
+    #[allow(clippy::too_many_arguments)]
+    fn allocate(
+        &mut self,
+        ino: u64,
+        off: u64,
+        len: u64,
+        ahead: u64,
+        holder: Option<u64>,
+        max: usize,
+        grow: bool,
+    ) -> FsResult<(u64, Vec<Mapping>, u64)> {
         self.check_alive()?;
         if !self.inode(ino).is_reg() {
             return e(libc::EINVAL, "not a regular file");
@@ -182,14 +240,16 @@ impl Fs {
         if let Err(err) = self.zero_tail(ino, old, room.max(end)) {
             return Err(self.fail(&err));
         }
-        if end > old && self.open.contains_key(&ino) {
-            self.grown.insert(ino);
+        if grow {
+            if end > old && self.open.contains_key(&ino) {
+                self.grown.insert(ino);
+            }
+            let now = Time::now();
+            let node = self.inode_mut(ino);
+            node.size = node.size.max(end);
+            node.mtime = now;
+            node.ctime = now;
         }
-        let now = Time::now();
-        let node = self.inode_mut(ino);
-        node.size = node.size.max(end);
-        node.mtime = now;
-        node.ctime = now;
         self.commit()?;
         // The size as readers see it: the holder may have published more meanwhile.
         let (size, maps) = self.map(ino, off, len, max)?;

@@ -404,6 +404,11 @@ impl Manager {
                 flags,
                 mode,
                 ref path,
+            }
+            | &FsRequest::OpenRoom {
+                flags,
+                mode,
+                ref path,
             } => {
                 if s.handles.len() >= MAX_HANDLES {
                     return Some(Err(fail(
@@ -434,6 +439,22 @@ impl Manager {
                 fs.open(&cred, path, flags, mode)
                     .map(|o| {
                         let reply = Self::opened(s, locks, o);
+                        if !matches!(req, FsRequest::OpenRoom { .. }) {
+                            watch_opened(fs, Some(channel), &reply);
+                            return reply;
+                        }
+                        // A mapped file's space is shown from its segment: no room for it
+                        // (nor when the segments are busy: the client extends later).
+                        let mapped = |ino| self.segments.try_lock().map_or(true, |g| g.has(ino));
+                        // The extents that fit the slice beside the attributes.
+                        let max = (room.saturating_sub(EXTENTS_OVERHEAD + STAT_LEN) / EXTENT_BYTES)
+                            .min(MAX_EXTENTS);
+                        let (reply, given) =
+                            self.opened_room(fs, s, Some(channel), mapped, reply, max);
+                        if let Some((h, maps, file)) = given {
+                            ops.extend(inserts(s, channel, &h, &maps, file));
+                        }
+                        // After the room's transaction, which fires the file's watches.
                         watch_opened(fs, Some(channel), &reply);
                         reply
                     })

@@ -29,6 +29,12 @@ fn key(channel: u32, slot: usize, handle: u64) -> Option<u64> {
         .then(|| (u64::from(channel) << 36) | ((slot as u64) << 32) | handle)
 }
 
+/// Whether handle `handle` of `channel`'s connection holds the size grant on `ino`.
+pub(super) fn holds_grant(fs: &Fs, ino: u64, channel: u32, handle: u64) -> bool {
+    fs.grant_key(ino)
+        .is_some_and(|k| key_channel(k) == channel && key_handle(k) == handle)
+}
+
 fn key_channel(k: u64) -> u32 {
     (k >> 36) as u32
 }
@@ -87,6 +93,70 @@ impl Manager {
             self.grant(fs, channel, slot, h.ino, handle, room)?;
         }
         Ok((size, maps))
+    }
+
+    /// An open's reply as `FS_OPEN_ROOM` gives it (docs/abi.md §3.9): with room from offset
+    /// 0 and a size grant over it when the file just opened is empty, holds no space, is read
+    /// and written through the new handle and not mapped, and `channel` wants size leases and
+    /// has a slot free. Also returns the room's mappings with the handle and the file's tag,
+    /// for the caller to install records over. An open that gets no room (the file system
+    /// cannot give it at once, say, with free space still to zero on the poller) still stands:
+    /// the client extends later, as after a plain open.
+    pub(super) fn opened_room(
+        &self,
+        fs: &mut Fs,
+        s: &Session,
+        channel: Option<u32>,
+        mapped: impl FnOnce(u64) -> bool,
+        reply: FsReply,
+        max: usize,
+    ) -> (FsReply, Option<(Handle, Vec<Mapping>, u64)>) {
+        let FsReply::Opened {
+            handle,
+            rights,
+            stat,
+        } = reply
+        else {
+            return (reply, None);
+        };
+        let room = (|| {
+            let h = *s.handles.get(&handle)?;
+            if max == 0 || !(h.read && h.write) || stat.size != 0 || mapped(h.ino) {
+                return None;
+            }
+            let (channel, slot) = self.size_slot(fs, channel?, handle)?;
+            let holder = key(channel, slot, handle)?;
+            let (maps, end) = fs.room_at_open(h.ino, MIN_ROOM, holder, max).ok()?;
+            if maps.is_empty() || end == 0 {
+                return None;
+            }
+            if let Err(e) = self.grant(fs, channel, slot, h.ino, handle, end) {
+                // The room stays the file's until its close frees it; the client extends.
+                tracing::warn!(ino = h.ino, "granting room at open: {}", e.message);
+                return None;
+            }
+            Some((h, maps, fs.layout_tag(h.ino)))
+        })();
+        // The room counts in the file's blocks.
+        let stat = match &room {
+            Some((h, _, _)) => wire_stat(&fs.stat_ino(h.ino)),
+            None => stat,
+        };
+        let extents = room
+            .as_ref()
+            .map(|(_, maps, _)| wire_extents(maps))
+            .unwrap_or_default();
+        let file = room.as_ref().map_or(0, |r| r.2);
+        (
+            FsReply::OpenedRoom {
+                handle,
+                rights,
+                stat,
+                file,
+                extents,
+            },
+            room,
+        )
     }
 
     /// A slot of `channel`'s size-lease area for `handle`: the one it holds, or a free one;

@@ -109,15 +109,19 @@ pub(super) fn extents(size: u64, file: u64, maps: &[Mapping]) -> FsReply {
     FsReply::Extents {
         size,
         file,
-        extents: maps
-            .iter()
-            .map(|m| FsExtent {
-                file_off: m.file_off,
-                len: m.len,
-                dev: m.dev.unwrap_or(HOLE),
-            })
-            .collect(),
+        extents: wire_extents(maps),
     }
+}
+
+/// Mappings as a reply's extents (a hole's `dev` is [`HOLE`]).
+pub(super) fn wire_extents(maps: &[Mapping]) -> Vec<FsExtent> {
+    maps.iter()
+        .map(|m| FsExtent {
+            file_off: m.file_off,
+            len: m.len,
+            dev: m.dev.unwrap_or(HOLE),
+        })
+        .collect()
 }
 
 /// A directory reply of the entries of `list` that fit in `room` bytes of payload (`end`

@@ -620,6 +620,27 @@ impl Proxy {
                  (docs/distributed.md)",
             ));
         }
+        if let FsRequest::OpenRoom { flags, mode, path } = req {
+            // Room and size leases are the sharing host's own channels' (this host's channels
+            // do not offer `FS_ROOM_AT_OPEN`): the open is made plainly, with no room.
+            let (reply, pipe) =
+                self.call(m, channel, seq, FsRequest::Open { flags, mode, path })?;
+            let reply = match reply {
+                FsReply::Opened {
+                    handle,
+                    rights,
+                    stat,
+                } => FsReply::OpenedRoom {
+                    handle,
+                    rights,
+                    stat,
+                    file: 0,
+                    extents: Vec::new(),
+                },
+                other => other,
+            };
+            return Ok((reply, pipe));
+        }
         m.calls.fetch_add(1, Ordering::Relaxed);
         let link = self.session(m, channel)?;
         let epoch = self.link.as_ref().map_or(0, |l| l.1);

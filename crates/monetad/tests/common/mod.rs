@@ -339,7 +339,12 @@ pub struct ChannelMap {
 
 impl ChannelMap {
     pub fn of(m: &libmoneta::Moneta) -> ChannelMap {
-        let fd = m.channel().memfd();
+        ChannelMap::of_channel(m.channel())
+    }
+
+    /// [`ChannelMap::of`] a channel opened by itself.
+    pub fn of_channel(ch: &Channel) -> ChannelMap {
+        let fd = ch.memfd();
         let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
         // SAFETY: a fresh shared mapping of the channel's memfd, unmapped on drop.
         let ptr = unsafe {
