@@ -884,3 +884,56 @@ fn walks_in_one_directory_after_another_see_every_change_on_the_way() {
     assert_eq!(errno(fs.stat(&bob, b"/a/c/../c/f2", true)), libc::ENOENT);
     assert_eq!(fs.stat(&bob, b"/x/c/../c/f2", true).unwrap().ino, f2);
 }
+
+#[test]
+fn space_only_holds_can_reach_is_listed_for_revocation_and_not_revoked_twice() {
+    let a = formatted(16 << 20);
+    let mut fs = mount(&a);
+    let root = Cred::root();
+    let revoked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let r2 = revoked.clone();
+    fs.set_revoker(Box::new(move |r| {
+        r2.lock().unwrap().extend_from_slice(r);
+        Ok(())
+    }));
+    let free0 = fs.statfs().chunks_free;
+    let make = |fs: &mut Fs, name: &[u8], chunks: u64| {
+        let o = fs.open(&root, name, CREAT, 0o644).unwrap();
+        fs.extend(o.ino, 0, chunks * CHUNK, 8).unwrap();
+        o.ino
+    };
+    // `a`: unlinked, open through two holds (a close left for later, an unlink's hold).
+    let a_ino = make(&mut fs, b"/a", 2);
+    fs.hold(a_ino).unwrap();
+    fs.unlink(&root, b"/a").unwrap();
+    // `b`: unlinked but open through a handle besides the hold; `c`: still linked.
+    let b_ino = make(&mut fs, b"/b", 3);
+    fs.hold(b_ino).unwrap();
+    fs.unlink(&root, b"/b").unwrap();
+    let c_ino = make(&mut fs, b"/c", 1);
+    let queue = [a_ino, b_ino, c_ino, a_ino];
+    let (files, ranges) = fs.unreachable(&queue);
+    assert_eq!(
+        files,
+        vec![a_ino],
+        "only a's space is out of everyone's reach"
+    );
+    assert_eq!(ranges.iter().map(|r| r.1).sum::<u64>(), 2 * CHUNK);
+    // The caller revokes a's space itself; closing the queue revokes nothing of it again.
+    let closed = fs.close_many_revoked(&queue, &files).unwrap();
+    assert!(closed.is_empty());
+    assert!(
+        revoked.lock().unwrap().is_empty(),
+        "a's space was not revoked twice"
+    );
+    assert_eq!(fs.statfs().chunks_free, free0 - 4, "a freed, b and c kept");
+    assert_eq!(fs.stat_ino(b_ino).nlink, 0);
+    // b's last handle: its space is revoked as any.
+    fs.close(b_ino).unwrap();
+    assert_eq!(
+        revoked.lock().unwrap().iter().map(|r| r.1).sum::<u64>(),
+        3 * CHUNK
+    );
+    assert_eq!(fs.statfs().chunks_free, free0 - 1);
+    assert_eq!(fs.check().errors(), 0);
+}

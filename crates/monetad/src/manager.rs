@@ -93,6 +93,12 @@ pub struct Manager {
     /// (see `quick.rs`).
     releases: Mutex<Releases>,
     release_wake: Condvar,
+    /// Signalled when a settler that revoked without the file-system lock is done
+    /// (`Releases::settling`).
+    settled: Condvar,
+    /// Revokes freed space everywhere (the file system's revoker, which the releaser also
+    /// calls without the file-system lock).
+    revocation: Arc<Revocation>,
     /// Work is queued in `releases` (a hint that spares a socket call the locks).
     work_queued: std::sync::atomic::AtomicBool,
     /// The pages of mapped files (taken after the file-system lock, never before it).
@@ -110,6 +116,45 @@ struct Releases {
     checkpoint: bool,
     /// The releaser waits to be woken (it is not gathering or settling).
     parked: bool,
+    /// A settler is revoking the space of queued files without the file-system lock; the
+    /// files stay queued until it frees them, and other settlers wait for it.
+    settling: bool,
+}
+
+/// Revocation before reuse, everywhere freed space may still be reached: the member hosts
+/// sharing the file system, mapped files' segments, and every channel's records (waiting for
+/// the requests in flight over them).
+struct Revocation {
+    device: Arc<Device>,
+    segments: Arc<Mutex<Segments>>,
+    members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
+}
+
+impl Revocation {
+    fn revoke(&self, ranges: &[(u64, u64)]) -> Result<(), FsError> {
+        // The member hosts of a shared file system drop their records first (each also
+        // waits for what its channels have in flight).
+        if let Some(h) = self.members.get().and_then(Weak::upgrade) {
+            h.revoke(ranges);
+        }
+        // A mapped file losing space loses its segment first (see `segments.rs`).
+        self.segments
+            .lock()
+            .expect("segments lock")
+            .retire_over(ranges)
+            .map_err(|f| FsError {
+                errno: f.errno,
+                message: f.message,
+            })?;
+        let ops = ranges
+            .iter()
+            .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
+            .collect();
+        self.device.update(ops).map_err(|e| FsError {
+            errno: libc::EIO,
+            message: format!("revocation failed: {e}"),
+        })
+    }
 }
 
 /// Flushes that outlive this many later ones forget their failure (each waiter reads its
@@ -403,32 +448,14 @@ impl Manager {
             );
         }
         let segments = Arc::new(Mutex::new(segments));
-        let segs = segments.clone();
         let members = Arc::new(std::sync::OnceLock::<Weak<crate::share::Holder>>::new());
-        let revoke_on = members.clone();
-        fs.set_revoker(Box::new(move |ranges| {
-            // The member hosts of a shared file system drop their records first (each also
-            // waits for what its channels have in flight).
-            if let Some(h) = revoke_on.get().and_then(Weak::upgrade) {
-                h.revoke(ranges);
-            }
-            // A mapped file losing space loses its segment first (see `segments.rs`).
-            segs.lock()
-                .expect("segments lock")
-                .retire_over(ranges)
-                .map_err(|f| FsError {
-                    errno: f.errno,
-                    message: f.message,
-                })?;
-            let ops = ranges
-                .iter()
-                .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
-                .collect();
-            d.update(ops).map_err(|e| FsError {
-                errno: libc::EIO,
-                message: format!("revocation failed: {e}"),
-            })
-        }));
+        let revocation = Arc::new(Revocation {
+            device: d.clone(),
+            segments: segments.clone(),
+            members: members.clone(),
+        });
+        let revoker = revocation.clone();
+        fs.set_revoker(Box::new(move |ranges| revoker.revoke(ranges)));
         // Clients keep answers about attributes while their change-board counters stay put.
         fs.set_change_sink(Arc::new(Board(device.clone())));
         // At the `device` level an fsync has nothing to make durable, and on a volatile array
@@ -466,6 +493,8 @@ impl Manager {
                 syncs: Syncs::default(),
                 releases: Mutex::new(Releases::default()),
                 release_wake: Condvar::new(),
+                settled: Condvar::new(),
+                revocation,
                 work_queued: std::sync::atomic::AtomicBool::new(false),
                 segments,
                 members,

@@ -313,6 +313,40 @@ impl Fs {
     /// freed, and frees them in as few transactions as the journal allows: a queue of unlinked
     /// files costs one revocation, not one each. Returns the inodes that were not open.
     pub fn close_many(&mut self, inos: &[u64]) -> FsResult<Vec<u64>> {
+        self.close_many_revoked(inos, &[])
+    }
+
+    /// The files among `inos` (each occurrence one handle to drop, as for
+    /// [`Fs::close_many`]) whose space nothing but those handles can reach any more: unlinked
+    /// regular files open only through them. No record can be installed over such a file's
+    /// space and its extents cannot change, so their space may be revoked without the file
+    /// system's lock, before [`Fs::close_many_revoked`] frees it. Returns those files and the
+    /// ranges to revoke.
+    pub fn unreachable(&self, inos: &[u64]) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let mut held: HashMap<u64, u32> = HashMap::new();
+        for &ino in inos {
+            *held.entry(ino).or_default() += 1;
+        }
+        let mut files = Vec::new();
+        let mut ranges = Vec::new();
+        for (ino, n) in held {
+            if self.exists(ino)
+                && self.inode(ino).is_reg()
+                && self.inode(ino).nlink == 0
+                && self.open.get(&ino) == Some(&n)
+                && !self.grants.contains_key(&ino)
+            {
+                files.push(ino);
+                ranges.extend(self.ranges_from(ino, 0));
+            }
+        }
+        (files, ranges)
+    }
+
+    /// [`Fs::close_many`], where the caller has revoked the space of the files `revoked`
+    /// already, as [`Fs::unreachable`] listed them: the files of those that this frees are
+    /// not revoked again.
+    pub fn close_many_revoked(&mut self, inos: &[u64], revoked: &[u64]) -> FsResult<Vec<u64>> {
         let mut not_open = Vec::new();
         let mut free = Vec::new();
         let mut trim = Vec::new();
@@ -343,6 +377,7 @@ impl Fs {
         let cs = self.g.chunk_size;
         let ranges: Vec<(u64, u64)> = free
             .iter()
+            .filter(|ino| !revoked.contains(ino))
             .flat_map(|&ino| self.ranges_from(ino, 0))
             .chain(
                 trim.iter()

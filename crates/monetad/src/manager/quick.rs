@@ -21,7 +21,9 @@
 //!   handle would), so the file lives on as an orphan, exactly as a file unlinked while open
 //!   does; a close that drops the last handle of an unlinked file leaves that handle for
 //!   later. The releaser thread then closes those holds, which frees the space with the usual
-//!   revocation. A crash before that leaves an orphan, which the next mount frees (as any).
+//!   revocation (made without the file-system lock for files nothing else can reach, so that
+//!   quick calls are not held up by it). A crash before that leaves an orphan, which the next
+//!   mount frees (as any).
 //!   Every call on the socket first finishes what is queued, so it sees the space freed.
 //!
 //! Credentials are the session's (`SO_PEERCRED` at connect), never taken from the channel's
@@ -654,23 +656,71 @@ impl Manager {
 
     /// Closes the holds quick calls left (freeing their files, with revocation) and makes
     /// the checkpoint they asked for, here and now; nothing to do costs one load.
+    ///
+    /// The space of queued files that nothing else can reach any more (unlinked, open only
+    /// through the queued holds: `Fs::unreachable`) is revoked first without the file-system
+    /// lock, which the revocation would otherwise hold while it waits for the poller, so that
+    /// quick calls go on meanwhile instead of going to the workers. The files stay queued
+    /// until they are freed, so no call counts their space free before that (a quick `statfs`
+    /// or a call short of space goes to the socket, whose settler waits for this one).
     pub(super) fn settle_releases(&self) {
         if !self.work_queued.load(Ordering::Acquire) {
             return;
         }
-        // The file system first: work taken from the queue is done before the lock goes, so
-        // a quick call (which needs both) never sees a queue emptied of frees not yet made.
-        let mut fs = self.fs();
+        let lock = || self.releases.lock().unwrap_or_else(|e| e.into_inner());
+        // One settler at a time (the file system, then the queue, as quick calls take them).
+        let (mut fs, unreachable) = loop {
+            drop(self.wait_settled(lock()));
+            let fs = self.fs();
+            let mut r = lock();
+            if r.settling {
+                continue;
+            }
+            if r.inos.is_empty() && !r.checkpoint {
+                return;
+            }
+            let (files, ranges) = fs.unreachable(&r.inos);
+            let files: Vec<(u64, u32)> = files
+                .into_iter()
+                .map(|ino| (ino, fs.stat_ino(ino).generation))
+                .collect();
+            r.settling = !ranges.is_empty();
+            break (fs, (files, ranges));
+        };
+        let (files, ranges) = unreachable;
+        let mut revoked = Vec::new();
+        if !ranges.is_empty() {
+            drop(fs);
+            let done = self.revocation.revoke(&ranges);
+            fs = self.fs();
+            match done {
+                // Nothing could reach them meanwhile; the generation says each is still the
+                // file whose space was revoked.
+                Ok(()) => {
+                    revoked = files
+                        .into_iter()
+                        .filter(|&(ino, g)| fs.exists(ino) && fs.stat_ino(ino).generation == g)
+                        .map(|(ino, _)| ino)
+                        .collect()
+                }
+                Err(e) => tracing::warn!("revoking unlinked files' space: {e}"),
+            }
+        }
+        // Work taken from the queue is done before the file system's lock goes, so a quick
+        // call (which needs both) never sees a queue emptied of frees not yet made.
         let (inos, checkpoint) = {
-            let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+            let mut r = lock();
             self.work_queued.store(false, Ordering::Release);
+            if std::mem::take(&mut r.settling) {
+                self.settled.notify_all();
+            }
             (
                 std::mem::take(&mut r.inos),
                 std::mem::take(&mut r.checkpoint),
             )
         };
-        // One revocation for all of them (an `rm -rf` queues thousands).
-        match fs.close_many(&inos) {
+        // One revocation for all the rest (an `rm -rf` queues thousands).
+        match fs.close_many_revoked(&inos, &revoked) {
             Ok(not_open) => {
                 for ino in not_open {
                     tracing::warn!(ino, "freeing an unlinked file: it was not open");
@@ -683,6 +733,17 @@ impl Manager {
                 tracing::warn!("checkpoint for quick calls: {e}");
             }
         }
+    }
+
+    /// Waits until no settler is revoking without the file-system lock.
+    fn wait_settled<'a>(
+        &self,
+        mut r: std::sync::MutexGuard<'a, Releases>,
+    ) -> std::sync::MutexGuard<'a, Releases> {
+        while r.settling {
+            r = self.settled.wait(r).unwrap_or_else(|e| e.into_inner());
+        }
+        r
     }
 
     /// The releaser thread: settles what quick calls leave as soon as they leave it.
