@@ -25,8 +25,8 @@ fn norm(r: Result<FsReply, ClientError>) -> String {
                 stat.mode, stat.size
             )
         }
-        // How much room depends on what lies next to the file on the array: at least
-        // 16 KiB from offset 0 is the rule.
+        // How much room depends on what lies next to the file on the array (the reserve that
+        // continues its first chunk): a chunk or more from offset 0 is the rule.
         Ok(FsReply::OpenedRoom {
             rights,
             stat,
@@ -39,9 +39,9 @@ fn norm(r: Result<FsReply, ClientError>) -> String {
             match extents.first() {
                 None => "none".to_string(),
                 Some(x) => format!(
-                    "from {} of at least 16 KiB {}, holes {}",
+                    "from {} of at least a chunk {}, holes {}",
                     x.file_off,
-                    extents.iter().map(|x| x.len).sum::<u64>() >= 16 << 10,
+                    extents.iter().map(|x| x.len).sum::<u64>() >= stat.blksize,
                     extents.iter().any(|x| x.dev == HOLE)
                 ),
             }
@@ -350,7 +350,7 @@ fn calls_through_the_channel_answer_as_the_socket_does() {
     assert!(fast.iter().any(|r| r.starts_with("extents")), "{fast:?}");
     assert!(
         fast.iter()
-            .any(|r| r.ends_with("with room from 0 of at least 16 KiB true, holes false")),
+            .any(|r| r.ends_with("with room from 0 of at least a chunk true, holes false")),
         "an open got room: {fast:?}"
     );
     assert!(fast.iter().filter(|r| r.starts_with("errno")).count() >= 6);

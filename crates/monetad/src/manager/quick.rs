@@ -682,7 +682,7 @@ impl Manager {
             let (files, ranges) = fs.unreachable(&r.inos);
             let files: Vec<(u64, u32)> = files
                 .into_iter()
-                .map(|ino| (ino, fs.stat_ino(ino).generation))
+                .map(|ino| (ino, fs.generation(ino)))
                 .collect();
             r.settling = !ranges.is_empty();
             break (fs, (files, ranges));
@@ -699,7 +699,7 @@ impl Manager {
                 Ok(()) => {
                     revoked = files
                         .into_iter()
-                        .filter(|&(ino, g)| fs.exists(ino) && fs.stat_ino(ino).generation == g)
+                        .filter(|&(ino, g)| fs.exists(ino) && fs.generation(ino) == g)
                         .map(|(ino, _)| ino)
                         .collect()
                 }
