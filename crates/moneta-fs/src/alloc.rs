@@ -226,25 +226,22 @@ impl Runs {
     /// Up to `max` runs in address order from chunk `c` on, wrapping around once: the part
     /// of the run holding `c` from `c` first.
     pub fn from(&self, c: u64, max: usize) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        if let Some((s, l)) = self.containing(c) {
-            out.push((c, s + l - c));
-        }
+        self.runs_from(c).take(max).collect()
+    }
+
+    /// [`Runs::from`], one run at a time, with no limit.
+    pub fn runs_from(&self, c: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let first = self.containing(c).map(|(s, l)| (c, s + l - c));
         let after = self.map.range(c + 1..).map(|(s, l)| (*s, *l));
-        let before = self.map.range(..c).map(|(s, l)| (*s, *l));
-        for (s, l) in after.chain(before) {
-            if out.len() >= max {
-                break;
-            }
-            if s < c && s + l > c {
+        let before = self.map.range(..c).map(move |(&s, &l)| {
+            if s + l > c {
                 // The part below `c` of the run holding it.
-                out.push((s, c - s));
+                (s, c - s)
             } else {
-                out.push((s, l));
+                (s, l)
             }
-        }
-        out.truncate(max);
-        out
+        });
+        first.into_iter().chain(after).chain(before)
     }
 }
 
@@ -377,12 +374,17 @@ impl Space {
             }
         }
         while left > 0 && out.len() < max_runs {
-            let candidates = self.clean.from(self.cursor, FIT_SCAN);
-            let Some(&(s, l)) = candidates
-                .iter()
-                .find(|(_, l)| *l >= left)
-                .or(candidates.first())
-            else {
+            // The first of the next few runs that holds all that is left, else the next run.
+            let mut first = None;
+            let mut fit = None;
+            for (s, l) in self.clean.runs_from(self.cursor).take(FIT_SCAN) {
+                first.get_or_insert((s, l));
+                if l >= left {
+                    fit = Some((s, l));
+                    break;
+                }
+            }
+            let Some((s, l)) = fit.or(first) else {
                 break;
             };
             let k = left.min(l);
@@ -455,7 +457,7 @@ impl Space {
     pub fn take_dirty(&mut self, want: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut got = 0;
-        for (s, l) in self.dirty.from(self.cursor, usize::MAX) {
+        for (s, l) in self.dirty.runs_from(self.cursor) {
             if got >= want {
                 break;
             }
