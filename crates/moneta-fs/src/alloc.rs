@@ -569,6 +569,8 @@ mod tests {
         assert_eq!(r.containing(16), Some((15, 10)));
         assert_eq!(r.containing(13), None);
         assert_eq!(r.from(17, 10), vec![(17, 8), (10, 2), (15, 2)]);
+        assert_eq!(r.from(17, 2), vec![(17, 8), (10, 2)]);
+        assert_eq!(r.runs_from(10).collect::<Vec<_>>(), vec![(10, 2), (15, 10)]);
     }
 
     #[test]
