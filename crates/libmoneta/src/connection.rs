@@ -676,17 +676,20 @@ impl Moneta {
         // transaction), the open asks for room at once and the first write needs no extend.
         let grows = flags & libc::O_ACCMODE == libc::O_RDWR && flags & libc::O_CREAT != 0;
         let room = grows && self.inner.live()?.room_at_open() && self.inner.roomy(&path);
+        // The path is kept only for a file that may grow (see `File::watch_growth`).
+        let kept = (grows && !room).then(|| path.clone());
+        let flags_word = flags as u32;
         let req = if room {
             FsRequest::OpenRoom {
-                flags: flags as u32,
+                flags: flags_word,
                 mode,
-                path: path.clone(),
+                path,
             }
         } else {
             FsRequest::Open {
-                flags: flags as u32,
+                flags: flags_word,
                 mode,
-                path: path.clone(),
+                path,
             }
         };
         let (reply, epoch) = self.inner.fs_call_at(req)?;
@@ -713,8 +716,11 @@ impl Moneta {
                 file,
                 extents,
             }),
-            _ if grows && stat.size == 0 && !room => f.watch_growth(path),
-            _ => {}
+            _ => {
+                if let (Some(path), 0) = (kept, stat.size) {
+                    f.watch_growth(path);
+                }
+            }
         }
         Ok(f)
     }
