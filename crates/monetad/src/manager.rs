@@ -53,6 +53,7 @@ use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 mod fork;
 mod leases;
 mod quick;
+mod release;
 mod segments;
 mod session;
 mod sizes;
@@ -62,6 +63,7 @@ mod wire;
 use fork::Bundles;
 use leases::Leases;
 pub use leases::RECALL_WAIT;
+use release::{Releases, Revocation};
 use segments::{Segments, Store};
 pub use session::Session;
 use session::*;
@@ -105,56 +107,6 @@ pub struct Manager {
     segments: Arc<Mutex<Segments>>,
     /// The member hosts sharing the file system, whose records every revocation reaches.
     members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
-}
-
-/// Work the poller's quick calls leave for the releaser thread.
-#[derive(Default)]
-struct Releases {
-    /// Inodes held once more than their handles: closing that hold frees them.
-    inos: Vec<u64>,
-    /// The journal needs a checkpoint before quick calls can go on.
-    checkpoint: bool,
-    /// The releaser waits to be woken (it is not gathering or settling).
-    parked: bool,
-    /// A settler is revoking the space of queued files without the file-system lock; the
-    /// files stay queued until it frees them, and other settlers wait for it.
-    settling: bool,
-}
-
-/// Revocation before reuse, everywhere freed space may still be reached: the member hosts
-/// sharing the file system, mapped files' segments, and every channel's records (waiting for
-/// the requests in flight over them).
-struct Revocation {
-    device: Arc<Device>,
-    segments: Arc<Mutex<Segments>>,
-    members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
-}
-
-impl Revocation {
-    fn revoke(&self, ranges: &[(u64, u64)]) -> Result<(), FsError> {
-        // The member hosts of a shared file system drop their records first (each also
-        // waits for what its channels have in flight).
-        if let Some(h) = self.members.get().and_then(Weak::upgrade) {
-            h.revoke(ranges);
-        }
-        // A mapped file losing space loses its segment first (see `segments.rs`).
-        self.segments
-            .lock()
-            .expect("segments lock")
-            .retire_over(ranges)
-            .map_err(|f| FsError {
-                errno: f.errno,
-                message: f.message,
-            })?;
-        let ops = ranges
-            .iter()
-            .map(|&(start, len)| TableOp::RemoveRangeAll { start, len })
-            .collect();
-        self.device.update(ops).map_err(|e| FsError {
-            errno: libc::EIO,
-            message: format!("revocation failed: {e}"),
-        })
-    }
 }
 
 /// Flushes that outlive this many later ones forget their failure (each waiter reads its
