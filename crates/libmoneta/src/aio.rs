@@ -333,6 +333,12 @@ impl File {
     ) -> Result<Pending<'_>, ClientError> {
         self.check_access(write)?;
         self.h()?;
+        // Asynchronous requests do not post: what this file posted lands before them.
+        if write {
+            self.settle_reporting()?;
+        } else {
+            self.settle()?;
+        }
         let len = match buf {
             Buf::Owned(ref v) => v.len(),
             Buf::Raw(_, n) | Buf::InPlace(n) => n,

@@ -34,6 +34,7 @@ pub(crate) mod leases;
 mod pipeline;
 pub(crate) mod reapers;
 pub(crate) mod sizes;
+pub(crate) mod sole;
 mod tags;
 mod wait;
 
@@ -93,6 +94,8 @@ pub struct Channel {
     pub(crate) attrs: attrs::Attrs,
     /// Closes posted without waiting for their answers ([`closing`]).
     closing: Box<closing::Closing>,
+    /// Writes posted under sole leases and not collected yet, by every file ([`sole`]).
+    pub(crate) posted: AtomicU32,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -156,6 +159,7 @@ impl Channel {
             err_lock: std::sync::Mutex::new(()),
             attrs: Default::default(),
             closing: Default::default(),
+            posted: AtomicU32::new(0),
         };
         let h = ch.header();
         if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC
@@ -168,6 +172,7 @@ impl Channel {
         }
         ch.want_leases();
         ch.want_size_leases();
+        ch.want_sole_leases();
         Ok(ch)
     }
 
@@ -554,6 +559,9 @@ impl Channel {
             libc::sigpending(&mut pending);
             let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
             if let Err(Errno::PIPE) = rustix::io::write(&self.kick, &1u64.to_ne_bytes()) {
+                // The device's end is closed: nothing rung on this channel will be carried
+                // out (a posted write waits for its completion instead, and fails).
+                self.gone.store(true, Ordering::Relaxed);
                 if !was_pending {
                     let zero = libc::timespec {
                         tv_sec: 0,

@@ -43,6 +43,7 @@ mod data;
 mod hint;
 mod inplace;
 mod map;
+mod posted;
 
 use std::io::{self, IoSlice, IoSliceMut, SeekFrom};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,6 +96,8 @@ pub struct File {
     /// The path of a file this process made empty for reading and writing, until its first
     /// extend says whether it grew in room a size lease gave ([`File::watch_growth`]).
     growth_path: Mutex<Option<Box<[u8]>>>,
+    /// Writes returned before their completions, under a sole lease ([`posted`]).
+    posted: posted::PostedWrites,
 }
 
 /// [`File::born`] of a file another program image handed over.
@@ -164,6 +167,7 @@ impl File {
             born: sharing_stamp(),
             locking_noted: std::sync::atomic::AtomicBool::new(false),
             growth_path: Mutex::new(None),
+            posted: Default::default(),
         }
     }
 
@@ -246,6 +250,7 @@ impl File {
             born: HANDED_OVER,
             locking_noted: std::sync::atomic::AtomicBool::new(false),
             growth_path: Mutex::new(None),
+            posted: Default::default(),
         })
     }
 
@@ -308,6 +313,8 @@ impl File {
             return Err(errno(libc::ENODEV));
         }
         let h = self.h()?;
+        // Stores and loads through the pages do not wait for commands in flight.
+        self.settle_reporting()?;
         let (stat, fd) = self.m.inner.live()?.control().fs_map(h, write)?;
         Ok((fd, stat))
     }
@@ -438,6 +445,8 @@ impl File {
         if !self.writable {
             return Err(errno(libc::EINVAL));
         }
+        // The truncation must not overtake a write posted before it.
+        self.settle_reporting()?;
         let _g = self.miss.lock().unwrap_or_else(|e| e.into_inner());
         self.m.fs_empty(FsRequest::Truncate {
             target: Target::Handle(self.h()?),
@@ -504,6 +513,8 @@ impl File {
     /// nothing outlives the daemon, likewise (`FS_VOLATILE`).
     pub fn sync_all(&self) -> Result<(), ClientError> {
         let handle = self.h()?;
+        // The writes it covers must have completed, posted ones too.
+        self.settle_reporting()?;
         let flags = self.ch().header().fs_flags.load(Ordering::Acquire);
         if flags & moneta_abi::FS_VOLATILE != 0 {
             // Every write of this file that returned is in the array, the daemon reads a
@@ -596,17 +607,22 @@ impl File {
     /// Closes the daemon's handle: posted without waiting when `post` allows and nothing
     /// depends on the answer ([`File::close_soon`]), else waiting for it.
     fn close_handle(&self, post: bool) -> Result<(), ClientError> {
+        // The close ends the handle's records: posted writes complete first (and give their
+        // tags back whatever happens next), and a failure among them is the close's to report.
+        let settled = self.settle_reporting();
         let handle = self.h()?;
         // (The locks are checked as the close is posted, under the lock that a first lock
         // call takes.)
         if post
             && self.born == sharing_stamp()
             && self.m.inner.fresh()
+            && settled.is_ok()
             && self.channel().post_close(handle, self.ino)
         {
             return Ok(());
         }
-        self.m.fs_empty(FsRequest::Close { handle })
+        let closed = self.m.fs_empty(FsRequest::Close { handle });
+        settled.and(closed)
     }
 
     /// Tells the channel, once, that the process asks for locks on the file: its closes must

@@ -156,6 +156,14 @@ pub(crate) fn sizing() -> bool {
     switch("MONETA_SIZE_LEASES", &WARNED, &SETTING)
 }
 
+/// `MONETA_POSTED_WRITES=off` asks the daemon for no sole leases, so every write waits for
+/// its completion (to compare); `on`, the default, takes them (docs/abi.md §3.10).
+pub(crate) fn posting() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    static SETTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch("MONETA_POSTED_WRITES", &WARNED, &SETTING)
+}
+
 impl Channel {
     /// A file-system call of this channel's connection: through the channel when the device
     /// may answer it there ([`FsRequest::on_channel`]), on the control socket otherwise and

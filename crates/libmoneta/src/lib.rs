@@ -51,6 +51,7 @@ pub use aio::{Pending, WriteSlot};
 pub use channel::attrs::listings;
 pub use channel::leases::locks_leased;
 pub use channel::sizes::sizes_leased;
+pub use channel::sole::writes_posted;
 pub use channel::{Channel, Completed, Tag};
 pub use control::Control;
 pub use file::{Connector, DirEntry, File, FileState, Handover, Moneta, OpenOptions, Stats};

@@ -168,6 +168,11 @@ pub const FS_UNLINK_KEPT: u32 = 32;
 /// size lease over it, as the first extend of a growing file would (docs/abi.md §3.9).
 pub const FS_ROOM_AT_OPEN: u32 = 64;
 
+/// [`ChannelHeader::fs_flags`]: the daemon grants sole leases in the channel's sole-lease area
+/// (offset [`crate::SOLE_LEASE_OFFSET`], docs/abi.md §3.10) to a client that asks for them: a
+/// handle that is its file's only open may have its writes return once rung.
+pub const FS_SOLE_LEASES: u32 = 128;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

@@ -17,12 +17,14 @@ pub mod fsproto;
 pub mod kfsproto;
 pub mod lease;
 pub mod sizelease;
+pub mod solelease;
 pub mod status;
 
 pub use channel::*;
 pub use command::*;
 pub use lease::*;
 pub use sizelease::*;
+pub use solelease::*;
 pub use status::*;
 
 /// Version of the channel layout and command encoding. A client must see this value in the

@@ -57,6 +57,7 @@ mod release;
 mod segments;
 mod session;
 mod sizes;
+mod sole;
 mod statdir;
 mod wire;
 
@@ -67,6 +68,7 @@ use release::{Releases, Revocation};
 use segments::{Segments, Store};
 pub use session::Session;
 use session::*;
+use sole::SoleLeases;
 use wire::*;
 
 /// Most open handles per connection.
@@ -143,6 +145,8 @@ struct LockState {
     next_ofd: u64,
     /// Lock leases out in channels (`leases.rs`).
     leases: Leases,
+    /// Sole leases out in channels (`sole.rs`).
+    sole: SoleLeases,
 }
 
 impl LockState {
@@ -417,6 +421,11 @@ impl Manager {
             | moneta_abi::FS_SIZE_LEASES
             | moneta_abi::FS_UNLINK_KEPT
             | moneta_abi::FS_ROOM_AT_OPEN;
+        if !fs.geometry().data_checksums() {
+            // A write into a damaged checksummed block fails, and must say so when it
+            // returns: with checksums, no write is posted.
+            flags |= moneta_abi::FS_SOLE_LEASES;
+        }
         if fs.durability() == moneta_fs::Durability::Device {
             flags |= moneta_abi::FS_FSYNC_IS_ORDER;
         }
@@ -587,6 +596,8 @@ impl Manager {
             Self::forget_channel(&mut self.locks(), channel);
         }
         if let Some((channel, r)) = s.published.take() {
+            // What the channel rang under sole leases is carried out before it goes.
+            self.recall_sole_channel(channel);
             lock_registry(&r).remove(&channel);
             // Another connection may get the id: it must not inherit these watches, nor
             // these size grants (what they published counts).
@@ -808,6 +819,9 @@ impl Manager {
         if write && !h.write {
             return Err(fail(errno::EBADF, "the handle is not open for writing"));
         }
+        // Stores and loads through the pages do not wait for posted writes: a sole lease
+        // ends first, once what its holder rang has landed.
+        self.recall_sole(h.ino);
         let mut fs = self.fs();
         // A mapping's pages follow the size through calls only: a size grant ends first, and
         // its room past the end goes back now rather than at the last close, under the
@@ -863,10 +877,20 @@ impl Manager {
                         "too many open files on this connection",
                     ));
                 }
-                let mut fs = self.fs();
+                let mut fs = self.open_truncating(&cred, &path, flags as i32);
                 let o = fs.open(&cred, &path, flags as i32, mode).map_err(failure)?;
                 let ino = o.ino;
-                let mut reply = Self::opened(s, &mut self.locks(), o);
+                let mut reply = {
+                    let mut locks = self.locks();
+                    let reply = Self::opened(s, &mut locks, o);
+                    if let (Some(c), FsReply::Opened { handle, .. }) = (channel, &reply) {
+                        if let Some(h) = s.handles.get(handle).copied() {
+                            let sole = fs.open_count(ino) == 1 && !self.segments().has(ino);
+                            self.try_grant_sole(&mut locks, s, c, *handle, &h, sole);
+                        }
+                    }
+                    reply
+                };
                 if room_asked {
                     let mapped = |ino| self.segments().has(ino);
                     let (r, given) =
@@ -884,8 +908,19 @@ impl Manager {
                 watch_opened(&mut fs, channel, &reply);
                 drop(fs);
                 // The file is open twice now, so no lease on it can be granted again: take
-                // back the one out, before the new handle can see the file's locks.
+                // back the one out, before the new handle can see the file's locks, and end
+                // a sole lease once its holder's writes are in the array, before the new
+                // handle can read.
                 self.recall_waiting(ino);
+                let mine = match &reply {
+                    FsReply::Opened { handle, .. } | FsReply::OpenedRoom { handle, .. } => {
+                        self.holds_sole(ino, channel, *handle)
+                    }
+                    _ => false,
+                };
+                if !mine {
+                    self.recall_sole(ino);
+                }
                 Ok(reply)
             }
             FsRequest::Close { handle } => {
@@ -897,6 +932,7 @@ impl Manager {
                     // those in a lease too.
                     let mut locks = self.locks();
                     self.drop_lease(&mut locks, h.ino);
+                    self.drop_sole(&mut locks, channel, handle);
                     locks.table.release(h.ino, Owner::Session(s.id));
                     locks.close_ofd(h.ofd);
                 }
@@ -980,6 +1016,8 @@ impl Manager {
                         h.ino
                     }
                     Target::Path { path, .. } => {
+                        drop(fs);
+                        fs = self.open_truncating(&cred, path, libc::O_TRUNC);
                         fs.truncate(&cred, path, size).map_err(failure)?;
                         fs.lookup(&cred, path, true).map_err(failure)?
                     }

@@ -249,12 +249,13 @@ extern "C" fn report_at_exit() {
         format!(
             "; file-system calls: {} ({} of the stats answered by what was kept, {} of the \
              closes posted without waiting); {} lock calls answered in leases; {} writes past \
-             the end in a size lease",
+             the end in a size lease; {} writes posted under a sole lease",
             calls.join(", "),
             libmoneta::stats_kept(),
             libmoneta::closes_posted(),
             libmoneta::locks_leased(),
-            libmoneta::sizes_leased()
+            libmoneta::sizes_leased(),
+            libmoneta::writes_posted()
         )
     };
     let text = format!(

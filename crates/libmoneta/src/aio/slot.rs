@@ -65,6 +65,7 @@ impl<'f> WriteSlot<'f> {
                 f.check_range(off, len as u64, true)?;
                 off
             };
+            f.settle_reporting()?;
             let prep = f.prepare_write(off, len, &mut 0)?;
             Ok::<_, ClientError>((off, prep))
         })();

@@ -450,6 +450,8 @@ impl File {
         }
         self.check_range(off, buf.len() as u64, false)?;
         self.h()?;
+        // What this file posted lands before the read looks.
+        self.settle()?;
         if let Some(n) = self.read_in_place(buf, off) {
             return Ok(n);
         }
@@ -662,6 +664,25 @@ impl File {
         off: Option<u64>,
         mode: Completion,
     ) -> Result<u64, ClientError> {
+        self.write_with(data, off, mode, true)
+    }
+
+    /// Writes `data` at `off` waiting for it, without collecting the writes posted before:
+    /// the redo of a posted write, during their collection ([`File::settle`]).
+    pub(super) fn write_unposted(&self, data: &[u8], off: u64) -> Result<(), ClientError> {
+        let mode = self.mode_for(data.len());
+        self.write_with(data, Some(off), mode, false).map(|_| ())
+    }
+
+    /// [`File::write_inner`]; with `post`, the write may be posted (under a sole lease), and
+    /// one that is not collects those posted before, so that they land first.
+    fn write_with(
+        &self,
+        data: &[u8],
+        off: Option<u64>,
+        mode: Completion,
+        post: bool,
+    ) -> Result<u64, ClientError> {
         let t0 = if crate::trace::enabled() {
             crate::trace::stamp()
         } else {
@@ -680,12 +701,33 @@ impl File {
         if data.is_empty() {
             return Ok(off);
         }
-        self.h()?;
+        let handle = self.h()?;
+        let slice = self.ch().slice_size();
+        if post
+            && mode != Completion::Forward
+            && data.len() <= slice
+            && t0 == 0
+            && !self.in_place_possible()
+        {
+            // Posted under a sole lease where it can be: inside the known size (or a size
+            // lease's room), one mapped extent, one slice.
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(dev) = map.single(off, len) {
+                if off + len <= map.size || self.grow_in_room(off + len) {
+                    drop(map);
+                    if let Some(r) = self.post_write(data, dev, off, handle) {
+                        return r.map(|()| off);
+                    }
+                }
+            }
+        }
+        if post {
+            self.settle_reporting()?;
+        }
         if positioned && self.write_in_place(data, off) {
             return Ok(off);
         }
         let start = off;
-        let slice = self.ch().slice_size();
         // Fast path: inside the known size (or a size lease's room), one mapped extent, one
         // slice.
         if data.len() <= slice {

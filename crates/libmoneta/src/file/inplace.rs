@@ -112,6 +112,13 @@ impl File {
         self.in_place.after.store(accesses, Ordering::Relaxed);
     }
 
+    /// Whether reads and writes may go in place now or later (on, or on by itself after
+    /// enough accesses): such a file's writes are never posted, as an access in place does
+    /// not wait for commands in flight.
+    pub(super) fn in_place_possible(&self) -> bool {
+        self.in_place.on.load(Ordering::Relaxed) || self.in_place.after.load(Ordering::Relaxed) > 0
+    }
+
     /// Whether reads and writes go in place where they can.
     pub fn in_place(&self) -> bool {
         self.in_place.on.load(Ordering::Relaxed)

@@ -249,9 +249,10 @@ impl Device {
             // The header again, for announcing retired pages beside the poller (and for the
             // permission manager's lock leases); it starts at
             // the count so far (under the lock, so no announcement is missed).
-            // Up to the tag slots: the lease area lies in the second page (docs/abi.md §3.8).
+            // Up to the DMA buffer: the lease area lies in the second page (docs/abi.md
+            // §3.8), and a sole lease's end looks at the tag slots (§3.10).
             let header = memmap2::MmapOptions::new()
-                .len(moneta_abi::TAG_SLOTS_OFFSET)
+                .len(moneta_abi::DMA_OFFSET)
                 .map_raw(&memfd)?;
             let writers = self.headers_lock.lock().expect("headers lock");
             let h = header_of(&header);
@@ -344,8 +345,8 @@ impl Device {
         }
     }
 
-    /// The lease area of channel `channel` (docs/abi.md §3.8), while the channel is open:
-    /// the permission manager grants and recalls lock leases there.
+    /// The lease areas of channel `channel` (docs/abi.md §3.8–3.10), while the channel is
+    /// open: the permission manager grants and recalls leases there.
     pub fn lease_area(&self, channel: u32) -> Option<LeaseAreaRef> {
         self.headers
             .load()
@@ -605,6 +606,62 @@ impl LeaseAreaRef {
                 .add(moneta_abi::LEASE_OFFSET)
                 .cast::<moneta_abi::LeaseArea>()
         }
+    }
+
+    /// The sole-lease area (docs/abi.md §3.10).
+    pub fn sole_area(&self) -> &moneta_abi::SoleLeaseArea {
+        // SAFETY: as for [`LeaseAreaRef::area`]: the area lies inside the header's page
+        // (checked at compile time in moneta_abi) and holds only atomics.
+        unsafe {
+            &*self
+                .page
+                .as_ptr()
+                .add(moneta_abi::SOLE_LEASE_OFFSET)
+                .cast::<moneta_abi::SoleLeaseArea>()
+        }
+    }
+
+    /// Waits, for at most `wait`, until every command rung on the channel with DMA or
+    /// issue-sleep completion has completed: each tag whose command slot names such a
+    /// command shows that command's sequence number in its `state` (docs/abi.md §3.10).
+    /// Whether they all had. Called after a sole lease ended (a sequentially consistent
+    /// change of its slot), so a write the client posted under it is either among these or
+    /// waited for by the client itself. A command written but never rung keeps this waiting
+    /// until `wait`, so a client can only delay, never stop, the call that ends its lease.
+    pub fn wait_rung(&self, wait: std::time::Duration) -> bool {
+        let header = header_of(&self.page);
+        // Reading the doorbell orders what follows after every ring that came before the
+        // lease's end, with the command words written before each.
+        header.doorbell.load(Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + wait;
+        let mut pause = std::time::Duration::from_micros(2);
+        loop {
+            if (0..moneta_abi::TAGS_PER_CHANNEL).all(|k| self.tag_done(k)) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// Whether tag `k`'s last command, if it completes with DMA or issue-sleep, has
+    /// completed (a forwarded one's `state` is the client's to write, and is not looked at).
+    fn tag_done(&self, k: usize) -> bool {
+        // SAFETY: the tag slots lie inside the mapping (it reaches the DMA buffer) and hold
+        // only atomics.
+        let slot = unsafe {
+            &*self
+                .page
+                .as_ptr()
+                .add(moneta_abi::tag_slot_offset(k))
+                .cast::<moneta_abi::TagSlot>()
+        };
+        let w0 = slot.command.words[0].load(Ordering::Acquire);
+        let mode = (w0 >> 16) & u64::from(moneta_abi::FLAG_COMPLETION_MASK);
+        mode == 1 || slot.status.state.load(Ordering::Acquire) == (w0 >> 32) as u32
     }
 
     /// The size-lease area (docs/abi.md §3.9).

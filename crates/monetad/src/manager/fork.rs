@@ -114,6 +114,7 @@ impl Manager {
         // The child shares the handles: the leases of the parent's files come back first.
         // (The files are open twice now, so none can be granted again meanwhile.)
         self.recall_session(s.id);
+        self.recall_sole_session(s.id);
         {
             // The copies share their open file descriptions with the originals.
             let mut locks = self.locks();

@@ -425,19 +425,30 @@ impl Manager {
                         }
                     }
                 }
-                if locks.leases.any() {
+                if locks.leases.any() || locks.sole.any() {
                     // Another open of a leased file takes the lease back first; when its
-                    // holder is changing its locks, a worker waits for it.
+                    // holder is changing its locks, a worker waits for it. A sole lease's
+                    // end waits for its holder's writes: a worker does that too.
                     let follow = flags & libc::O_NOFOLLOW == 0;
                     if let Ok(ino) = fs.lookup(&cred, path, follow) {
-                        if !self.recall(locks, ino, false) {
+                        if locks.sole.on(ino) || !self.recall(locks, ino, false) {
                             return None;
                         }
                     }
                 }
                 fs.open(&cred, path, flags, mode)
                     .map(|o| {
+                        let ino = o.ino;
                         let reply = Self::opened(s, locks, o);
+                        if let FsReply::Opened { handle, .. } = reply {
+                            if let Some(h) = s.handles.get(&handle).copied() {
+                                // Not a file with pages mapped (nor when that cannot be
+                                // known at once): stores there do not wait for writes.
+                                let sole = fs.open_count(ino) == 1
+                                    && self.segments.try_lock().is_ok_and(|g| !g.has(ino));
+                                self.try_grant_sole(locks, s, channel, handle, &h, sole);
+                            }
+                        }
                         if !matches!(req, FsRequest::OpenRoom { .. }) {
                             watch_opened(fs, Some(channel), &reply);
                             return reply;
@@ -464,6 +475,7 @@ impl Manager {
                 let before = s.rights(h.ino);
                 s.remove(handle);
                 self.drop_lease(locks, h.ino);
+                self.drop_sole(locks, Some(channel), handle);
                 locks.table.release(h.ino, Owner::Session(s.id));
                 locks.close_ofd(h.ofd);
                 if s.rights(h.ino) != before {
