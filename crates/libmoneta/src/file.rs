@@ -319,6 +319,11 @@ impl File {
         Ok((fd, stat))
     }
 
+    /// Whether the file is a directory (as its open found it: a file's type never changes).
+    pub fn is_dir(&self) -> bool {
+        self.is_dir
+    }
+
     /// The inode number.
     pub fn ino(&self) -> u64 {
         self.ino

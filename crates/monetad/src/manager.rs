@@ -932,7 +932,7 @@ impl Manager {
                     // those in a lease too.
                     let mut locks = self.locks();
                     self.drop_lease(&mut locks, h.ino);
-                    self.drop_sole(&mut locks, channel, handle);
+                    self.drop_sole(&mut locks, channel, handle, h.ino);
                     locks.table.release(h.ino, Owner::Session(s.id));
                     locks.close_ofd(h.ofd);
                 }

@@ -450,8 +450,12 @@ impl File {
         }
         self.check_range(off, buf.len() as u64, false)?;
         self.h()?;
-        // What this file posted lands before the read looks.
-        self.settle()?;
+        // What this file posted lands before the read looks at data (a read answered from
+        // the size alone, at or past the end, needs none of it: a posted write published
+        // its size first).
+        if self.in_place_possible() {
+            self.settle()?;
+        }
         if let Some(n) = self.read_in_place(buf, off) {
             return Ok(n);
         }
@@ -466,6 +470,7 @@ impl File {
                 if n <= slice {
                     if let Some(dev) = map.single(off, n as u64) {
                         drop(map);
+                        self.settle()?;
                         match self.one(&mut Io::Read(&mut buf[..n]), dev, mode, t0) {
                             Ok(()) => return Ok(n),
                             Err(Fail::Err(e)) => return Err(e),
@@ -488,6 +493,9 @@ impl File {
             let part = &mut buf[done..done + p.len];
             for &(h, len) in &p.holes {
                 part[h..h + len].fill(0);
+            }
+            if !p.segs.is_empty() {
+                self.settle()?;
             }
             match self.transfer(&mut Io::Read(part), &p.segs, mode) {
                 Ok(()) => return Ok(done + p.len),

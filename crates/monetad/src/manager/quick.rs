@@ -475,7 +475,7 @@ impl Manager {
                 let before = s.rights(h.ino);
                 s.remove(handle);
                 self.drop_lease(locks, h.ino);
-                self.drop_sole(locks, Some(channel), handle);
+                self.drop_sole(locks, Some(channel), handle, h.ino);
                 locks.table.release(h.ino, Owner::Session(s.id));
                 locks.close_ofd(h.ofd);
                 if s.rights(h.ino) != before {

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use moneta_abi::{SOLE_LEASE_SLOTS, SOLE_LEASE_WANTED};
+use moneta_fs::idhash::IdHash;
 
 use super::*;
 
@@ -39,12 +40,12 @@ struct Sole {
 /// they need).
 #[derive(Default)]
 pub(super) struct SoleLeases {
-    by_ino: HashMap<u64, Sole>,
+    by_ino: HashMap<u64, Sole, IdHash>,
     /// Each channel's slots in use, a bit per slot.
-    used: HashMap<u32, u32>,
+    used: HashMap<u32, u32, IdHash>,
     /// Leases ended whose holders' rung commands are still being waited for: (the channel,
     /// how many waits). Another call on the file waits for them too.
-    draining: HashMap<u64, (u32, u32)>,
+    draining: HashMap<u64, (u32, u32), IdHash>,
 }
 
 impl SoleLeases {
@@ -229,17 +230,21 @@ impl Manager {
         }
     }
 
-    /// Ends the lease of handle `handle` of `channel`, if it has one (the handle is closing:
-    /// its client collected its writes first).
-    pub(super) fn drop_sole(&self, locks: &mut LockState, channel: Option<u32>, handle: u64) {
-        let Some(channel) = channel else { return };
-        if !locks.sole.any() {
-            return;
-        }
-        for ino in locks
+    /// Ends the lease of handle `handle` of `channel` on `ino`, if it has one (the handle is
+    /// closing: its client collected its writes first).
+    pub(super) fn drop_sole(
+        &self,
+        locks: &mut LockState,
+        channel: Option<u32>,
+        handle: u64,
+        ino: u64,
+    ) {
+        let mine = locks
             .sole
-            .matching(|l| l.channel == channel && l.handle == handle)
-        {
+            .by_ino
+            .get(&ino)
+            .is_some_and(|l| Some(l.channel) == channel && l.handle == handle);
+        if mine {
             self.end_sole(locks, ino);
         }
     }

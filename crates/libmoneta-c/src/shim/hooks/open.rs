@@ -22,10 +22,7 @@ pub(super) fn open_moneta(
         0
     };
     let file = m.open_flags(p(&path), oflags, mode).map_err(eno)?;
-    let is_dir = file
-        .stat()
-        .map(|s| s.mode & libc::S_IFMT == libc::S_IFDIR)
-        .unwrap_or(false);
+    let is_dir = file.is_dir();
     let fd = reserve(flags & libc::O_CLOEXEC != 0)?;
     let kept = libc::O_ACCMODE
         | libc::O_APPEND
