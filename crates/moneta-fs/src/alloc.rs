@@ -479,17 +479,30 @@ impl Space {
         let room = want.min(hot_max.saturating_sub(self.hot.total()));
         let mut out = Vec::new();
         let mut got = 0;
-        for (start, _) in std::mem::take(&mut self.fresh) {
-            // Runs merge in the dirty set: look at the whole run this piece is part of now.
+        for (start, len) in std::mem::take(&mut self.fresh) {
+            // Runs merge in the dirty set: look at the whole run this piece is part of now,
+            // and take it whole when it is short, else the piece itself when it is (space
+            // freed again and again beside other freed space, as a journal made and removed
+            // in every transaction, would otherwise merge into runs too long to recycle and
+            // wait for a batch of zeroing).
             let Some((s, l)) = self.dirty.containing(start) else {
                 continue;
             };
-            if l <= max_run && got + l <= room {
+            let (s, l) = if l <= max_run {
+                (s, l)
+            } else if len <= max_run && start + len <= s + l {
+                (start, len)
+            } else {
+                continue;
+            };
+            if got + l <= room {
                 self.dirty.remove(s, l);
                 out.push((s, l));
                 got += l;
             }
         }
+        out.sort_unstable();
+        out.dedup();
         out
     }
 
@@ -596,6 +609,35 @@ mod tests {
         assert_eq!(s.take(Some(1), 2, 8), vec![(1, 2)]);
         let words = s.take_dirty_words();
         assert_eq!(words, vec![(0, 0b1111_1111)]);
+    }
+
+    #[test]
+    fn short_frees_are_recycled_even_where_they_merge_into_a_long_dirty_run() {
+        let mut s = Space::new(ChunkMap::from_words(vec![], 100), true);
+        s.take(None, 100, 8);
+        // A long run freed earlier, and not zeroed.
+        s.free_run(10, 40);
+        s.committed(1, 1);
+        assert_eq!(s.take_short_dirty(4, 64, 64), vec![], "too long to recycle");
+        // Short runs freed beside it merge with it in the dirty set; each is recycled alone.
+        s.free_run(50, 2);
+        s.free_run(8, 2);
+        s.free_run(70, 3);
+        s.committed(2, 2);
+        assert_eq!(
+            s.take_short_dirty(4, 64, 64),
+            vec![(8, 2), (50, 2), (70, 3)]
+        );
+        assert_eq!(s.dirty(), 40, "the long run stays to be zeroed in a batch");
+        // At most `want` chunks, and none once `hot_max` are hot.
+        s.free_run(60, 2);
+        s.free_run(80, 2);
+        s.committed(3, 3);
+        assert_eq!(s.take_short_dirty(4, 2, 64), vec![(60, 2)]);
+        s.recycled(&[(60, 2)]);
+        s.free_run(90, 2);
+        s.committed(4, 4);
+        assert_eq!(s.take_short_dirty(4, 64, 2), vec![]);
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub const RECYCLE_RUN: u64 = moneta_device::media::ZERO_BY_STORES;
 pub const RECYCLE_MAX: u64 = 256 << 10;
 /// Bytes of recycled space kept at most.
 pub const HOT_MAX: u64 = 4 << 20;
+/// Clean space below which dirty free space is zeroed ahead of need, off the calls that
+/// allocate ([`Fs::zero_ahead`]; an eighth of the array on a smaller one).
+pub const ZERO_AHEAD_LOW: u64 = 32 << 20;
+/// Bytes of dirty free space one [`Fs::zero_ahead`] zeroes.
+pub const ZERO_AHEAD_BATCH: u64 = 1 << 20;
 /// Free ranges of a file's data closer than this are flushed as one range by `fsync` (fewer
 /// system calls; what lies between is written back too, if dirty).
 pub const SYNC_GAP: u64 = 64 << 10;

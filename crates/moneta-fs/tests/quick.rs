@@ -127,3 +127,36 @@ fn a_hold_closed_later_frees_the_file_with_revocation() {
     // A hold of an inode not in use is refused.
     assert_eq!(fs.hold(f.ino).unwrap_err().errno, libc::ENOENT);
 }
+
+#[test]
+fn zeroing_ahead_gives_quick_calls_clean_space_while_it_is_short() {
+    let a = formatted(16 << 20);
+    // Mounted as an existing image: all its free space is dirty, none clean.
+    let mut fs = mount(&a);
+    let f = fs.open(&root(), b"/f", CREAT, 0o644).unwrap();
+    assert!(
+        fs.wants_zeroing(),
+        "no clean space, and dirty space to zero"
+    );
+    fs.set_quick(true);
+    let e = fs.extend(f.ino, 0, 1 << 20, 16).unwrap_err();
+    assert_eq!(e.errno, NOT_QUICK, "{e:?}");
+    fs.set_quick(false);
+    let free = fs.statfs().chunks_free;
+    let mut batches = 0;
+    while fs.zero_ahead().unwrap() {
+        batches += 1;
+        assert!(batches < 64, "zeroing ahead never ends");
+    }
+    assert!(!fs.wants_zeroing());
+    assert!(
+        batches >= 1,
+        "one batch of 1 MiB cannot reach an eighth of 16 MiB"
+    );
+    // Zeroing frees nothing and takes nothing: only what may be handed out at once changes.
+    assert_eq!(fs.statfs().chunks_free, free);
+    fs.set_quick(true);
+    let (size, _) = fs.extend(f.ino, 0, 1 << 20, 16).unwrap();
+    fs.set_quick(false);
+    assert_eq!(size, 1 << 20);
+}

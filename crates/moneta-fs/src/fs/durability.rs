@@ -121,6 +121,26 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether clean space is short and dirty free space could make more: a file made now
+    /// and again, or growing, would soon find none to take at once (the poller's quick calls
+    /// never zero, and a call that must is referred to the control socket). Some other thread
+    /// should call [`Fs::zero_ahead`].
+    pub fn wants_zeroing(&self) -> bool {
+        let cs = self.g.chunk_size;
+        let low = ZERO_AHEAD_LOW.min(self.g.chunk_count * cs / 8);
+        self.failed.is_none() && self.space.dirty() > 0 && self.space.clean() * cs < low
+    }
+
+    /// Zeroes a batch ([`ZERO_AHEAD_BATCH`]) of dirty free space while clean space is short
+    /// ([`Fs::wants_zeroing`]), as an allocation would have to; whether more is wanted.
+    pub fn zero_ahead(&mut self) -> FsResult<bool> {
+        if !self.wants_zeroing() {
+            return Ok(false);
+        }
+        self.zero_batch((ZERO_AHEAD_BATCH / self.g.chunk_size).max(1))?;
+        Ok(self.wants_zeroing())
+    }
+
     /// Zeroes short runs freed durably since the last call (a few: see [`RECYCLE_MAX`]) to
     /// recycle them; returns them (chunks) and the array ranges zeroed (with their checksums),
     /// which at the `Host` level must be flushed before the runs are recycled.

@@ -361,12 +361,18 @@ impl Manager {
         );
         fs.set_quick(false);
         let mut wake = false;
+        if !rel.zero_ahead && fs.wants_zeroing() {
+            // Clean space is short: the releaser zeroes ahead, so that the calls to come find
+            // some at once rather than going to the socket to zero it.
+            rel.zero_ahead = true;
+            wake = std::mem::take(&mut rel.parked);
+        }
         if !released.is_empty() {
             rel.inos.extend(released);
             self.work_queued.store(true, Ordering::Release);
             // Only a parked releaser is woken, once the locks are down (it takes them): one
             // gathering in its pause finds what comes meanwhile without a wake-up.
-            wake = std::mem::take(&mut rel.parked);
+            wake |= std::mem::take(&mut rel.parked);
         }
         drop((fs, locks, rel));
         if wake {

@@ -10,6 +10,9 @@ use super::*;
 /// How long the releaser thread lets unlinked files gather before it frees them together.
 const RELEASE_GATHER: std::time::Duration = std::time::Duration::from_micros(500);
 
+/// The releaser's pause between batches of zeroing ahead of need.
+const ZERO_AHEAD_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Work the poller's quick calls leave for the releaser thread.
 #[derive(Default)]
 pub(super) struct Releases {
@@ -17,6 +20,9 @@ pub(super) struct Releases {
     pub(super) inos: Vec<u64>,
     /// The journal needs a checkpoint before quick calls can go on.
     pub(super) checkpoint: bool,
+    /// Clean space is short: dirty free space is to be zeroed ahead of the quick calls that
+    /// would need it (`Fs::zero_ahead`).
+    pub(super) zero_ahead: bool,
     /// The releaser waits to be woken (it is not gathering or settling).
     pub(super) parked: bool,
     /// A settler is revoking the space of queued files without the file-system lock; the
@@ -188,7 +194,7 @@ impl Manager {
         loop {
             {
                 let mut r = self.releases.lock().unwrap_or_else(|e| e.into_inner());
-                while r.inos.is_empty() && !r.checkpoint {
+                while r.inos.is_empty() && !r.checkpoint && !r.zero_ahead {
                     r.parked = true;
                     r = self.release_wake.wait(r).unwrap_or_else(|e| e.into_inner());
                 }
@@ -198,6 +204,32 @@ impl Manager {
             // they then share one revocation, which waits for the poller.
             std::thread::sleep(RELEASE_GATHER);
             self.settle_releases();
+            self.zero_ahead();
+        }
+    }
+
+    /// Zeroes dirty free space while clean space is short, a batch per hold of the
+    /// file-system lock, with a pause between for the quick calls (which only try the lock).
+    fn zero_ahead(&self) {
+        let asked = std::mem::take(
+            &mut self
+                .releases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .zero_ahead,
+        );
+        if !asked {
+            return;
+        }
+        loop {
+            match self.fs().zero_ahead() {
+                Ok(true) => std::thread::sleep(ZERO_AHEAD_PAUSE),
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!("zeroing free space ahead of need: {e}");
+                    return;
+                }
+            }
         }
     }
 }
