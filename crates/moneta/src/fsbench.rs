@@ -18,8 +18,10 @@
 //!   open: answered in the channel's lock lease (docs/abi.md §3.8); `referred` counts the
 //!   calls that asked the daemon all the same.
 //! - `nvfs-file`: `write-fsync` as libmoneta makes it (`File::sync_all` after a 4 KiB write):
-//!   at the `device` durability level, answered in the library; `create` as libmoneta makes
-//!   it (`OpenOptions::create_new`, then the file dropped: its close posted).
+//!   at the `device` durability level, answered in the library once the write, posted, has
+//!   completed; `write-and-fsync`, the write and the `fsync` timed together (against the
+//!   kernel's); `create` as libmoneta makes it (`OpenOptions::create_new`, then the file
+//!   dropped: its close posted).
 //! - `create-write-close`: 10,000 small files: create, 4 KiB written, closed, both ways; the
 //!   kernel does `open(O_CREAT)`, `write`, `close` on tmpfs.
 
@@ -223,7 +225,7 @@ fn measure(socket: &std::path::Path, files: usize) -> Result<Vec<FsRecord>, Stri
     out.last_mut().expect("pushed").ops = st.fs_calls;
     out.extend(kept_stats(&ch, n)?);
     out.push(leased_locks(socket, n)?);
-    out.push(file_fsync(socket, n)?);
+    out.extend(file_fsync(socket, n)?);
     out.push(file_creates(socket, n)?);
     let kdir = kernel_dir()?;
     std::fs::create_dir_all(kdir.join("d1/d2")).map_err(err)?;
@@ -381,20 +383,33 @@ fn file_creates(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> 
 }
 
 /// `fsync` as libmoneta makes it (`File::sync_all`), each after a 4 KiB `File::write_at`,
-/// only the `fsync` timed, as the kernel's is: at the array's `device` durability level (this
-/// bench's volatile array), where every write that returned is in the array, it is answered
-/// in the library (docs/nvfs.md, "Durability levels"). Records `nvfs-file`.
-fn file_fsync(socket: &std::path::Path, n: usize) -> Result<FsRecord, String> {
+/// only the `fsync` timed, as the kernel's is (`write-fsync`), and the two together
+/// (`write-and-fsync`): at the array's `device` durability level (this bench's volatile
+/// array) the `fsync` is answered in the library once the file's writes have completed
+/// (docs/nvfs.md, "Durability levels"), and the write, posted under the file's sole lease
+/// (docs/abi.md §3.10), returns before it completes, so the `fsync` alone carries the rest
+/// of the write's time. Records `nvfs-file`.
+fn file_fsync(socket: &std::path::Path, n: usize) -> Result<Vec<FsRecord>, String> {
     let f = library_file(socket, "/d1/d2/synced")?;
     let data = [0x5au8; 4096];
     let mut each = Vec::with_capacity(n);
+    let mut both = Vec::with_capacity(n);
     for _ in 0..n {
         f.write_at(&data, 0).map_err(err)?;
         let (r, ns) = timed(|| f.sync_all());
         r.map_err(err)?;
         each.push(ns);
+        let (r, ns) = timed(|| {
+            f.write_at(&data, 0)?;
+            f.sync_all()
+        });
+        r.map_err(err)?;
+        both.push(ns);
     }
-    Ok(record("nvfs-file", "write-fsync", each, 0.0))
+    Ok(vec![
+        record("nvfs-file", "write-fsync", each, 0.0),
+        record("nvfs-file", "write-and-fsync", both, 0.0),
+    ])
 }
 
 /// `path` opened for reading and writing (made if missing) through libmoneta, on a connection
@@ -550,6 +565,7 @@ fn kernel_calls(kdir: &std::path::Path, n: usize) -> std::io::Result<Vec<FsRecor
     let data = [0x17u8; 4096];
     let (mut fst, mut st, mut cr, mut rn, mut ul, mut lk, mut fs) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut wfs: Vec<u64> = Vec::new();
     let setlk = |ty: libc::c_short| {
         let fl = libc::flock {
             l_type: ty,
@@ -601,8 +617,16 @@ fn kernel_calls(kdir: &std::path::Path, n: usize) -> std::io::Result<Vec<FsRecor
         let (r, ns) = timed(|| kf.sync_all());
         r?;
         fs.push(ns);
+        let (r, ns) = timed(|| {
+            kf.write_all_at(&data, 0)?;
+            kf.sync_all()
+        });
+        r?;
+        wfs.push(ns);
     }
-    Ok(call_records("kernel-tmpfs", [fst, st, cr, rn, ul, lk, fs]))
+    let mut out = call_records("kernel-tmpfs", [fst, st, cr, rn, ul, lk, fs]);
+    out.push(record("kernel-tmpfs", "write-and-fsync", wfs, 0.0));
+    Ok(out)
 }
 
 fn small_file(ch: &Channel, call: &Call, name: &[u8], data: &[u8]) -> Result<(), String> {

@@ -699,6 +699,8 @@ fn the_file_system_calls_both_ways_and_the_kernels() {
         ("nvfs-kept", "fstat"),
         ("nvfs-kept", "stat"),
         ("nvfs-file", "write-fsync"),
+        ("nvfs-file", "write-and-fsync"),
+        ("kernel-tmpfs", "write-and-fsync"),
     ] {
         let r = recs
             .iter()
