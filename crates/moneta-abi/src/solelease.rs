@@ -9,7 +9,7 @@
 //! own), rings the command, and loads `generation` again: unchanged, the write may return;
 //! changed, it waits for the command as any other. The daemon ends a lease by adding 1,
 //! storing `handle = 0` and adding 1 again, and only then looks at the channel's tags and
-//! waits until every command rung with DMA or issue-sleep completion has completed (a bounded
+//! waits until every WRITE rung with DMA or issue-sleep completion has completed (a bounded
 //! time). Both sides use sequentially consistent accesses, so either the client sees the new
 //! generation and waits, or the daemon sees the command rung and waits for it.
 

@@ -196,6 +196,31 @@ fn a_second_open_in_the_same_process_ends_the_lease_too() {
 }
 
 #[test]
+fn the_writer_opening_its_own_file_again_waits_for_nothing_but_its_writes() {
+    let _s = serial();
+    // No write latency: the posted writes land at once, so nothing should make an open wait.
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let t0 = Instant::now();
+    for i in 0..20u8 {
+        let f = made(&a, &format!("/again{i}"));
+        f.write_at(&bytes(i, 100), 100).unwrap();
+        // Its own open, through the channel: the lease's end must not wait for this very
+        // call's command, which stays in flight while the call is answered.
+        let g = a
+            .open(format!("/again{i}"), OpenOptions::new().read(true))
+            .unwrap();
+        assert_eq!(read_at(&g, 100, 100), bytes(i, 100));
+    }
+    // Twenty ends of a lease that waited out their bound would take two seconds.
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "the opens waited {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
 fn a_truncation_by_path_lands_after_the_writes_posted_before_it() {
     let _s = serial();
     let d = start();
@@ -258,10 +283,10 @@ fn a_command_written_and_never_rung_only_delays_another_open() {
     let b = Moneta::connect(&d.socket).unwrap();
     let f = made(&a, "/stall");
     assert!(Area::of(&a).holds(f.handle()));
-    // A hostile holder: a DMA-completion command in a tag's slot that it never rings.
+    // A hostile holder: a DMA-completion WRITE in a tag's slot that it never rings.
     let ch = f.channel();
     let tag = ch.tag();
-    ch.prepare(tag, &Command::new(Opcode::Nop, Completion::Dma, 0, 0, 0));
+    ch.prepare(tag, &Command::new(Opcode::Write, Completion::Dma, 0, 0, 0));
     let t0 = Instant::now();
     let g = b.open("/stall", OpenOptions::new().read(true)).unwrap();
     assert!(

@@ -621,7 +621,7 @@ impl LeaseAreaRef {
         }
     }
 
-    /// Waits, for at most `wait`, until every command rung on the channel with DMA or
+    /// Waits, for at most `wait`, until every WRITE rung on the channel with DMA or
     /// issue-sleep completion has completed: each tag whose command slot names such a
     /// command shows that command's sequence number in its `state` (docs/abi.md §3.10).
     /// Whether they all had. Called after a sole lease ended (a sequentially consistent
@@ -647,8 +647,11 @@ impl LeaseAreaRef {
         }
     }
 
-    /// Whether tag `k`'s last command, if it completes with DMA or issue-sleep, has
-    /// completed (a forwarded one's `state` is the client's to write, and is not looked at).
+    /// Whether tag `k`'s last command, if it is a WRITE that completes with DMA or
+    /// issue-sleep, has completed. Only writes can be posted; a file call's command is the
+    /// client's own to wait for (and may be the very call that ends the lease, answered by a
+    /// worker while its command stays in flight), and a forwarded command's `state` is the
+    /// client's to write.
     fn tag_done(&self, k: usize) -> bool {
         // SAFETY: the tag slots lie inside the mapping (it reaches the DMA buffer) and hold
         // only atomics.
@@ -660,8 +663,11 @@ impl LeaseAreaRef {
                 .cast::<moneta_abi::TagSlot>()
         };
         let w0 = slot.command.words[0].load(Ordering::Acquire);
+        let opcode = w0 & 0xffff;
         let mode = (w0 >> 16) & u64::from(moneta_abi::FLAG_COMPLETION_MASK);
-        mode == 1 || slot.status.state.load(Ordering::Acquire) == (w0 >> 32) as u32
+        opcode != u64::from(moneta_abi::OP_WRITE)
+            || mode == 1
+            || slot.status.state.load(Ordering::Acquire) == (w0 >> 32) as u32
     }
 
     /// The size-lease area (docs/abi.md §3.9).
