@@ -492,12 +492,14 @@ impl Media for MappedArray {
         self.map.flush_range(addr as usize, (end - addr) as usize)
     }
 
-    /// One ordered flush of several ranges: every range but the last is written back and
-    /// waited for with `sync_file_range` (which neither flushes the disk's cache nor commits
-    /// the host file system's journal), then `msync` of the last range writes it back and makes
-    /// them all durable with the one flush of the disk's cache (and the one journal commit of
-    /// the host file system, for pages zeroed by `fallocate`) that `msync` does. An `msync`
-    /// per range would pay that flush once per range.
+    /// One ordered flush of several ranges: every range's write-back is started with
+    /// `sync_file_range` (which neither flushes the disk's cache nor commits the host file
+    /// system's journal), every range but the last is waited for, then `msync` of the last
+    /// range waits for its write-back and makes them all durable with the one flush of the
+    /// disk's cache (and the one journal commit of the host file system, for pages zeroed by
+    /// `fallocate`) that `msync` does. An `msync` per range would pay that flush once per
+    /// range; starting the last range's write-back only in its `msync` would wait for the
+    /// disk twice.
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
         if !self.persistent {
             return Ok(());
@@ -528,9 +530,14 @@ impl Media for MappedArray {
         let Some((&(last, last_len), rest)) = ranges.split_last() else {
             return Ok(());
         };
-        // Every write is started first, so the disk has them together, then each is waited for.
-        for pass in [libc::SYNC_FILE_RANGE_WRITE, SYNC_AND_WAIT] {
-            for &(addr, len) in rest {
+        // Every write is started first, the last range's too, so the disk has them together;
+        // then each but the last is waited for, and the `msync` of the last waits for its own
+        // (already under way) and flushes.
+        for (pass, which) in [
+            (libc::SYNC_FILE_RANGE_WRITE, &ranges[..]),
+            (SYNC_AND_WAIT, rest),
+        ] {
+            for &(addr, len) in which {
                 // SAFETY: a system call on the array's descriptor, open as long as `self`; it
                 // touches no memory of ours.
                 let r = unsafe {
