@@ -314,15 +314,7 @@ impl File {
             return self.one_traced(io, (dev, file), mode, t0);
         }
         let ch = self.ch();
-        self.m
-            .inner
-            .counters
-            .commands
-            .fetch_add(1, Ordering::Relaxed);
-        let tag = match ch.try_tag() {
-            Some(t) => t,
-            None => ch.tag(),
-        };
+        let tag = self.command_tag();
         let (opcode, len) = match io {
             Io::Read(b) => (Opcode::Read, b.len()),
             Io::Write(b) => {
@@ -341,6 +333,21 @@ impl File {
         };
         ch.release(tag);
         r
+    }
+
+    /// A tag for one more command of this file's (counted), taken at once when one is free.
+    #[inline]
+    pub(super) fn command_tag(&self) -> Tag {
+        self.m
+            .inner
+            .counters
+            .commands
+            .fetch_add(1, Ordering::Relaxed);
+        let ch = self.ch();
+        match ch.try_tag() {
+            Some(t) => t,
+            None => ch.tag(),
+        }
     }
 
     /// What a completed command's status means for the request; `copy_out` runs on success.
@@ -369,15 +376,7 @@ impl File {
         use crate::trace::{record, stamp, Breakdown};
         let mapped = stamp();
         let ch = self.ch();
-        self.m
-            .inner
-            .counters
-            .commands
-            .fetch_add(1, Ordering::Relaxed);
-        let tag = match ch.try_tag() {
-            Some(t) => t,
-            None => ch.tag(),
-        };
+        let tag = self.command_tag();
         let mut copy = 0;
         let (opcode, len) = match io {
             Io::Read(b) => (Opcode::Read, b.len()),

@@ -75,15 +75,7 @@ impl File {
             return None;
         }
         let lease = ch.sole_lease(handle)?;
-        self.m
-            .inner
-            .counters
-            .commands
-            .fetch_add(1, Ordering::Relaxed);
-        let tag = match ch.try_tag() {
-            Some(t) => t,
-            None => ch.tag(),
-        };
+        let tag = self.command_tag();
         ch.write_dma(tag, 0, data);
         ch.submit(
             tag,
