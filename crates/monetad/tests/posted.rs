@@ -257,6 +257,44 @@ fn a_killed_writer_s_posted_writes_are_carried_out() {
 }
 
 #[test]
+fn a_posted_write_the_daemon_took_with_it_fails_the_fsync_after_a_new_connection() {
+    let _s = serial();
+    let mut d = start();
+    let a = Moneta::connect(&d.socket).unwrap();
+    let f = made(&a, "/gone");
+    let _held = barrier_write(&f);
+    let before = libmoneta::writes_posted();
+    f.write_at(&bytes(13, 512), 1024).unwrap();
+    assert_eq!(libmoneta::writes_posted(), before + 1);
+    // The daemon dies with the write held behind the barrier, and another one starts.
+    d.kill9();
+    d.spawn();
+    // A call by path makes the connection anew (the old one's files are gone).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.stat("/").is_err() {
+        assert!(Instant::now() < deadline, "no new connection");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The file is the old connection's: its calls fail, and its close, which collects the
+    // write posted on the old channel, cannot say the write was carried out either.
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e:?}");
+    assert!(f.close().is_err());
+    // Nothing of the old channel's reached the new one: its tags and its count of posted
+    // writes are its own, and a file made now posts its writes.
+    let g = made(&a, "/after");
+    assert!(Area::of(&a).holds(g.handle()));
+    let before = libmoneta::writes_posted();
+    for i in 0..40u64 {
+        g.write_at(&bytes(i as u8, 64), 64 * i).unwrap();
+    }
+    assert_eq!(libmoneta::writes_posted(), before + 40);
+    for i in 0..40u64 {
+        assert_eq!(read_at(&g, 64 * i, 64), bytes(i as u8, 64));
+    }
+}
+
+#[test]
 fn a_handover_ends_the_leases_after_their_writes() {
     let _s = serial();
     let d = start();

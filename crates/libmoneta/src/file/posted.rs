@@ -32,6 +32,9 @@ struct Posted {
     /// The fork generation it was posted in: a forked child's copy of the list names the
     /// parent's tags, which are not its own to wait for.
     generation: u64,
+    /// The connection's channel it was posted on ([`crate::connection`]'s epoch): after the
+    /// daemon went away and the connection was made anew, its tag is the old channel's.
+    epoch: u64,
 }
 
 /// A file's posted writes.
@@ -88,6 +91,7 @@ impl File {
                 off,
                 len: data.len() as u64,
                 generation: crate::generation::generation(),
+                epoch: self.m.inner.epoch.load(Ordering::Acquire),
             });
             p.count.store(list.len() as u32, Ordering::Release);
             return Some(Ok(()));
@@ -136,11 +140,18 @@ impl File {
     fn settle_posted(&self) -> Result<(), ClientError> {
         let mut list = self.posted.list.lock().unwrap_or_else(|e| e.into_inner());
         let here = crate::generation::generation();
+        let epoch = self.m.inner.epoch.load(Ordering::Acquire);
         let ch = self.ch();
         let mut first: Option<ClientError> = None;
         for q in list.drain(..) {
             if q.generation != here {
                 // Posted by the parent before a fork: the parent collects it.
+                continue;
+            }
+            if q.epoch != epoch {
+                // The daemon went away, and the connection was made anew: whether it carried
+                // the write out before it went, nothing can tell.
+                first.get_or_insert(errno(libc::EIO));
                 continue;
             }
             let r = ch.wait(q.tag, Completion::Dma);
