@@ -187,7 +187,11 @@ impl File {
         self.posted.count.store(0, Ordering::Release);
         drop(list);
         if let Some(e) = first {
-            let code = e.errno();
+            // Kept as a non-zero errno (0 is the word's "none").
+            let code = match e.errno() {
+                c if c > 0 => c,
+                _ => libc::EIO,
+            };
             let _ = self.posted.failed.compare_exchange(
                 0,
                 code as u32,

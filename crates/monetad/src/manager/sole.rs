@@ -155,8 +155,9 @@ impl Manager {
     /// The file-system lock, taken once no sole lease is out on the file that an open of
     /// `path` with `flags` (or a truncate by path, with `O_TRUNC`) would truncate: the
     /// truncation must not overtake the writes its holder posted. The lease ends and its
-    /// writes are waited for with no lock held; a lease granted again meanwhile (the file
-    /// closed and opened again) is ended again, a few times at most.
+    /// writes are waited for with no lock held; a lease granted again meanwhile (its holder
+    /// closed the file and opened it again) is ended again, eight times at most: a process
+    /// that keeps reopening the file as fast as that can only disorder its own writes.
     pub(super) fn open_truncating(
         &self,
         cred: &Cred,
