@@ -710,29 +710,17 @@ impl File {
         }
         let handle = self.h()?;
         let slice = self.ch().slice_size();
-        if post
-            && mode != Completion::Forward
-            && data.len() <= slice
-            && t0 == 0
-            && !self.in_place_possible()
-        {
-            // Posted under a sole lease where it can be: inside the known size (or a size
-            // lease's room), one mapped extent, one slice.
-            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(dev) = map.single(off, len) {
-                if off + len <= map.size || self.grow_in_room(off + len) {
-                    drop(map);
-                    if let Some(r) = self.post_write(data, dev, off, handle) {
-                        return r.map(|()| off);
-                    }
-                }
+        // Posted under a sole lease where it can be (a file that may go in place never posts:
+        // an access in place waits for no command). A write that is not posted collects
+        // those posted before, so that they land first.
+        let may_post = post && mode != Completion::Forward && t0 == 0 && !self.in_place_possible();
+        if !may_post {
+            if post {
+                self.settle_reporting()?;
             }
-        }
-        if post {
-            self.settle_reporting()?;
-        }
-        if positioned && self.write_in_place(data, off) {
-            return Ok(off);
+            if positioned && self.write_in_place(data, off) {
+                return Ok(off);
+            }
         }
         let start = off;
         // Fast path: inside the known size (or a size lease's room), one mapped extent, one
@@ -742,6 +730,12 @@ impl File {
             if let Some(dev) = map.single(off, len) {
                 if off + len <= map.size || self.grow_in_room(off + len) {
                     drop(map);
+                    if may_post {
+                        if let Some(r) = self.post_write(data, dev, off, handle) {
+                            return r.map(|()| off);
+                        }
+                        self.settle_reporting()?;
+                    }
                     match self.one(&mut Io::Write(data), dev, mode, t0) {
                         Ok(()) => return Ok(start),
                         Err(Fail::Err(e)) => return Err(e),
@@ -752,6 +746,9 @@ impl File {
                     }
                 }
             }
+        }
+        if may_post {
+            self.settle_reporting()?;
         }
         let mut data = data;
         let mut fruitless = 0u32;
