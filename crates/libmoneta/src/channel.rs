@@ -30,6 +30,7 @@ use crate::ClientError;
 
 pub(crate) mod attrs;
 mod closing;
+pub(crate) mod fscall;
 pub(crate) mod leases;
 mod pipeline;
 pub(crate) mod reapers;

@@ -315,10 +315,6 @@ impl fork::Forkable for Inner {
     }
 }
 
-/// Handovers of the process's open files to a next program image made so far (see
-/// `File::close_soon`).
-pub(crate) static HANDOVERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// What another program image needs to take over a connection's open files across `exec`
 /// (the preload shim's business; see `docs/abi.md` §2.10, `FS_FORK`).
 #[doc(hidden)]
@@ -586,7 +582,7 @@ impl Moneta {
         let t = t?;
         // The next program image (started by a `vfork` child, perhaps, whose parent goes on)
         // shares the open files' descriptions from now on: their closes wait for answers.
-        HANDOVERS.fetch_add(1, Ordering::AcqRel);
+        crate::generation::note_handover();
         Ok(Handover {
             bundle: t.bundle,
             secret: t.secret,

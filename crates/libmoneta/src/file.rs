@@ -54,6 +54,7 @@ use moneta_abi::fsproto::{FsReply, FsRequest, FsStat, Target, WireTime, APPEND};
 use moneta_abi::Completion;
 
 use crate::channel::Channel;
+use crate::generation::sharing_stamp;
 use crate::policy::Policy;
 use crate::position::Position;
 use crate::ClientError;
@@ -102,14 +103,6 @@ pub struct File {
 
 /// [`File::born`] of a file another program image handed over.
 const HANDED_OVER: u64 = u64::MAX;
-
-/// Forks made (by this process, or by its parent before it) plus handovers of the open files
-/// to a next program image: it moves whenever another process may come to share the open
-/// files' descriptions.
-fn sharing_stamp() -> u64 {
-    crate::generation::forks_made()
-        + crate::connection::HANDOVERS.load(std::sync::atomic::Ordering::Acquire)
-}
 
 fn encode_policy(p: Policy) -> u64 {
     match p {

@@ -22,6 +22,23 @@ pub(crate) fn forks_made() -> u64 {
     FORKS_MADE.load(Ordering::Acquire)
 }
 
+/// Handovers of the process's open files to a next program image made so far
+/// ([`crate::Moneta::handover`]): like a fork, each lets another process come to share the
+/// open files' descriptions.
+static HANDOVERS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a handover of the open files to a next program image.
+pub(crate) fn note_handover() {
+    HANDOVERS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Forks made (by this process, or by its parent before it) plus handovers of the open files
+/// to a next program image: it moves whenever another process may come to share the open
+/// files' descriptions.
+pub(crate) fn sharing_stamp() -> u64 {
+    forks_made() + HANDOVERS.load(Ordering::Acquire)
+}
+
 /// A mutex that a forked child can always take: the holder records its fork generation, and a
 /// holder of an older generation was a thread of the parent, which does not exist in the
 /// child. (What it protected may have been left half-updated by that thread; POSIX makes the

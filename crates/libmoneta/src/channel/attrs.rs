@@ -283,7 +283,7 @@ impl Channel {
             cookie,
             follow,
         };
-        crate::fscall::count_call(&req);
+        super::fscall::count_call(&req);
         let r = self.ask(req);
         let (next, done) = match r {
             Ok(FsReply::Stats { entries, next, end }) => {

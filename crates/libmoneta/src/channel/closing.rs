@@ -89,7 +89,7 @@ impl Channel {
     /// the request goes to the socket, handles are being bundled, or the channel is gone),
     /// and then nothing was sent.
     pub(crate) fn post_close(&self, handle: u64, ino: u64) -> bool {
-        if !super::super::fscall::on_channel_enabled() || self.known_gone() {
+        if !super::fscall::on_channel_enabled() || self.known_gone() {
             return false;
         }
         // A place among the closes in flight, taken before the tag: so concurrent closers
@@ -136,8 +136,8 @@ impl Channel {
             self.release(tag);
             return unreserve();
         }
-        super::super::fscall::count_call(&FsRequest::Close { handle });
-        super::super::fscall::POSTED.fetch_add(1, Ordering::Relaxed);
+        super::fscall::count_call(&FsRequest::Close { handle });
+        super::fscall::POSTED.fetch_add(1, Ordering::Relaxed);
         self.forget(&super::attrs::Key::Handle(handle));
         self.write_dma(tag, 0, &msg);
         let cmd = Command::new(Opcode::Fs, Completion::Dma, 0, msg.len() as u64, 0);

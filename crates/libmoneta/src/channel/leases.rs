@@ -57,7 +57,7 @@ impl Channel {
     /// `MONETA_LOCK_LEASES` is not `off`.
     pub(crate) fn want_leases(&self) {
         if self.header().fs_flags.load(Ordering::Acquire) & FS_LOCK_LEASES != 0
-            && crate::fscall::leasing()
+            && super::fscall::leasing()
         {
             self.lease_area()
                 .wanted

@@ -43,7 +43,7 @@ impl Channel {
     /// `MONETA_SIZE_LEASES` is not `off`.
     pub(crate) fn want_size_leases(&self) {
         if self.header().fs_flags.load(Ordering::Acquire) & FS_SIZE_LEASES != 0
-            && crate::fscall::sizing()
+            && super::fscall::sizing()
         {
             self.size_area()
                 .wanted

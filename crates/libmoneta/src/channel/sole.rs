@@ -57,7 +57,7 @@ impl Channel {
     /// `MONETA_POSTED_WRITES` is not `off`.
     pub(crate) fn want_sole_leases(&self) {
         if self.header().fs_flags.load(Ordering::Acquire) & FS_SOLE_LEASES != 0
-            && crate::fscall::posting()
+            && super::fscall::posting()
         {
             self.sole_area()
                 .wanted

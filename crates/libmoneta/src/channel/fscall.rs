@@ -11,8 +11,8 @@ use moneta_abi::control::{decode_reply, encode_request, ReplyBody, Request};
 use moneta_abi::fsproto::{FsReply, FsRequest, FsStat, Target};
 use moneta_abi::{Command, Completion, Opcode, Status};
 
-use crate::channel::attrs::Key;
-use crate::channel::Channel;
+use super::attrs::Key;
+use super::Channel;
 use crate::ClientError;
 
 /// Set once a daemon did not know `OP_FS` (it answers `Malformed`): this process then sends
