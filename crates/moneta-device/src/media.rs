@@ -532,11 +532,15 @@ impl Media for MappedArray {
         };
         // Every write is started first, the last range's too, so the disk has them together;
         // then each but the last is waited for, and the `msync` of the last waits for its own
-        // (already under way) and flushes.
-        for (pass, which) in [
-            (libc::SYNC_FILE_RANGE_WRITE, &ranges[..]),
-            (SYNC_AND_WAIT, rest),
-        ] {
+        // (already under way) and flushes. A single range goes straight to its `msync`, which
+        // starts the range's write itself: starting it apart first would walk the range's
+        // pages twice for nothing.
+        let start = if rest.is_empty() {
+            &[][..]
+        } else {
+            &ranges[..]
+        };
+        for (pass, which) in [(libc::SYNC_FILE_RANGE_WRITE, start), (SYNC_AND_WAIT, rest)] {
             for &(addr, len) in which {
                 // SAFETY: a system call on the array's descriptor, open as long as `self`; it
                 // touches no memory of ours.
