@@ -25,7 +25,7 @@ pub use channel::{ChannelMem, DmaGeometry};
 pub use clock::{Clock, MonotonicClock, SystemClock};
 pub use engine::{
     allowed_cpus, cpu_list, default_poller_cpu, Device, DeviceConfig, DeviceError, FileService,
-    FsAnswer, FsJob, FsOutcome, LeaseAreaRef, LookupAnswer, OpenedChannel, TableOp,
+    FsAnswer, FsJob, FsOutcome, LeaseAreaRef, LookupAnswer, OpenedChannel, Refill, TableOp,
     FILE_CALLS_PER_PASS_NS, MAX_LOOKUP_EXTENTS,
 };
 pub use integrity::{Integrity, IntegrityConfig};

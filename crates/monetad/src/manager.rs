@@ -45,7 +45,7 @@ use moneta_abi::control::{errno, Failure, RIGHT_READ, RIGHT_WRITE};
 use moneta_abi::fsproto::*;
 use moneta_device::failstop::FailStop;
 use moneta_device::Media;
-use moneta_device::{Device, FileService, FsOutcome, LookupAnswer, TableOp};
+use moneta_device::{Device, FileService, FsOutcome, LookupAnswer, Refill, TableOp};
 use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
@@ -181,6 +181,10 @@ impl FileService for Front {
             .quick_request(&session, channel, request, room)
     }
 
+    fn try_refill(&self, channel: u32, file: u64, addr: u64, len: u64) -> Refill {
+        self.refill(channel, file, addr, len)
+    }
+
     fn try_lookup(
         &self,
         channel: u32,
@@ -206,6 +210,53 @@ impl FileService for Front {
             file,
             runs: maps.iter().map(|m| (m.file_off, m.len, m.dev)).collect(),
         })
+    }
+}
+
+impl Front {
+    /// [`FileService::try_refill`]: the runs of the file with layout tag `file` over
+    /// `[addr, addr + len)` when the connection of `channel` holds a sole lease on it (out,
+    /// or ended with its writes still waited for), with the connection's rights. Read under
+    /// the locks a lookup takes, so a revocation of the file's space (under the file-system
+    /// lock) or a close (which withdraws the handle first) is never undone by it.
+    fn refill(&self, channel: u32, file: u64, addr: u64, len: u64) -> Refill {
+        let Ok(registry) = self.registry.try_lock() else {
+            return Refill::Busy;
+        };
+        let Some(published) = registry.get(&channel) else {
+            return Refill::No;
+        };
+        let Some(m) = self.manager.upgrade() else {
+            return Refill::No;
+        };
+        let Ok(locks) = m.locks.try_lock() else {
+            return Refill::Busy;
+        };
+        let Ok(mut fs) = m.fs.try_lock() else {
+            return Refill::Busy;
+        };
+        let Some(ino) = locks
+            .sole
+            .inos_of(channel)
+            .find(|&ino| fs.exists(ino) && fs.layout_tag(ino) == file)
+        else {
+            return Refill::No;
+        };
+        let rights = published.rights.get(&ino).copied().unwrap_or(0) as u8;
+        if rights & moneta_device::WRITE == 0 {
+            return Refill::No;
+        }
+        let end = addr.saturating_add(len);
+        let runs: Vec<(u64, u64)> = fs
+            .allocated(ino)
+            .into_iter()
+            .filter(|&(_, a, l)| a < end && a + l > addr)
+            .map(|(_, a, l)| (a, l))
+            .collect();
+        if runs.is_empty() {
+            return Refill::No;
+        }
+        Refill::Runs { rights, runs }
     }
 }
 

@@ -370,3 +370,62 @@ fn posted_writes_that_meet_evicted_records_are_written_again_in_order() {
     }
     assert!(a.stats().hard_misses > misses, "no record was evicted");
 }
+
+#[test]
+fn a_posted_write_whose_record_another_channel_evicts_lands_before_another_open_and_never_after() {
+    let _s = serial();
+    // A table of two records shared by every channel: another client's records evict the
+    // writer's while its posted write waits behind a barrier write.
+    let d = Daemon::start_fs(
+        "64M",
+        &[
+            "--write-latency-ns",
+            LATENCY_NS,
+            "--table-entries",
+            "2",
+            "--no-merge",
+        ],
+    );
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    // The other client's files, made first (writes take the array's latency; reads do not).
+    let others: Vec<File> = (0..3).map(|i| made(&b, &format!("/o{i}"))).collect();
+    let f = made(&a, "/v");
+    assert!(Area::of(&a).holds(f.handle()), "the only open got no lease");
+    let held = barrier_write(&f);
+    let before = libmoneta::writes_posted();
+    let want = bytes(9, 512);
+    f.write_at(&want, 1024).unwrap();
+    assert_eq!(
+        libmoneta::writes_posted(),
+        before + 1,
+        "the write was not posted"
+    );
+    // Another client's reads take the table's two records: the writer's are evicted before
+    // its posted write is checked.
+    let evictions = || f.channel().header().evictions.load(Ordering::Relaxed);
+    let ev0 = evictions();
+    for o in &others {
+        assert_eq!(read_at(o, 0, 16), vec![0u8; 16]);
+    }
+    assert!(evictions() > ev0, "the writer's records were not evicted");
+    // Another open waits for the posted write, which the device carried out all the same.
+    let g = b.open("/v", &rw()).unwrap();
+    assert_eq!(
+        read_at(&g, 1024, 512),
+        want,
+        "the open saw the file without the write"
+    );
+    // Its own write over the same bytes is the last one: the writer's collection of its
+    // posted write does not write it again.
+    let newer = bytes(10, 512);
+    g.write_at(&newer, 1024).unwrap();
+    f.sync_all().unwrap();
+    collect(&f, held);
+    assert_eq!(
+        read_at(&g, 1024, 512),
+        newer,
+        "an earlier write landed after a later one"
+    );
+    assert_eq!(read_at(&f, 1024, 512), newer);
+}

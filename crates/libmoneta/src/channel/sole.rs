@@ -79,7 +79,11 @@ impl Channel {
             if s.generation.load(Ordering::SeqCst) != g {
                 return None;
             }
-            self.posted.fetch_add(1, Ordering::Relaxed);
+            // Counted before it is taken, so threads posting at once stay within the bound.
+            if self.posted.fetch_add(1, Ordering::Relaxed) >= MAX_POSTED {
+                self.posted.fetch_sub(1, Ordering::Relaxed);
+                return None;
+            }
             return Some(SoleCheck {
                 slot,
                 generation: g,
@@ -91,14 +95,19 @@ impl Channel {
     /// Whether the lease `c` found still stands, after the write's command was rung: the
     /// write may then return without its completion.
     pub(crate) fn sole_still(&self, c: SoleCheck) -> bool {
-        let still = self.sole_area().slots[c.slot]
-            .generation
-            .load(Ordering::SeqCst)
-            == c.generation;
+        let still = self.sole_held(c);
         if still {
             POSTED.fetch_add(1, Ordering::Relaxed);
         }
         still
+    }
+
+    /// Whether the lease `c` found still stands (a look that counts nothing).
+    pub(crate) fn sole_held(&self, c: SoleCheck) -> bool {
+        self.sole_area().slots[c.slot]
+            .generation
+            .load(Ordering::SeqCst)
+            == c.generation
     }
 
     /// A posted write collected, or one that waited after all.

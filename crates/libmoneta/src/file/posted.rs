@@ -3,9 +3,13 @@
 //! stays held until the file collects the completion. The file collects every write it posted
 //! before anything that must see them: a read (in place too), a write that does not post, a
 //! posted write over the same bytes, `fsync`, a truncation, a mapping of the file's pages and
-//! the close. A posted write that met an evicted record is redone then, in order, from the
-//! bytes still in its tag's slice; one that failed otherwise is reported by the next write,
-//! `fsync` or close of the file (as the kernel reports a failed write-back).
+//! the close. The device does not fail a posted write for a record its table evicted (it
+//! installs the file's records again while the lease is out or being ended); one that missed
+//! all the same (the table could not take the records) is redone then, in order, from the
+//! bytes still in its tag's slice, as long as the lease still stands, and is reported as
+//! `EIO` once it does not: another process may have opened the file since, and a write
+//! carried out now would land after what it saw. One that failed otherwise is reported by the
+//! next write, `fsync` or close of the file (as the kernel reports a failed write-back).
 //!
 //! Collection holds the list's lock while it waits, so a thread that finds the list empty
 //! knows that every write posted before has completed, not merely that another thread took
@@ -17,6 +21,7 @@ use std::sync::Mutex;
 use moneta_abi::{Completion, Opcode, Status};
 
 use super::File;
+use crate::channel::sole::SoleCheck;
 use crate::channel::{command, Tag};
 use crate::{errno, ClientError};
 
@@ -35,6 +40,8 @@ struct Posted {
     /// The connection's channel it was posted on ([`crate::connection`]'s epoch): after the
     /// daemon went away and the connection was made anew, its tag is the old channel's.
     epoch: u64,
+    /// The lease it was posted under.
+    lease: SoleCheck,
 }
 
 /// A file's posted writes.
@@ -58,7 +65,13 @@ impl File {
         off: u64,
         handle: u64,
     ) -> Option<Result<(), ClientError>> {
+        // The channel and its epoch together: a connection made anew between the two loads
+        // would file the write under the wrong channel (it then waits instead).
+        let epoch = self.m.inner.epoch.load(Ordering::Acquire);
         let ch = self.ch();
+        if self.m.inner.epoch.load(Ordering::Acquire) != epoch {
+            return None;
+        }
         let p = &self.posted;
         let end = off + data.len() as u64;
         if p.count.load(Ordering::Acquire) > 0 {
@@ -78,24 +91,33 @@ impl File {
             return None;
         }
         let lease = ch.sole_lease(handle)?;
-        let tag = self.command_tag();
+        // A tag of this channel (`command_tag` would look the connection's channel up again).
+        self.m
+            .inner
+            .counters
+            .commands
+            .fetch_add(1, Ordering::Relaxed);
+        let tag = ch.try_tag().unwrap_or_else(|| ch.tag());
         ch.write_dma(tag, 0, data);
         ch.submit(
             tag,
             &command(Opcode::Write, Completion::Dma, dev, data.len() as u64, file),
         );
-        if !ch.known_gone() && ch.sole_still(lease) {
-            let mut list = p.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = p.list.lock().unwrap_or_else(|e| e.into_inner());
+        // Another thread may have filled the list since the look above: this one waits then.
+        if list.len() < MAX_POSTED_PER_FILE && !ch.known_gone() && ch.sole_still(lease) {
             list.push(Posted {
                 tag,
                 off,
                 len: data.len() as u64,
                 generation: crate::generation::generation(),
-                epoch: self.m.inner.epoch.load(Ordering::Acquire),
+                epoch,
+                lease,
             });
             p.count.store(list.len() as u32, Ordering::Release);
             return Some(Ok(()));
         }
+        drop(list);
         // The lease ended as the command was rung: the daemon may not have waited for it.
         ch.unpost();
         let r = ch.wait(tag, Completion::Dma);
@@ -159,9 +181,14 @@ impl File {
             let outcome = match r {
                 Ok(c) => match c.status {
                     Status::Ok => Ok(()),
+                    Status::PermissionMiss if !ch.sole_held(q.lease) => {
+                        // The lease ended (another open, perhaps, which saw the file
+                        // without this write): written now, it would land after that.
+                        Err(errno(libc::EIO))
+                    }
                     Status::PermissionMiss => {
-                        // The record went (evicted from a full table): the bytes are still in
-                        // the tag's slice; write them again, in order, before anything else.
+                        // The table could not keep the records: the bytes are still in the
+                        // tag's slice; write them again, in order, before anything else.
                         let mut data = vec![0u8; q.len as usize];
                         ch.read_dma(q.tag, 0, &mut data);
                         ch.release(q.tag);

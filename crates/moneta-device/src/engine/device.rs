@@ -360,6 +360,11 @@ impl Device {
         self.fs_flags.store(flags, Ordering::SeqCst);
     }
 
+    /// The file system's `fs_flags` given by [`Device::set_fs_flags`].
+    pub fn fs_flags(&self) -> u32 {
+        self.fs_flags.load(Ordering::SeqCst)
+    }
+
     /// Applies permission-table updates in order. Returns once they are in force and, for
     /// removals, once no request issued before them is still in flight.
     pub fn update(&self, ops: Vec<TableOp>) -> Result<(), DeviceError> {

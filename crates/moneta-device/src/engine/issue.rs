@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use moneta_abi::Opcode;
 
 use super::forward::Place;
-use super::poller::drain_posts;
+use super::poller::{count_evictions, drain_posts};
 use super::*;
 use crate::clock::Clock;
 use crate::media::Media;
@@ -74,6 +74,19 @@ impl<M: Media, C: Clock> Poller<M, C> {
             );
             checked = check(&self.table);
         }
+        if checked == Err(Status::PermissionMiss) && cmd.opcode == Opcode::Write && cmd.file != 0 {
+            // Perhaps a posted write under a sole lease whose record was evicted.
+            match self.refill(p.channel, &cmd) {
+                Some(true) => checked = check(&self.table),
+                Some(false) => {
+                    // Checked again in a later pass; the command stays in flight.
+                    self.retag.release(phys);
+                    self.retag.enqueue(p.channel, p);
+                    return;
+                }
+                None => {}
+            }
+        }
         let t_checked = if traced { self.clock.now_ns() } else { 0 };
         if checked.is_ok() && matches!(cmd.opcode, Opcode::Read | Opcode::Write | Opcode::WillNeed)
         {
@@ -135,6 +148,35 @@ impl<M: Media, C: Clock> Poller<M, C> {
             return;
         }
         self.schedule(issued, now);
+    }
+
+    /// Asks the permission manager to install again the records a WRITE of `channel` under a
+    /// sole lease missed ([`FileService::try_refill`]): `Some(true)` once installed,
+    /// `Some(false)` when the manager is busy (try again later), `None` when the channel holds
+    /// no sole lease on the file or the records cannot be installed.
+    fn refill(&mut self, channel: u32, cmd: &Decoded) -> Option<bool> {
+        let service = self.shared.files.get().cloned()?;
+        let (rights, runs) = match service.try_refill(channel, cmd.file, cmd.addr, cmd.len) {
+            Refill::Runs { rights, runs } => (rights, runs),
+            Refill::Busy => return Some(false),
+            Refill::No => return None,
+        };
+        let size = self.media.size();
+        // The manager is trusted, but not past the array's bounds.
+        if rights & !(READ | WRITE) != 0
+            || runs
+                .iter()
+                .any(|&(a, l)| l == 0 || a.checked_add(l).is_none_or(|e| e > size))
+        {
+            return None;
+        }
+        for (addr, len) in runs {
+            match self.table.insert(channel, addr, len, rights, cmd.file) {
+                Ok(ev) => count_evictions(&self.channels, &ev),
+                Err(_) => return None,
+            }
+        }
+        Some(true)
     }
 
     /// Hands a request whose data has moved to the scheduler, at the time the media model

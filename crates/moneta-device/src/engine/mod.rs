@@ -116,6 +116,36 @@ pub trait FileService: Send + Sync {
     /// untrusted bytes that no longer change) for the connection that owns `channel`, with a
     /// reply of at most `room` bytes.
     fn try_call(&self, channel: u32, request: &[u8], room: usize) -> Option<FsOutcome>;
+
+    /// A WRITE of `channel` naming the file with layout tag `file` found no record over part
+    /// of `[addr, addr + len)`. Where the channel holds a sole lease on that file (docs/abi.md
+    /// §3.10), the write may have returned to its program already (a posted write), so it
+    /// must not fail for a record the table evicted meanwhile: the manager answers the file's
+    /// allocated runs over the range, with the connection's rights, for the poller to
+    /// install again before it checks the write once more. The default answers
+    /// [`Refill::No`].
+    fn try_refill(&self, channel: u32, file: u64, addr: u64, len: u64) -> Refill {
+        let _ = (channel, file, addr, len);
+        Refill::No
+    }
+}
+
+/// The permission manager's answer to [`FileService::try_refill`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refill {
+    /// Records to install: (array address, length) runs of the file, each with `rights`
+    /// ([`READ`](crate::READ) | [`WRITE`](crate::WRITE)) and the file's layout tag.
+    Runs {
+        /// The connection's rights on the file.
+        rights: u8,
+        /// (array address, length).
+        runs: Vec<(u64, u64)>,
+    },
+    /// The manager's state is busy at the moment: the poller checks the write again in a
+    /// later pass (it stays in flight meanwhile).
+    Busy,
+    /// No sole lease of the channel covers the file: the write fails with `PermissionMiss`.
+    No,
 }
 
 /// A change to the permission table, applied by the poller in order.

@@ -7,12 +7,17 @@
 //!
 //! - another open of the file (any process, this one included) ends the lease and waits for
 //!   the holder's rung commands before its answer goes out: the poller never waits, so an
-//!   open through the channel of a file with a lease out is referred to the control socket;
+//!   open through the channel of a file with a lease out is left to a file-call worker (or
+//!   referred to the control socket when the workers are busy);
 //! - an open that truncates, and a truncate by path, end it and wait before they truncate;
 //! - a fork (whose child shares the handle) and a handover to another program image end the
 //!   leases of the process and wait;
 //! - a connection that ends (a killed client too) ends its leases and waits for what its
 //!   channel rang before the channel goes, so a write that returned is carried out.
+//!
+//! A posted write whose record the table evicted does not fail: the device asks for the
+//! file's records again (`Front::refill`) while the lease is out or draining, so the waits
+//! above cover it.
 //!
 //! A close of the handle ends the lease without waiting: the client collects its writes
 //! before it closes, and a hostile one can only lose its own. The wait is bounded
@@ -57,6 +62,17 @@ impl SoleLeases {
     /// Whether a lease on `ino` is out, or ended with its holder's writes still waited for.
     pub(super) fn on(&self, ino: u64) -> bool {
         self.by_ino.contains_key(&ino) || self.draining.contains_key(&ino)
+    }
+
+    /// The inodes `channel` holds sole leases on, out or draining.
+    pub(super) fn inos_of(&self, channel: u32) -> impl Iterator<Item = u64> + '_ {
+        let out = self
+            .by_ino
+            .iter()
+            .filter(move |(_, l)| l.channel == channel);
+        let draining = self.draining.iter().filter(move |(_, d)| d.0 == channel);
+        out.map(|(&ino, _)| ino)
+            .chain(draining.map(|(&ino, _)| ino))
     }
 
     fn start_draining(&mut self, ino: u64, channel: u32) {
@@ -107,8 +123,11 @@ impl Manager {
         h: &Handle,
         sole: bool,
     ) {
+        // Offered only where the header says so (not with data checksums), whatever the
+        // channel's opt-in word says.
         if !h.write
             || !sole
+            || self.device.fs_flags() & moneta_abi::FS_SOLE_LEASES == 0
             || locks.sole.on(h.ino)
             || locks.ofds.get(&h.ofd).copied().unwrap_or(0) != 1
         {
