@@ -1,4 +1,4 @@
-//! Crash consistency of nvfs: a client runs a random workload of creates, writes, renames,
+//! Crash consistency of nvfs: two clients run random workloads of creates, writes, renames,
 //! truncates, unlinks, directory changes and fsyncs (through the channel and on the socket)
 //! while `monetad` is killed at a random instant, many times over one image. After every kill
 //! the image must check clean, and after every restart every fsync'd file must hold exactly
@@ -258,13 +258,23 @@ fn crash_rounds(kind: &str, machine: bool) {
             }
             maybe_gone.clear();
         }
+        // Two workloads at once, each with its own channel and its share of the durable
+        // files to unlink: their fsyncs meet in the daemon's group commit, which runs two
+        // flushes at a time at the `host` level.
         let (tx, rx) = mpsc::channel();
-        let socket = d.socket.clone();
         let known: Vec<Vec<u8>> = expected.keys().cloned().collect();
-        let wseed = seed ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let (ready_tx, ready) = mpsc::channel();
-        let worker = std::thread::spawn(move || workload(socket, wseed, known, tx, ready_tx));
-        // The random instant counts from when the workload runs, not from the restart: on a
+        let workers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let share: Vec<Vec<u8>> =
+                    known.iter().skip(w as usize).step_by(2).cloned().collect();
+                let wseed = seed ^ (round as u64 * 2 + w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let (socket, tx, ready_tx) = (d.socket.clone(), tx.clone(), ready_tx.clone());
+                std::thread::spawn(move || workload(socket, wseed, share, tx, ready_tx))
+            })
+            .collect();
+        drop(ready_tx);
+        // The random instant counts from when a workload runs, not from the restart: on a
         // loaded machine, connecting alone can take most of the window.
         let _ = ready.recv_timeout(Duration::from_secs(20));
         // At the host level a workload's fsyncs wait for the disk, and a mount's first
@@ -272,7 +282,9 @@ fn crash_rounds(kind: &str, machine: bool) {
         let window = if machine { 2_000..60_000 } else { 200..12_000 };
         std::thread::sleep(Duration::from_micros(rng.gen_range(window)));
         d.kill9();
-        worker.join().unwrap();
+        for w in workers {
+            w.join().unwrap();
+        }
         for ev in rx.try_iter() {
             match ev {
                 Event::Durable(n, data) => {
