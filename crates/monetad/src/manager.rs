@@ -23,12 +23,12 @@
 //!   it hangs up, which the kernel reports once no process holds its write end any more; a
 //!   reaper thread waits for those hang-ups.
 //! - `fsync` at the `Host` durability level is a group commit: each call gathers what it needs
-//!   flushed under the file-system lock, and a caller flushes everything gathered so far
-//!   outside that lock (one ordered flush, `Media::flush_ranges`). A call that comes while one
-//!   flush runs starts the next at once rather than waiting for it to end (two flushes at a
-//!   time, as the kernel lets two `fdatasync` calls run); later calls share the one after.
-//!   Flushes end in order: the metadata up to a flush's plan counts as durable only once
-//!   every flush before it has ended. At the `Device` level it flushes nothing.
+//!   flushed under the file-system lock, one caller at a time flushes everything gathered so
+//!   far outside that lock (one ordered flush, `Media::flush_ranges`), and the calls that came
+//!   during it share the next one. One flush at a time: the kernel tells a write-back error
+//!   to the first `msync` of the mapping that looks, so a second flush running beside the
+//!   first could take the first one's error and let its callers believe their data durable.
+//!   At the `Device` level it flushes nothing.
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
@@ -118,9 +118,6 @@ pub struct Manager {
 /// own well before).
 const SYNC_ERRORS_KEPT: usize = 64;
 
-/// Flushes of the group commit that run at once.
-const FLUSHES_AT_ONCE: u64 = 2;
-
 /// The group commit of `fsync`s.
 #[derive(Default)]
 struct Syncs {
@@ -132,10 +129,12 @@ struct Syncs {
 struct SyncState {
     /// What the callers waiting for the next flush need flushed.
     queued: SyncPlan,
-    /// Flushes started, and finished (in order): flush `n` carries what was queued until it
-    /// started.
+    /// Flushes started, and finished: flush `n` carries what was queued while flush `n - 1`
+    /// ran.
     started: u64,
     finished: u64,
+    /// A caller is flushing.
+    flushing: bool,
     /// Flushes that failed, and why.
     failed: BTreeMap<u64, FsError>,
 }
@@ -560,26 +559,18 @@ impl Manager {
                     None => Ok(()),
                 };
             }
-            if st.started > mine || st.started - st.finished >= FLUSHES_AT_ONCE {
-                // A flush carries this plan already, or as many run as may: wait.
+            if st.flushing {
                 st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            // This caller flushes everything queued, for everyone, beside the flush that may
-            // be running.
+            // Nobody flushes: this caller flushes everything queued, for everyone.
             let n = st.started;
             st.started += 1;
+            st.flushing = true;
             let mut batch = std::mem::take(&mut st.queued);
             drop(st);
             batch.ranges = moneta_fs::journal::merge(batch.ranges);
             let flushed = self.media.flush_ranges(&batch.ranges);
-            // The flush before this one ends first: its callers' data, and the metadata up to
-            // its plan, are durable only once its own flush has ended.
-            st = s.state.lock().unwrap_or_else(|e| e.into_inner());
-            while st.finished < n {
-                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            drop(st);
             let result = self.fs().sync_done(&batch, flushed);
             st = s.state.lock().unwrap_or_else(|e| e.into_inner());
             if let Err(e) = result {
@@ -589,6 +580,7 @@ impl Manager {
                 }
             }
             st.finished = n + 1;
+            st.flushing = false;
             s.done.notify_all();
         }
     }
