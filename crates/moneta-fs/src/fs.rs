@@ -979,6 +979,38 @@ impl Fs {
         self.inode(ino).generation
     }
 
+    /// The extents of `ino`'s allocated space (array address, length) that overlap the array
+    /// range `[addr, addr + len)`, having looked at no more than `limit` of its extents:
+    /// `None` when it has more (the caller's work stays bounded).
+    pub fn allocated_over(
+        &self,
+        ino: u64,
+        addr: u64,
+        len: u64,
+        limit: usize,
+    ) -> Option<Vec<(u64, u64)>> {
+        let cs = self.g.chunk_size;
+        let end = addr.saturating_add(len);
+        let mut out = Vec::new();
+        for (i, x) in self
+            .extents
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .map(|(_, x)| x)
+            .enumerate()
+        {
+            if i >= limit {
+                return None;
+            }
+            let (a, l) = (self.g.chunk_addr(x.dev), x.count * cs);
+            if a < end && a.saturating_add(l) > addr {
+                out.push((a, l));
+            }
+        }
+        Some(out)
+    }
+
     /// Every extent of `ino`, past its size too (space reserved ahead of appends):
     /// `(file offset, array address, bytes)`, in file order, adjacent extents merged.
     pub fn allocated(&self, ino: u64) -> Vec<(u64, u64, u64)> {

@@ -221,26 +221,40 @@ impl Front {
     /// `[addr, addr + len)` when the connection of `channel` holds a sole lease on it (out,
     /// or ended with its writes still waited for), with the connection's rights. Read under
     /// the locks a lookup takes, so a revocation of the file's space (under the file-system
-    /// lock) or a close (which withdraws the handle first) is never undone by it.
+    /// lock) or a close (which withdraws the handle first) is never undone by it. The lease
+    /// is looked at first, so a channel without one is answered at once.
     fn refill(&self, channel: u32, file: u64, addr: u64, len: u64) -> Refill {
-        let Ok(registry) = self.registry.try_lock() else {
-            return Refill::Busy;
+        use std::sync::TryLockError;
+        let Some(m) = self.manager.upgrade() else {
+            return Refill::No;
+        };
+        // The lock table and the registry stay consistent across a panic (their updates are
+        // single steps), as their other users assume.
+        let locks = match m.locks.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Refill::Busy,
+        };
+        let inos: Vec<u64> = locks.sole.inos_of(channel).collect();
+        if inos.is_empty() {
+            return Refill::No;
+        }
+        let registry = match self.registry.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Refill::Busy,
         };
         let Some(published) = registry.get(&channel) else {
             return Refill::No;
         };
-        let Some(m) = self.manager.upgrade() else {
-            return Refill::No;
+        let mut fs = match m.fs.try_lock() {
+            Ok(g) => g,
+            // A poisoned file system stops the daemon (`Manager::fs`).
+            Err(TryLockError::Poisoned(_)) => return Refill::No,
+            Err(TryLockError::WouldBlock) => return Refill::Busy,
         };
-        let Ok(locks) = m.locks.try_lock() else {
-            return Refill::Busy;
-        };
-        let Ok(mut fs) = m.fs.try_lock() else {
-            return Refill::Busy;
-        };
-        let Some(ino) = locks
-            .sole
-            .inos_of(channel)
+        let Some(ino) = inos
+            .into_iter()
             .find(|&ino| fs.exists(ino) && fs.layout_tag(ino) == file)
         else {
             return Refill::No;
@@ -249,19 +263,17 @@ impl Front {
         if rights & moneta_device::WRITE == 0 {
             return Refill::No;
         }
-        let end = addr.saturating_add(len);
-        let runs: Vec<(u64, u64)> = fs
-            .allocated(ino)
-            .into_iter()
-            .filter(|&(_, a, l)| a < end && a + l > addr)
-            .map(|(_, a, l)| (a, l))
-            .collect();
-        if runs.is_empty() {
-            return Refill::No;
+        // A bounded look on the poller, whatever the client's command names.
+        match fs.allocated_over(ino, addr, len, REFILL_EXTENTS) {
+            Some(runs) if !runs.is_empty() => Refill::Runs { rights, runs },
+            _ => Refill::No,
         }
-        Refill::Runs { rights, runs }
     }
 }
+
+/// Most extents of a file the poller looks through to install a posted write's records again
+/// ([`Front::refill`]); a file in more pieces than that gets the miss.
+const REFILL_EXTENTS: usize = 1024;
 
 /// A handle the connection does not hold.
 fn no_handle() -> Failure {

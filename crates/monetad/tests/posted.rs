@@ -340,10 +340,10 @@ fn a_command_written_and_never_rung_only_delays_another_open() {
 }
 
 #[test]
-fn posted_writes_that_meet_evicted_records_are_written_again_in_order() {
+fn posted_writes_that_meet_evicted_records_are_carried_out_in_order() {
     let _s = serial();
     // A permission table of a few records, shared by every channel: the files' records evict
-    // one another, so posted writes meet misses and are redone at collection.
+    // one another, so posted writes meet misses, and the device installs the records again.
     let d = Daemon::start_fs("64M", &["--table-entries", "2", "--no-merge"]);
     let a = Moneta::connect(&d.socket).unwrap();
     let files: Vec<File> = (0..4).map(|i| made(&a, &format!("/e{i}"))).collect();
@@ -356,6 +356,10 @@ fn posted_writes_that_meet_evicted_records_are_written_again_in_order() {
         }
     }
     assert!(libmoneta::writes_posted() > posted, "nothing was posted");
+    for f in &files {
+        // None of them was lost (a lost posted write fails the next fsync).
+        f.sync_all().unwrap();
+    }
     for (i, f) in files.iter().enumerate() {
         for slot in 0..8u64 {
             // The last round that wrote this slot.
@@ -428,4 +432,35 @@ fn a_posted_write_whose_record_another_channel_evicts_lands_before_another_open_
         "an earlier write landed after a later one"
     );
     assert_eq!(read_at(&f, 1024, 512), newer);
+}
+
+#[test]
+fn a_killed_writer_s_posted_write_whose_record_was_evicted_is_carried_out() {
+    let _s = serial();
+    let d = Daemon::start_fs(
+        "64M",
+        &[
+            "--write-latency-ns",
+            LATENCY_NS,
+            "--table-entries",
+            "2",
+            "--no-merge",
+        ],
+    );
+    let b = Moneta::connect(&d.socket).unwrap();
+    let others: Vec<File> = (0..3).map(|i| made(&b, &format!("/o{i}"))).collect();
+    let mut child = spawn_role(
+        "post-and-die",
+        &[d.socket.to_string_lossy().into_owned(), "/k".into()],
+    );
+    let st = child.wait().unwrap();
+    assert!(!st.success(), "the writer was to die: {st:?}");
+    // While the dead writer's posted write waits behind its barrier write, another client's
+    // reads take the table's records.
+    for o in &others {
+        assert_eq!(read_at(o, 0, 16), vec![0u8; 16]);
+    }
+    let g = b.open("/k", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(read_at(&g, 1024, 512), bytes(7, 512));
+    assert_eq!(read_at(&g, 0, 512), vec![0x5a; 512]);
 }

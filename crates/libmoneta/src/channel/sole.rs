@@ -95,19 +95,14 @@ impl Channel {
     /// Whether the lease `c` found still stands, after the write's command was rung: the
     /// write may then return without its completion.
     pub(crate) fn sole_still(&self, c: SoleCheck) -> bool {
-        let still = self.sole_held(c);
+        let still = self.sole_area().slots[c.slot]
+            .generation
+            .load(Ordering::SeqCst)
+            == c.generation;
         if still {
             POSTED.fetch_add(1, Ordering::Relaxed);
         }
         still
-    }
-
-    /// Whether the lease `c` found still stands (a look that counts nothing).
-    pub(crate) fn sole_held(&self, c: SoleCheck) -> bool {
-        self.sole_area().slots[c.slot]
-            .generation
-            .load(Ordering::SeqCst)
-            == c.generation
     }
 
     /// A posted write collected, or one that waited after all.

@@ -5,11 +5,10 @@
 //! posted write over the same bytes, `fsync`, a truncation, a mapping of the file's pages and
 //! the close. The device does not fail a posted write for a record its table evicted (it
 //! installs the file's records again while the lease is out or being ended); one that missed
-//! all the same (the table could not take the records) is redone then, in order, from the
-//! bytes still in its tag's slice, as long as the lease still stands, and is reported as
-//! `EIO` once it does not: another process may have opened the file since, and a write
-//! carried out now would land after what it saw. One that failed otherwise is reported by the
-//! next write, `fsync` or close of the file (as the kernel reports a failed write-back).
+//! all the same is reported as `EIO`, not written again: another process may have opened the
+//! file since, and a write carried out now would land after what it saw. A failed posted
+//! write is reported by the next write, `fsync` or close of the file (as the kernel reports a
+//! failed write-back).
 //!
 //! Collection holds the list's lock while it waits, so a thread that finds the list empty
 //! knows that every write posted before has completed, not merely that another thread took
@@ -21,7 +20,6 @@ use std::sync::Mutex;
 use moneta_abi::{Completion, Opcode, Status};
 
 use super::File;
-use crate::channel::sole::SoleCheck;
 use crate::channel::{command, Tag};
 use crate::{errno, ClientError};
 
@@ -40,8 +38,6 @@ struct Posted {
     /// The connection's channel it was posted on ([`crate::connection`]'s epoch): after the
     /// daemon went away and the connection was made anew, its tag is the old channel's.
     epoch: u64,
-    /// The lease it was posted under.
-    lease: SoleCheck,
 }
 
 /// A file's posted writes.
@@ -112,7 +108,6 @@ impl File {
                 len: data.len() as u64,
                 generation: crate::generation::generation(),
                 epoch,
-                lease,
             });
             p.count.store(list.len() as u32, Ordering::Release);
             return Some(Ok(()));
@@ -181,26 +176,11 @@ impl File {
             let outcome = match r {
                 Ok(c) => match c.status {
                     Status::Ok => Ok(()),
-                    Status::PermissionMiss if !ch.sole_held(q.lease) => {
-                        // The lease ended (another open, perhaps, which saw the file
-                        // without this write): written now, it would land after that.
-                        Err(errno(libc::EIO))
-                    }
-                    Status::PermissionMiss => {
-                        // The table could not keep the records: the bytes are still in the
-                        // tag's slice; write them again, in order, before anything else.
-                        let mut data = vec![0u8; q.len as usize];
-                        ch.read_dma(q.tag, 0, &mut data);
-                        ch.release(q.tag);
-                        let mut f = 0;
-                        let again = self
-                            .hard_miss_at(q.off, &mut f)
-                            .and_then(|()| self.write_unposted(&data, q.off));
-                        if let Err(e) = again {
-                            first.get_or_insert(e);
-                        }
-                        continue;
-                    }
+                    // The device installs the records of a leased file again for its posted
+                    // writes: one that missed all the same is lost. Not written again now:
+                    // another process may have opened the file since and seen it without
+                    // this write, which would land after what it saw.
+                    Status::PermissionMiss => Err(errno(libc::EIO)),
                     Status::PermissionDenied => Err(errno(libc::EBADF)),
                     s => Err(ClientError::Status(s)),
                 },
