@@ -26,6 +26,21 @@ fn start() -> Daemon {
     Daemon::start_fs("64M", &["--write-latency-ns", LATENCY_NS])
 }
 
+/// [`start`], with a permission table of two records shared by every channel: one client's
+/// installs evict another's records.
+fn start_with_two_records() -> Daemon {
+    Daemon::start_fs(
+        "64M",
+        &[
+            "--write-latency-ns",
+            LATENCY_NS,
+            "--table-entries",
+            "2",
+            "--no-merge",
+        ],
+    )
+}
+
 /// The sole-lease area of `m`'s channel, mapped again as another writer of it would.
 struct Area(ChannelMap);
 
@@ -380,16 +395,7 @@ fn a_posted_write_whose_record_another_channel_evicts_lands_before_another_open_
     let _s = serial();
     // A table of two records shared by every channel: another client's records evict the
     // writer's while its posted write waits behind a barrier write.
-    let d = Daemon::start_fs(
-        "64M",
-        &[
-            "--write-latency-ns",
-            LATENCY_NS,
-            "--table-entries",
-            "2",
-            "--no-merge",
-        ],
-    );
+    let d = start_with_two_records();
     let a = Moneta::connect(&d.socket).unwrap();
     let b = Moneta::connect(&d.socket).unwrap();
     // The other client's files, made first (writes take the array's latency; reads do not).
@@ -437,16 +443,7 @@ fn a_posted_write_whose_record_another_channel_evicts_lands_before_another_open_
 #[test]
 fn a_killed_writer_s_posted_write_whose_record_was_evicted_is_carried_out() {
     let _s = serial();
-    let d = Daemon::start_fs(
-        "64M",
-        &[
-            "--write-latency-ns",
-            LATENCY_NS,
-            "--table-entries",
-            "2",
-            "--no-merge",
-        ],
-    );
+    let d = start_with_two_records();
     let b = Moneta::connect(&d.socket).unwrap();
     let others: Vec<File> = (0..3).map(|i| made(&b, &format!("/o{i}"))).collect();
     let mut child = spawn_role(
