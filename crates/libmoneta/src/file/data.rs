@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use moneta_abi::fsproto::{FsRequest, HOLE};
 use moneta_abi::{Completion, Opcode, Status};
 
-use crate::channel::{command, Tag};
+use crate::channel::{command, Channel, Tag};
 use crate::ClientError;
 
 use super::map::{Map, Plan, Prepared, Seg};
@@ -338,12 +338,18 @@ impl File {
     /// A tag for one more command of this file's (counted), taken at once when one is free.
     #[inline]
     pub(super) fn command_tag(&self) -> Tag {
+        self.command_tag_on(self.ch())
+    }
+
+    /// [`File::command_tag`] on `ch`, a channel of this file's connection the caller already
+    /// holds (so that the tag is that channel's, whatever a reconnection does meanwhile).
+    #[inline]
+    pub(super) fn command_tag_on(&self, ch: &Channel) -> Tag {
         self.m
             .inner
             .counters
             .commands
             .fetch_add(1, Ordering::Relaxed);
-        let ch = self.ch();
         match ch.try_tag() {
             Some(t) => t,
             None => ch.tag(),

@@ -87,13 +87,7 @@ impl File {
             return None;
         }
         let lease = ch.sole_lease(handle)?;
-        // A tag of this channel (`command_tag` would look the connection's channel up again).
-        self.m
-            .inner
-            .counters
-            .commands
-            .fetch_add(1, Ordering::Relaxed);
-        let tag = ch.try_tag().unwrap_or_else(|| ch.tag());
+        let tag = self.command_tag_on(ch);
         ch.write_dma(tag, 0, data);
         ch.submit(
             tag,
