@@ -258,11 +258,19 @@ pub struct TagStatus {
     pub device_ns: AtomicU64,
     /// Device-written, under an array model: when the command `eta_seq` names will complete,
     /// as the model decided it (`CLOCK_MONOTONIC`, ns), so that a client may spin until then
-    /// rather than sleep and pay a wake-up after it. Written before `eta_seq`.
+    /// rather than sleep and pay a wake-up after it. [`ETA_AWAY`] when the command waits for
+    /// the host's disk or for a lock, on a thread of the device that sleeps meanwhile.
+    /// Written before `eta_seq`.
     pub eta_ns: AtomicU64,
     /// Padding to the end of the cache line.
     pub pad: [AtomicU64; 2],
 }
+
+/// [`TagStatus::eta_ns`] of a command that waits for the host's disk (a durability point at
+/// the `host` level) or for a lock the device could not take at once: it has no completion
+/// time, and takes from tens of microseconds to milliseconds. A client waiting for it had
+/// better sleep than spin: the thread that does the work needs a CPU.
+pub const ETA_AWAY: u64 = u64::MAX;
 
 /// A tag's command and status, each on its own cache line.
 #[repr(C)]

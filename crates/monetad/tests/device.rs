@@ -62,6 +62,34 @@ fn reads_and_writes_any_size_and_alignment_in_every_mode() {
 }
 
 #[test]
+fn a_flush_that_writes_back_says_it_waits_on_a_thread_of_the_daemon() {
+    let d = Daemon::start(&[]);
+    let ch = d.channel();
+    grant(&d.control(), ch.id(), 0, 1 << 20, true, 1);
+    ch.write(0, &pattern(3, 0, 4096), Completion::Dma).unwrap();
+    let tag = ch.tag();
+    ch.submit(
+        tag,
+        &Command::new(Opcode::Flush, Completion::Dma, 0, 1 << 20, 0),
+    );
+    let seq = (ch.slot(tag).command.words[0].load(Ordering::Relaxed) >> 32) as u32;
+    assert_eq!(ch.wait(tag, Completion::Dma).unwrap().status, Status::Ok);
+    // The flusher thread's write-back has no completion time: a waiter should sleep.
+    let st = &ch.slot(tag).status;
+    assert_eq!(st.eta_seq.load(Ordering::Acquire), seq);
+    assert_eq!(st.eta_ns.load(Ordering::Relaxed), moneta_abi::ETA_AWAY);
+    ch.release(tag);
+    // A NOP has nothing to wait for and says nothing (the mark left on the tag is the
+    // flush's: it names the flush's sequence number).
+    let tag = ch.tag();
+    ch.submit(tag, &Command::new(Opcode::Nop, Completion::Dma, 0, 0, 0));
+    let nop = (ch.slot(tag).command.words[0].load(Ordering::Relaxed) >> 32) as u32;
+    assert_eq!(ch.wait(tag, Completion::Dma).unwrap().status, Status::Ok);
+    assert_ne!(ch.slot(tag).status.eta_seq.load(Ordering::Acquire), nop);
+    ch.release(tag);
+}
+
+#[test]
 fn a_command_may_span_consecutive_slices() {
     let d = Daemon::start(&[]);
     let ch = d.channel();

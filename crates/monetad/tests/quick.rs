@@ -773,6 +773,119 @@ fn a_close_the_poller_cannot_make_at_once_is_made_by_a_worker() {
     assert!(syncs > 0);
 }
 
+/// Polls `tag` until its command completes; a command the device dropped fails the test
+/// instead of hanging it.
+fn wait_within(ch: &Channel, tag: libmoneta::Tag, mode: Completion) -> libmoneta::Completed {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(c) = ch.poll(tag, mode) {
+            return c;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "a command rung on a tag whose flush had just been answered was lost"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
+    let dir = TempDir::new("quick-away");
+    let img = dir.0.join("img");
+    let img_s = img.to_string_lossy().to_string();
+    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let ch = d.channel();
+    ch.control().fs(FsRequest::Statfs).unwrap();
+    let h = match ch
+        .fs(FsRequest::Open {
+            flags: CREAT as u32,
+            mode: 0o644,
+            path: b"/f".to_vec(),
+        })
+        .unwrap()
+    {
+        FsReply::Opened { handle, .. } => handle,
+        r => panic!("{r:?}"),
+    };
+    let fsync = encode_request(9, &Request::Fs(FsRequest::Fsync { handle: h }));
+    let st0 = d.control().status().unwrap();
+    // One tag, rung again the moment each flush is answered: the worker that made the flush
+    // publishes its completion, and the poller, which still counts the command in flight
+    // until it takes the worker's answer, must take the next command all the same.
+    let tag = ch.tag();
+    // A waiter marked on the tag throughout: the worker then wakes it (a system call) between
+    // its publication and its answer to the poller, the window this test rings in.
+    ch.slot(tag)
+        .status
+        .waiter
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // Another client keeps the poller busy, so that it looks at the doorbell while the
+    // worker publishes rather than sleeping until the worker's answer wakes it.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        let other = d.channel();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                other.nop(Completion::Dma).unwrap();
+            }
+        })
+    };
+    let rounds = 1000u64;
+    let mut away = 0;
+    for i in 0..rounds {
+        file_write(&ch, h, 0, &[i as u8; 64]).unwrap();
+        let mode = if i % 2 == 0 {
+            Completion::Dma
+        } else {
+            Completion::Sleep
+        };
+        ch.write_dma(tag, 0, &fsync);
+        ch.submit(
+            tag,
+            &Command::new(Opcode::Fs, mode, 0, fsync.len() as u64, 0),
+        );
+        let seq =
+            (ch.slot(tag).command.words[0].load(std::sync::atomic::Ordering::Relaxed) >> 32) as u32;
+        let c = wait_within(&ch, tag, mode);
+        assert_eq!(c.status, Status::Ok);
+        let mut b = vec![0u8; c.bytes as usize];
+        ch.read_dma(tag, 0, &mut b);
+        // The tag again at once.
+        ch.submit(tag, &Command::new(Opcode::Nop, Completion::Dma, 0, 0, 0));
+        assert_eq!(wait_within(&ch, tag, Completion::Dma).status, Status::Ok);
+        let r = moneta_abi::control::decode_reply(&b, fsync_op()).unwrap();
+        assert!(r.result.is_ok(), "{:?}", r.result);
+        // The device said, while the flush ran, that the command waited on a thread of its
+        // own, with no completion time: a client spinning for it would take that thread's
+        // CPU. (Only DMA completions have a time to tell: an issue-sleep waiter sleeps.)
+        let st = &ch.slot(tag).status;
+        if mode == Completion::Dma && st.eta_seq.load(std::sync::atomic::Ordering::Acquire) == seq {
+            assert_eq!(
+                st.eta_ns.load(std::sync::atomic::Ordering::Relaxed),
+                moneta_abi::ETA_AWAY
+            );
+            away += 1;
+        }
+    }
+    ch.release(tag);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    let st1 = d.control().status().unwrap();
+    assert_eq!(
+        st1.fs_calls - st0.fs_calls,
+        rounds,
+        "every flush on the channel"
+    );
+    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred);
+    // Every flush had a changed page to write: each went to a worker.
+    assert_eq!(away, rounds / 2);
+    assert!(ch.pop_error().is_none(), "a command was reported busy");
+    // And the bytes of the last round are the file's.
+    assert_eq!(file_read(&ch, h).unwrap(), [(rounds - 1) as u8; 64]);
+}
+
 #[test]
 fn a_client_gone_while_its_fsyncs_flush_leaves_the_daemon_well() {
     let dir = TempDir::new("quick-host-gone");

@@ -62,13 +62,19 @@ impl Channel {
                         == TAGS_PER_CHANNEL as u32 - 1
                     && !self.tags.waiting()
                 {
+                    // Unless the device says the command waits for the host's disk or a
+                    // lock on a thread of its own: that thread needs a CPU, and the wait
+                    // is long enough to pay for a wake-up.
                     let mut spins = 0u32;
                     let mut since = None;
                     let r = loop {
                         if st.state.load(Ordering::Acquire) == want {
-                            break Ok(());
+                            break Ok(true);
                         }
                         spins = spin_once(spins, st, want);
+                        if spins.is_multiple_of(AWAY_CHECK_SPINS) && away(st, want) {
+                            break Ok(false);
+                        }
                         if spins.is_multiple_of(4096) {
                             if let Err(e) = self.check_alive(&mut since) {
                                 break Err(e);
@@ -76,7 +82,9 @@ impl Channel {
                         }
                     };
                     self.spinners.fetch_sub(1, Ordering::Relaxed);
-                    r?;
+                    if !r? {
+                        self.sleep_until(tag, want)?;
+                    }
                     return Ok(self.take_completion(tag));
                 }
                 self.spinners.fetch_sub(1, Ordering::Relaxed);
@@ -98,7 +106,8 @@ impl Channel {
                 // behind it, some of them for a hundred milliseconds; sleeping, they take
                 // turns.
                 let score = self.spin_score.load(Ordering::Relaxed);
-                let try_spin = !self.reapers.backlogged()
+                let try_spin = !away(st, want)
+                    && !self.reapers.backlogged()
                     && self.waiters.load(Ordering::Relaxed) <= self.max_spinners + 1
                     && (score > 0
                         || self
@@ -128,7 +137,11 @@ impl Channel {
                         }
                         return Ok(self.take_completion(tag));
                     }
-                    self.spin_score.store(score / 2, Ordering::Relaxed);
+                    // A command that went to the device's disk or lock thread says nothing
+                    // of whether spinning pays for the others.
+                    if !away(st, want) {
+                        self.spin_score.store(score / 2, Ordering::Relaxed);
+                    }
                 } else if try_spin {
                     self.spinners.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -313,6 +326,18 @@ fn spin_once(spins: u32, st: &moneta_abi::TagStatus, want: u32) -> u32 {
 
 /// A spinning wait does not offer the core while its command is due this soon.
 const YIELD_HORIZON_NS: u64 = 20_000;
+
+/// Spins of a lone DMA wait between two looks at whether the device said its command waits
+/// on a thread of its own ([`away`]): a few hundred nanoseconds of `pause`.
+const AWAY_CHECK_SPINS: u32 = 16;
+
+/// Whether the device said that the command `want` of this tag waits for the host's disk or
+/// a lock on a thread of the device that sleeps meanwhile ([`moneta_abi::ETA_AWAY`]): it has
+/// no completion time, and a spinning waiter only takes the CPU that thread needs.
+fn away(st: &moneta_abi::TagStatus, want: u32) -> bool {
+    st.eta_seq.load(Ordering::Acquire) == want
+        && st.eta_ns.load(Ordering::Relaxed) == moneta_abi::ETA_AWAY
+}
 
 /// Whether the device said that the command `want` of this tag completes within `ns`, and it
 /// is not yet long past that time ([`ETA_SLACK_NS`]).

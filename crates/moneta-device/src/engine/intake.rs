@@ -53,6 +53,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
         for (w, a) in words.iter_mut().zip(slot.command.words.iter()) {
             *w = a.load(Ordering::Relaxed);
         }
+        if ch.in_flight & bit != 0 && self.later.published(id, tag) {
+            // The earlier command's worker published its completion and its answer is on the
+            // way here (`later.rs`): the new command waits for the pass that has taken it.
+            ch.seen ^= bit;
+            return;
+        }
         if ch.in_flight & bit != 0 {
             // The tag's status belongs to the earlier command: report in the error queue only.
             let rec = ErrorRecord {

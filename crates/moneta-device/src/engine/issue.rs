@@ -540,6 +540,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
                 self.next_flush += 1;
                 let at = r.cmd.addr.saturating_sub(self.local_at);
                 if self.flush_jobs.send((token, at, r.cmd.len)).is_ok() {
+                    self.mark_away(r.channel, r.tag as usize, &r.cmd);
                     self.flushing.push((token, r));
                     return;
                 }

@@ -4,10 +4,18 @@
 //! never on the poller.
 //! The command stays in flight on its channel meanwhile (so the channel stays active, and its
 //! next command is taken without a kick), and the pass that finds the work done completes it
-//! with the answer, as if it had been given at once.
+//! with the answer, as if it had been given at once. An answer that changes no records (a
+//! durability point's, a lock's) the worker publishes itself, the moment it has it: the
+//! client waiting for it then pays one wake-up (the worker's), not a wake-up of the poller
+//! and another from it; the poller's pass that takes the answer only closes its books.
 
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use moneta_abi::{Completion, TagStatus};
 
 use super::*;
 use crate::clock::Clock;
@@ -33,12 +41,115 @@ struct Waiting {
     tag: u8,
     cmd: Decoded,
     t0: u64,
+    /// Set by the worker once it has published the completion itself.
+    published: Arc<AtomicBool>,
+}
+
+/// What a worker needs to publish a call's completion itself: the tag's status entry and
+/// slice in the channel's mapping, which stays mapped while the call is in flight (a channel
+/// is not removed, nor the poller stopped, while a command of it waits here).
+struct Direct {
+    status: *const TagStatus,
+    slice: *mut u8,
+    slice_len: usize,
+    seq: u32,
+    cookie: u64,
+    mode: Completion,
+    /// Device time before the hand-off, and when the hand-off was.
+    before_ns: u64,
+    handed: Instant,
+    published: Arc<AtomicBool>,
+}
+
+// SAFETY: the pointers are into the channel's shared mapping, which outlives the job (see
+// `Direct`); every store through them is atomic or a byte copy into the tag's own slice,
+// which the client does not read before the completion is published.
+unsafe impl Send for Direct {}
+
+impl Direct {
+    /// Publishes the answer the way the command asked, when the answer changes no records
+    /// and fits the slice, and marks it published; otherwise leaves it to the poller.
+    fn publish(&self, answer: &FsAnswer) {
+        if !answer.ops.is_empty()
+            || answer.reply.is_empty()
+            || answer.reply.len() > self.slice_len
+            || !matches!(self.mode, Completion::Dma | Completion::Sleep)
+        {
+            return;
+        }
+        // SAFETY: see `Direct`; `reply.len() <= slice_len` was checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(answer.reply.as_ptr(), self.slice, answer.reply.len())
+        };
+        // SAFETY: see `Direct`.
+        let st = unsafe { &*self.status };
+        let device_ns = self.before_ns + self.handed.elapsed().as_nanos() as u64;
+        st.result.store(Status::Ok as u32, Ordering::Relaxed);
+        st.bytes.store(answer.reply.len() as u64, Ordering::Relaxed);
+        st.cookie.store(self.cookie, Ordering::Relaxed);
+        st.device_ns.store(device_ns, Ordering::Relaxed);
+        // Before the publication: a client that has seen it may ring the tag again at once,
+        // and the poller must then know that the command it still counts in flight is done.
+        self.published.store(true, Ordering::Release);
+        st.state.store(self.seq, Ordering::SeqCst);
+        // Pairs with the client's store of `waiter` before it re-reads `state` and sleeps, as
+        // the poller's publication does.
+        if st.waiter.load(Ordering::SeqCst) != 0 {
+            let _ = rustix::thread::futex::wake(
+                &st.state,
+                rustix::thread::futex::Flags::empty(),
+                i32::MAX as u32,
+            );
+        }
+    }
+}
+
+/// A job, with where to publish its answer when the worker may.
+type Job = (u64, FsJob, Direct);
+
+/// The workers' queue. A worker waits on the condition variable, not on the lock, and the
+/// poller signals after it has let the lock go: the woken worker takes its job without
+/// waking another, and its call starts one wake-up after the poller handed it over.
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<(VecDeque<Job>, bool)>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn push(&self, job: Job) {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push_back(job);
+        self.ready.notify_one();
+    }
+
+    /// The next job; `None` once the queue is closed.
+    fn pop(&self) -> Option<Job> {
+        let mut q = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(job) = q.0.pop_front() {
+                return Some(job);
+            }
+            if q.1 {
+                return None;
+            }
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.ready.notify_all();
+    }
 }
 
 /// The workers and the commands waiting for them.
 pub(super) struct Later {
-    /// Jobs for the workers, once the first is started.
-    jobs: Option<mpsc::Sender<(u64, FsJob)>>,
+    /// The workers' queue, once the first is started.
+    queue: Option<Arc<Queue>>,
     /// Answers: (token, answer).
     answers: mpsc::Receiver<(u64, FsAnswer)>,
     answer_tx: mpsc::Sender<(u64, FsAnswer)>,
@@ -48,11 +159,19 @@ pub(super) struct Later {
     next: u64,
 }
 
+impl Drop for Later {
+    fn drop(&mut self) {
+        if let Some(q) = &self.queue {
+            q.close();
+        }
+    }
+}
+
 impl Later {
     pub(super) fn new(waker: OwnedFd) -> Later {
         let (answer_tx, answers) = mpsc::channel();
         Later {
-            jobs: None,
+            queue: None,
             answers,
             answer_tx,
             waker,
@@ -78,26 +197,32 @@ impl Later {
             .fold(0, |m, w| m | 1u64 << w.tag)
     }
 
-    /// The sender of jobs, starting the workers the first time (a device whose calls never
+    /// Whether the command on `tag` of `channel` is here and its worker has published its
+    /// completion: the answer is on its way to [`Poller::collect_later`].
+    pub(super) fn published(&self, channel: u32, tag: usize) -> bool {
+        self.waiting.iter().any(|w| {
+            w.channel == channel && usize::from(w.tag) == tag && w.published.load(Ordering::Acquire)
+        })
+    }
+
+    /// The workers' queue, starting the workers the first time (a device whose calls never
     /// wait has none).
-    fn jobs(&mut self) -> Option<&mpsc::Sender<(u64, FsJob)>> {
-        if self.jobs.is_none() {
-            let (tx, rx) = mpsc::channel::<(u64, FsJob)>();
-            let rx = Arc::new(Mutex::new(rx));
+    fn queue(&mut self) -> Option<&Arc<Queue>> {
+        if self.queue.is_none() {
+            let queue = Arc::new(Queue::default());
             for _ in 0..WORKERS {
-                let rx = rx.clone();
+                let queue = queue.clone();
                 let answers = self.answer_tx.clone();
                 let waker = self.waker.try_clone().ok()?;
                 std::thread::Builder::new()
                     .name("moneta-files".into())
                     .spawn(move || {
                         let _stop = crate::failstop::FailStop::new("device's file-call worker");
-                        loop {
-                            // One worker at a time waits on the queue; the lock is free again
-                            // once it has its job.
-                            let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                            let Ok((token, job)) = job else { break };
-                            if answers.send((token, job())).is_err() {
+                        while let Some((token, job, direct)) = queue.pop() {
+                            let answer = job();
+                            // The client first: the poller's books can wait.
+                            direct.publish(&answer);
+                            if answers.send((token, answer)).is_err() {
                                 break;
                             }
                             let _ = rustix::io::write(&waker, &1u64.to_ne_bytes());
@@ -105,9 +230,9 @@ impl Later {
                     })
                     .ok()?;
             }
-            self.jobs = Some(tx);
+            self.queue = Some(queue);
         }
-        self.jobs.as_ref()
+        self.queue.as_ref()
     }
 }
 
@@ -129,13 +254,38 @@ impl<M: Media, C: Clock> Poller<M, C> {
         {
             return false;
         }
-        let token = l.next;
-        let Some(jobs) = l.jobs() else {
+        let Some(ch) = self.channels[id as usize].as_mut() else {
             return false;
         };
-        if jobs.send((token, job)).is_err() {
+        let slice_len = ch.mem.geometry().slice_size;
+        let Some(slice) = ch.mem.dma((tag * slice_len) as u64, slice_len as u64) else {
             return false;
-        }
+        };
+        let published = Arc::new(AtomicBool::new(false));
+        let direct = Direct {
+            status: &ch.mem.slot(tag).status,
+            slice,
+            slice_len,
+            seq: cmd.seq,
+            cookie: cmd.cookie,
+            mode: cmd.completion,
+            before_ns: self.clock.now_ns().saturating_sub(now),
+            handed: Instant::now(),
+            published: published.clone(),
+        };
+        ch.in_flight |= 1u64 << tag;
+        let token = self.later.next;
+        let Some(queue) = self.later.queue().cloned() else {
+            if let Some(ch) = self.channels[id as usize].as_mut() {
+                ch.in_flight &= !(1u64 << tag);
+            }
+            return false;
+        };
+        // Marked before the worker can publish: a client that sees the mark sleeps, and the
+        // worker's publication wakes it.
+        self.mark_away(id, tag, cmd);
+        queue.push((token, job, direct));
+        let l = &mut self.later;
         l.next += 1;
         l.waiting.push(Waiting {
             token,
@@ -143,11 +293,24 @@ impl<M: Media, C: Clock> Poller<M, C> {
             tag: tag as u8,
             cmd: *cmd,
             t0: now,
+            published,
         });
-        if let Some(ch) = self.channels[id as usize].as_mut() {
-            ch.in_flight |= 1u64 << tag;
-        }
         true
+    }
+
+    /// Tells a client waiting for the DMA completion of the command on `tag` of channel `id`
+    /// that it waits for the host's disk or a lock, on a thread that sleeps meanwhile
+    /// ([`moneta_abi::ETA_AWAY`]): a client that spins for it takes the CPU that thread needs.
+    pub(super) fn mark_away(&self, id: u32, tag: usize, cmd: &Decoded) {
+        if cmd.completion != moneta_abi::Completion::Dma {
+            return;
+        }
+        let Some(ch) = self.channels[id as usize].as_ref() else {
+            return;
+        };
+        let st = &ch.mem.slot(tag).status;
+        st.eta_ns.store(moneta_abi::ETA_AWAY, Ordering::Relaxed);
+        st.eta_seq.store(cmd.seq, Ordering::Release);
     }
 
     /// Completes the commands whose workers have answered.
@@ -170,6 +333,12 @@ impl<M: Media, C: Clock> Poller<M, C> {
             };
             ch.in_flight &= !(1u64 << w.tag);
             ch.last_active = now;
+            if w.published.load(Ordering::Acquire) {
+                // The worker gave the client its answer; only the books are left.
+                self.local.commands += 1;
+                self.local.fs_calls += 1;
+                continue;
+            }
             let (status, bytes) = match self.apply_fs_answer(w.channel, w.tag as usize, answer) {
                 Some(bytes) => {
                     self.local.fs_calls += 1;

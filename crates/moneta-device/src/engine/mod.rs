@@ -88,9 +88,10 @@ pub enum FsOutcome {
     Now(FsAnswer),
     /// Answered when the job is done (a durability point that flushes to the host's disk, a
     /// call that waits for locks):
-    /// the command stays in flight on its channel meanwhile, and the poller completes it with
-    /// the job's answer. The job must not change the channel's records before then: the
-    /// answer's changes are made by the poller, as for an answer given at once.
+    /// the command stays in flight on its channel meanwhile, and is completed with the job's
+    /// answer (by the worker, when the answer changes no records; else by the poller). The job
+    /// must not change the channel's records before then: the answer's changes are made by
+    /// the poller, as for an answer given at once.
     Later(FsJob),
 }
 
