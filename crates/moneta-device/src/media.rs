@@ -114,6 +114,22 @@ pub trait Media: Send + Sync + 'static {
         Ok(())
     }
 
+    /// How many flushes of [`Media::flush_ranges_in`] may run at once, each in a lane of its
+    /// own. The default, 1: flushes one at a time.
+    fn flush_lanes(&self) -> usize {
+        1
+    }
+
+    /// [`Media::flush_ranges`] in lane `lane` (below [`Media::flush_lanes`]), beside a flush
+    /// in another lane. A backing file's lane is a descriptor and a mapping of its own: the
+    /// host reports a write-back error once to each open file description that looks, so two
+    /// flushes through one description could let one take the other's error, and its callers
+    /// believe their data durable. The default flushes as `flush_ranges` does.
+    fn flush_ranges_in(&self, lane: usize, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let _ = lane;
+        self.flush_ranges(ranges)
+    }
+
     /// Sets `[addr, addr+len)` to zero. The default stores zeros; a mapped array punches a hole
     /// instead, which is faster and gives the memory back.
     fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
@@ -189,6 +205,12 @@ impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
         (**self).flush_ranges(ranges)
     }
+    fn flush_lanes(&self) -> usize {
+        (**self).flush_lanes()
+    }
+    fn flush_ranges_in(&self, lane: usize, ranges: &[(u64, u64)]) -> io::Result<()> {
+        (**self).flush_ranges_in(lane, ranges)
+    }
     fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
         (**self).write_file(addr, bytes)
     }
@@ -241,6 +263,12 @@ impl<M: Media> Media for DeviceFlush<M> {
     fn flush_ranges(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
         Ok(())
     }
+    fn flush_lanes(&self) -> usize {
+        self.0.flush_lanes()
+    }
+    fn flush_ranges_in(&self, _lane: usize, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Ok(())
+    }
     fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
         self.0.write_file(addr, bytes)
     }
@@ -277,6 +305,40 @@ pub struct MappedArray {
     overlaid: std::sync::atomic::AtomicUsize,
     /// Where: start → end of each run shown from another file (merged when they touch).
     shown: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// The flush lanes of a backing file ([`Media::flush_ranges_in`]): empty for a memfd, or
+    /// where the file could not be opened again.
+    lanes: Vec<Lane>,
+}
+
+/// A flush lane: the backing file opened again (an open file description of its own, with
+/// its own view of write-back errors) and mapped, shared and for reading, whole. `msync` of a
+/// range of this mapping writes back the file's pages there, whichever mapping dirtied them.
+struct Lane {
+    file: File,
+    map: MmapRaw,
+}
+
+/// Flush lanes of a backing file: two flushes at once, as the kernel lets two `fdatasync`
+/// calls of a file run.
+const FLUSH_LANES: usize = 2;
+
+impl Lane {
+    /// `file` opened again through `/proc/self/fd` and mapped; `None` where that fails.
+    fn open(file: &File, size: usize) -> Option<Lane> {
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .ok()?;
+        // Opened for writing, so that the shared mapping is one `msync` writes back.
+        let map = MmapOptions::new()
+            .len(size)
+            .map_raw_read_only(&file)
+            .ok()?;
+        Some(Lane { file, map })
+    }
 }
 
 impl Drop for MappedArray {
@@ -372,6 +434,7 @@ impl MappedArray {
             read_only: true,
             overlaid: Default::default(),
             shown: Default::default(),
+            lanes: Vec::new(),
         })
     }
 
@@ -431,6 +494,13 @@ impl MappedArray {
             // little to give.
             let _ = map.advise(memmap2::Advice::Random);
         }
+        let lanes = if persistent {
+            (0..FLUSH_LANES)
+                .map_while(|_| Lane::open(&file, len))
+                .collect::<Vec<_>>()
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             map,
             size,
@@ -439,7 +509,80 @@ impl MappedArray {
             read_only: false,
             overlaid: Default::default(),
             shown: Default::default(),
+            lanes: if lanes.len() == FLUSH_LANES {
+                lanes
+            } else {
+                Vec::new()
+            },
         })
+    }
+
+    /// [`Media::flush_ranges`] through `fd` and `map`: the array's own descriptor and
+    /// mapping, or a flush lane's. Ranges over other files' pages are flushed through the
+    /// array's own mapping, the one that shows them.
+    fn flush_through(
+        &self,
+        fd: BorrowedFd<'_>,
+        map: &MmapRaw,
+        ranges: &[(u64, u64)],
+    ) -> io::Result<()> {
+        if !self.persistent {
+            return Ok(());
+        }
+        let clip = |&(addr, len): &(u64, u64)| {
+            let end = addr.saturating_add(len).min(self.size);
+            (addr < end).then_some((addr, end - addr))
+        };
+        let mut ranges: Vec<(u64, u64)> = ranges.iter().filter_map(clip).collect();
+        if self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            // Ranges over other files' pages: `msync` of the mapping writes back whichever
+            // file each page is, where the backing file's descriptor would not. Only those
+            // (a mapped file's data): the rest, the metadata above all, share one flush.
+            let shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+            let over = |&(addr, len): &(u64, u64)| {
+                shown
+                    .range(..addr + len)
+                    .next_back()
+                    .is_some_and(|(_, &end)| end > addr)
+            };
+            let (theirs, ours): (Vec<_>, Vec<_>) = ranges.iter().partition(|r| over(r));
+            drop(shown);
+            for (addr, len) in theirs {
+                self.flush(addr, len)?;
+            }
+            ranges = ours;
+        }
+        let Some((&(last, last_len), rest)) = ranges.split_last() else {
+            return Ok(());
+        };
+        // Every write is started first, the last range's too, so the disk has them together;
+        // then each but the last is waited for, and the `msync` of the last waits for its own
+        // (already under way) and flushes. A single range goes straight to its `msync`, which
+        // starts the range's write itself: starting it apart first would walk the range's
+        // pages twice for nothing.
+        let start = if rest.is_empty() {
+            &[][..]
+        } else {
+            &ranges[..]
+        };
+        for (pass, which) in [(libc::SYNC_FILE_RANGE_WRITE, start), (SYNC_AND_WAIT, rest)] {
+            for &(addr, len) in which {
+                // SAFETY: a system call on the array's descriptor or a lane's, open as long as
+                // `self`; it touches no memory of ours.
+                let r = unsafe {
+                    libc::sync_file_range(
+                        fd.as_raw_fd(),
+                        addr as libc::off64_t,
+                        len as libc::off64_t,
+                        pass,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        map.flush_range(last as usize, last_len as usize)
     }
 
     /// A pointer for writing: never into a read-only mapping.
@@ -501,63 +644,18 @@ impl Media for MappedArray {
     /// range; starting the last range's write-back only in its `msync` would wait for the
     /// disk twice.
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
-        if !self.persistent {
-            return Ok(());
+        self.flush_through(self.file.as_fd(), &self.map, ranges)
+    }
+
+    fn flush_lanes(&self) -> usize {
+        self.lanes.len().max(1)
+    }
+
+    fn flush_ranges_in(&self, lane: usize, ranges: &[(u64, u64)]) -> io::Result<()> {
+        match self.lanes.get(lane) {
+            Some(l) => self.flush_through(l.file.as_fd(), &l.map, ranges),
+            None => self.flush_ranges(ranges),
         }
-        let clip = |&(addr, len): &(u64, u64)| {
-            let end = addr.saturating_add(len).min(self.size);
-            (addr < end).then_some((addr, end - addr))
-        };
-        let mut ranges: Vec<(u64, u64)> = ranges.iter().filter_map(clip).collect();
-        if self.overlaid.load(std::sync::atomic::Ordering::Acquire) > 0 {
-            // Ranges over other files' pages: `msync` of the mapping writes back whichever
-            // file each page is, where the backing file's descriptor would not. Only those
-            // (a mapped file's data): the rest, the metadata above all, share one flush.
-            let shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
-            let over = |&(addr, len): &(u64, u64)| {
-                shown
-                    .range(..addr + len)
-                    .next_back()
-                    .is_some_and(|(_, &end)| end > addr)
-            };
-            let (theirs, ours): (Vec<_>, Vec<_>) = ranges.iter().partition(|r| over(r));
-            drop(shown);
-            for (addr, len) in theirs {
-                self.flush(addr, len)?;
-            }
-            ranges = ours;
-        }
-        let Some((&(last, last_len), rest)) = ranges.split_last() else {
-            return Ok(());
-        };
-        // Every write is started first, the last range's too, so the disk has them together;
-        // then each but the last is waited for, and the `msync` of the last waits for its own
-        // (already under way) and flushes. A single range goes straight to its `msync`, which
-        // starts the range's write itself: starting it apart first would walk the range's
-        // pages twice for nothing.
-        let start = if rest.is_empty() {
-            &[][..]
-        } else {
-            &ranges[..]
-        };
-        for (pass, which) in [(libc::SYNC_FILE_RANGE_WRITE, start), (SYNC_AND_WAIT, rest)] {
-            for &(addr, len) in which {
-                // SAFETY: a system call on the array's descriptor, open as long as `self`; it
-                // touches no memory of ours.
-                let r = unsafe {
-                    libc::sync_file_range(
-                        self.file.as_raw_fd(),
-                        addr as libc::off64_t,
-                        len as libc::off64_t,
-                        pass,
-                    )
-                };
-                if r != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-        }
-        self.flush(last, last_len)
     }
 
     fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {

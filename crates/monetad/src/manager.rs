@@ -23,12 +23,16 @@
 //!   it hangs up, which the kernel reports once no process holds its write end any more; a
 //!   reaper thread waits for those hang-ups.
 //! - `fsync` at the `Host` durability level is a group commit: each call gathers what it needs
-//!   flushed under the file-system lock, one caller at a time flushes everything gathered so
-//!   far outside that lock (one ordered flush, `Media::flush_ranges`), and the calls that came
-//!   during it share the next one. One flush at a time: the kernel tells a write-back error
-//!   to the first `msync` of the mapping that looks, so a second flush running beside the
-//!   first could take the first one's error and let its callers believe their data durable.
-//!   At the `Device` level it flushes nothing.
+//!   flushed under the file-system lock, and a caller flushes everything gathered so far
+//!   outside that lock (one ordered flush, `Media::flush_ranges_in`). A call that comes while
+//!   one flush runs starts the next at once rather than waiting for it to end (two flushes at
+//!   a time, as the kernel lets two `fdatasync` calls of a file run); later calls share the
+//!   one after. Each of the two runs in a flush lane of its own (the backing file opened
+//!   again): the kernel tells a write-back error once to each open file description that
+//!   looks, so two flushes through one could let one take the other's error and its callers
+//!   believe their data durable. Flushes end in order: the metadata up to a flush's plan
+//!   counts as durable only once every flush before it has ended. Where the array has one
+//!   lane, one flush at a time. At the `Device` level it flushes nothing.
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
@@ -129,12 +133,10 @@ struct Syncs {
 struct SyncState {
     /// What the callers waiting for the next flush need flushed.
     queued: SyncPlan,
-    /// Flushes started, and finished: flush `n` carries what was queued while flush `n - 1`
-    /// ran.
+    /// Flushes started, and finished (in order): flush `n` carries what was queued until it
+    /// started, in lane `n % lanes`.
     started: u64,
     finished: u64,
-    /// A caller is flushing.
-    flushing: bool,
     /// Flushes that failed, and why.
     failed: BTreeMap<u64, FsError>,
 }
@@ -571,18 +573,27 @@ impl Manager {
                     None => Ok(()),
                 };
             }
-            if st.flushing {
+            let lanes = self.media.flush_lanes().max(1) as u64;
+            if st.started > mine || st.started - st.finished >= lanes {
+                // A flush carries this plan already, or as many run as may: wait.
                 st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            // Nobody flushes: this caller flushes everything queued, for everyone.
+            // This caller flushes everything queued, for everyone, beside the flush that may
+            // be running (in the other lane: flush `n - lanes` has ended, so its lane is free).
             let n = st.started;
             st.started += 1;
-            st.flushing = true;
             let mut batch = std::mem::take(&mut st.queued);
             drop(st);
             batch.ranges = moneta_fs::journal::merge(batch.ranges);
-            let flushed = self.media.flush_ranges(&batch.ranges);
+            let flushed = self.media.flush_ranges_in((n % lanes) as usize, &batch.ranges);
+            // The flush before this one ends first: its callers' data, and the metadata up to
+            // its plan, are durable only once its own flush has ended.
+            st = s.state.lock().unwrap_or_else(|e| e.into_inner());
+            while st.finished < n {
+                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            drop(st);
             let result = self.fs().sync_done(&batch, flushed);
             st = s.state.lock().unwrap_or_else(|e| e.into_inner());
             if let Err(e) = result {
@@ -592,7 +603,6 @@ impl Manager {
                 }
             }
             st.finished = n + 1;
-            st.flushing = false;
             s.done.notify_all();
         }
     }
