@@ -333,10 +333,7 @@ impl Lane {
             .open(path)
             .ok()?;
         // Opened for writing, so that the shared mapping is one `msync` writes back.
-        let map = MmapOptions::new()
-            .len(size)
-            .map_raw_read_only(&file)
-            .ok()?;
+        let map = MmapOptions::new().len(size).map_raw_read_only(&file).ok()?;
         Some(Lane { file, map })
     }
 }
@@ -989,6 +986,63 @@ mod tests {
             MappedArray::open_file(&path, Some(2 << 20)),
             Err(MediaError::SizeMismatch { .. })
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Dirty KiB of the mapping that starts at `start`, from `/proc/self/smaps`.
+    fn dirty_kib(start: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{start:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+        assert!(lines.next().is_some(), "no mapping at {start:x}");
+        lines
+            // The mapping's fields, up to the next mapping's first line (`start-end perms …`).
+            .take_while(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|w| w.ends_with(':'))
+            })
+            .filter(|l| l.starts_with("Shared_Dirty:") || l.starts_with("Private_Dirty:"))
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    #[test]
+    fn each_flush_lane_writes_back_what_the_array_s_mapping_dirtied() {
+        let dir = std::env::temp_dir().join(format!("moneta-lanes-{}", std::process::id()));
+        let path = dir.join("a.img");
+        let _ = std::fs::remove_file(&path);
+        let a = MappedArray::open_file(&path, Some(1 << 20)).unwrap();
+        assert_eq!(a.flush_lanes(), FLUSH_LANES);
+        let start = a.map.as_ptr() as usize;
+        for lane in 0..FLUSH_LANES {
+            let at = 8192 * (lane as u64 + 1);
+            let data = [lane as u8 + 1; 100];
+            // SAFETY: `data` is valid for its length and the range is inside the array.
+            unsafe { a.write(at, data.as_ptr(), data.len()) };
+            assert!(dirty_kib(start) >= 4, "the store dirtied a page");
+            a.flush_ranges_in(lane, &[(at, data.len() as u64)]).unwrap();
+            assert_eq!(dirty_kib(start), 0, "lane {lane} wrote the page back");
+            // A lane is an open file description of its own, not the array's.
+            let lane_fd = a.lanes[lane].file.as_raw_fd();
+            assert_ne!(lane_fd, a.file.as_raw_fd());
+            let off = rustix::fs::seek(&a.lanes[lane].file, rustix::fs::SeekFrom::Start(77));
+            assert_eq!(off.unwrap(), 77);
+            assert_eq!(
+                rustix::fs::seek(&a.file, rustix::fs::SeekFrom::Current(0)).unwrap(),
+                0
+            );
+        }
+        // Past the lanes there are, the array's own descriptor flushes.
+        let data = [9u8; 10];
+        // SAFETY: as above.
+        unsafe { a.write(0, data.as_ptr(), data.len()) };
+        a.flush_ranges_in(FLUSH_LANES, &[(0, 10)]).unwrap();
+        assert_eq!(dirty_kib(start), 0);
+        drop(a);
+        // A memfd's array flushes nothing and has one lane.
+        let v = MappedArray::volatile(1 << 20).unwrap();
+        assert_eq!(v.flush_lanes(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -586,7 +586,9 @@ impl Manager {
             let mut batch = std::mem::take(&mut st.queued);
             drop(st);
             batch.ranges = moneta_fs::journal::merge(batch.ranges);
-            let flushed = self.media.flush_ranges_in((n % lanes) as usize, &batch.ranges);
+            let flushed = self
+                .media
+                .flush_ranges_in((n % lanes) as usize, &batch.ranges);
             // The flush before this one ends first: its callers' data, and the metadata up to
             // its plan, are durable only once its own flush has ended.
             st = s.state.lock().unwrap_or_else(|e| e.into_inner());
