@@ -140,8 +140,13 @@ impl Queue {
         }
     }
 
+    /// Closes the queue, dropping the jobs not yet taken: their channels' mappings go with
+    /// the poller.
     fn close(&self) {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        let mut q = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        q.0.clear();
+        q.1 = true;
+        drop(q);
         self.ready.notify_all();
     }
 }
