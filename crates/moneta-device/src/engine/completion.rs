@@ -91,36 +91,31 @@ impl<M: Media, C: Clock> Poller<M, C> {
             }
         }
         match mode {
-            Completion::Dma => {
-                st.state.store(cmd.seq, Ordering::SeqCst);
-                // A client may sleep on a DMA completion too (one of more waiting threads
-                // than it has CPUs): the same Dekker pairing as for issue-sleep.
-                if st.waiter.load(Ordering::SeqCst) != 0 {
-                    let _ = rustix::thread::futex::wake(
-                        &st.state,
-                        rustix::thread::futex::Flags::empty(),
-                        i32::MAX as u32,
-                    );
-                }
-            }
+            // A client may sleep on a DMA completion too (one of more waiting threads than it
+            // has CPUs, or a command at a sleeping thread of the device): published alike.
+            Completion::Dma => publish_state(st, cmd.seq),
             Completion::Forward => {
                 h.tag_status_register
                     .fetch_or(1u64 << tag, Ordering::Release);
                 h.completion_count.fetch_add(1, Ordering::Release);
             }
-            Completion::Sleep => {
-                st.state.store(cmd.seq, Ordering::SeqCst);
-                // Pairs with the client's store of `waiter` before it re-reads `state` and
-                // sleeps: either it sees its sequence number or we see its flag.
-                if st.waiter.load(Ordering::SeqCst) != 0 {
-                    let _ = rustix::thread::futex::wake(
-                        &st.state,
-                        rustix::thread::futex::Flags::empty(),
-                        // FUTEX_WAKE takes a signed count: i32::MAX means "all".
-                        i32::MAX as u32,
-                    );
-                }
-            }
+            Completion::Sleep => publish_state(st, cmd.seq),
         }
+    }
+}
+
+/// Publishes `seq` in a tag's `state` and wakes the threads sleeping on it (DMA completion and
+/// issue-sleep, abi.md §7.1 and §7.3). The load of `waiter` pairs with the client's store of
+/// it before it re-reads `state` and sleeps: either it sees its sequence number or this sees
+/// its mark.
+pub(super) fn publish_state(st: &moneta_abi::TagStatus, seq: u32) {
+    st.state.store(seq, Ordering::SeqCst);
+    if st.waiter.load(Ordering::SeqCst) != 0 {
+        let _ = rustix::thread::futex::wake(
+            &st.state,
+            rustix::thread::futex::Flags::empty(),
+            // FUTEX_WAKE takes a signed count: i32::MAX means "all".
+            i32::MAX as u32,
+        );
     }
 }

@@ -91,16 +91,7 @@ impl Direct {
         // Before the publication: a client that has seen it may ring the tag again at once,
         // and the poller must then know that the command it still counts in flight is done.
         self.published.store(true, Ordering::Release);
-        st.state.store(self.seq, Ordering::SeqCst);
-        // Pairs with the client's store of `waiter` before it re-reads `state` and sleeps, as
-        // the poller's publication does.
-        if st.waiter.load(Ordering::SeqCst) != 0 {
-            let _ = rustix::thread::futex::wake(
-                &st.state,
-                rustix::thread::futex::Flags::empty(),
-                i32::MAX as u32,
-            );
-        }
+        super::completion::publish_state(st, self.seq);
     }
 }
 
