@@ -557,7 +557,7 @@ impl Device {
             table_evictions: g(&s.table_evictions),
             permission_misses: g(&s.permission_misses),
             permission_denials: g(&s.permission_denials),
-            commands: g(&s.commands),
+            commands: g(&s.commands) + g(&s.fs_calls_by_workers),
             command_errors: g(&s.command_errors),
             bytes_read: g(&s.bytes_read),
             bytes_written: g(&s.bytes_written),
@@ -575,7 +575,7 @@ impl Device {
             trace_media_ns: g(&s.trace_media_ns),
             lookups: g(&s.lookups),
             lookups_referred: g(&s.lookups_referred),
-            fs_calls: g(&s.fs_calls),
+            fs_calls: g(&s.fs_calls) + g(&s.fs_calls_by_workers),
             fs_calls_referred: g(&s.fs_calls_referred),
             hints: g(&s.hints),
         }

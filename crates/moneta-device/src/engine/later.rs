@@ -7,7 +7,7 @@
 //! with the answer, as if it had been given at once. An answer that changes no records (a
 //! durability point's, a lock's) the worker publishes itself, the moment it has it: the
 //! client waiting for it then pays one wake-up (the worker's), not a wake-up of the poller
-//! and another from it; the poller's pass that takes the answer only closes its books.
+//! and another from it; the poller's pass that takes the answer only ends the command.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -59,6 +59,8 @@ struct Direct {
     before_ns: u64,
     handed: Instant,
     published: Arc<AtomicBool>,
+    /// The device's counters, where the worker counts what it completes.
+    shared: Arc<Shared>,
 }
 
 // SAFETY: the pointers are into the channel's shared mapping, which outlives the job (see
@@ -89,7 +91,11 @@ impl Direct {
         st.cookie.store(self.cookie, Ordering::Relaxed);
         st.device_ns.store(device_ns, Ordering::Relaxed);
         // Before the publication: a client that has seen it may ring the tag again at once,
-        // and the poller must then know that the command it still counts in flight is done.
+        // and the poller must then know that the command it still counts in flight is done;
+        // or ask for `status`, which must count it.
+        self.shared
+            .fs_calls_by_workers
+            .fetch_add(1, Ordering::SeqCst);
         self.published.store(true, Ordering::Release);
         super::completion::publish_state(st, self.seq);
     }
@@ -268,6 +274,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             before_ns: self.clock.now_ns().saturating_sub(now),
             handed: Instant::now(),
             published: published.clone(),
+            shared: self.shared.clone(),
         };
         ch.in_flight |= 1u64 << tag;
         let token = self.later.next;
@@ -330,9 +337,7 @@ impl<M: Media, C: Clock> Poller<M, C> {
             ch.in_flight &= !(1u64 << w.tag);
             ch.last_active = now;
             if w.published.load(Ordering::Acquire) {
-                // The worker gave the client its answer; only the books are left.
-                self.local.commands += 1;
-                self.local.fs_calls += 1;
+                // The worker gave the client its answer, and counted it.
                 continue;
             }
             let (status, bytes) = match self.apply_fs_answer(w.channel, w.tag as usize, answer) {

@@ -290,6 +290,10 @@ struct Shared {
     lookups_referred: AtomicU64,
     fs_calls: AtomicU64,
     fs_calls_referred: AtomicU64,
+    /// File calls whose workers published their completions (`later.rs`): counted by the
+    /// worker before the client can see the completion, so that a `status` the client asks
+    /// for afterwards counts them (the poller's own counts reach `status` later).
+    fs_calls_by_workers: AtomicU64,
     hints: AtomicU64,
     retag_stalls: AtomicU64,
     phys_in_use: AtomicU64,
