@@ -580,6 +580,28 @@ fn forged_fs_commands_hurt_only_their_sender() {
     ));
 }
 
+/// A daemon on a fresh 32 MiB backing file, at the default (`host`) durability level.
+fn host_daemon(name: &str) -> Daemon {
+    let dir = TempDir::new(name);
+    let img = dir.0.join("img").to_string_lossy().to_string();
+    Daemon::start_raw(&["--device", &img, "--size", "32M"], dir)
+}
+
+/// Creates `path` (read and write, mode 644) through the channel; its handle.
+fn create_through(ch: &Channel, path: &[u8]) -> u64 {
+    match ch
+        .fs(FsRequest::Open {
+            flags: CREAT as u32,
+            mode: 0o644,
+            path: path.to_vec(),
+        })
+        .unwrap()
+    {
+        FsReply::Opened { handle, .. } => handle,
+        r => panic!("{r:?}"),
+    }
+}
+
 fn fsync_op() -> u16 {
     FsRequest::Fsync { handle: 0 }.op()
 }
@@ -709,23 +731,10 @@ fn at_the_host_level_fsync_is_answered_on_the_channel_after_its_flush() {
 
 #[test]
 fn a_close_the_poller_cannot_make_at_once_is_made_by_a_worker() {
-    let dir = TempDir::new("quick-close-later");
-    let img = dir.0.join("img");
-    let img_s = img.to_string_lossy().to_string();
-    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let d = host_daemon("quick-close-later");
     let ch = Arc::new(d.channel());
     ch.control().fs(FsRequest::Statfs).unwrap();
-    let busy = match ch
-        .fs(FsRequest::Open {
-            flags: CREAT as u32,
-            mode: 0o644,
-            path: b"/busy".to_vec(),
-        })
-        .unwrap()
-    {
-        FsReply::Opened { handle, .. } => handle,
-        r => panic!("{r:?}"),
-    };
+    let busy = create_through(&ch, b"/busy");
     // The connection's own socket calls, one after another, each holding its session
     // through a flush to the host's disk: the poller finds the session busy most of the time.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -791,23 +800,10 @@ fn wait_within(ch: &Channel, tag: libmoneta::Tag, mode: Completion) -> libmoneta
 
 #[test]
 fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
-    let dir = TempDir::new("quick-away");
-    let img = dir.0.join("img");
-    let img_s = img.to_string_lossy().to_string();
-    let d = Daemon::start_raw(&["--device", &img_s, "--size", "32M"], dir);
+    let d = host_daemon("quick-away");
     let ch = d.channel();
     ch.control().fs(FsRequest::Statfs).unwrap();
-    let h = match ch
-        .fs(FsRequest::Open {
-            flags: CREAT as u32,
-            mode: 0o644,
-            path: b"/f".to_vec(),
-        })
-        .unwrap()
-    {
-        FsReply::Opened { handle, .. } => handle,
-        r => panic!("{r:?}"),
-    };
+    let h = create_through(&ch, b"/f");
     let fsync = encode_request(9, &Request::Fs(FsRequest::Fsync { handle: h }));
     let st0 = d.control().status().unwrap();
     // One tag, rung again the moment each flush is answered: the worker that made the flush
