@@ -14,7 +14,7 @@
 //! [`Media::flush`] and [`Media::flush_ranges`] write a backing file's pages to the host's
 //! disk, so that they outlive a crash of the machine. [`DeviceFlush`] gives the engine an
 //! array whose flushes are the device's own (nothing to wait for), for a daemon that promises
-//! only that.
+//! only that; [`InLane`] gives it one whose flushes go through a descriptor of their own.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -292,6 +292,77 @@ impl<M: Media> Media for DeviceFlush<M> {
     }
 }
 
+/// An array whose flushes all go through one flush lane of `M` ([`Media::flush_ranges_in`]):
+/// what a thread that flushes beside others is given, so that it hears every write-back error
+/// of its own ranges however the others' flushes fare. The daemon gives the engine its array
+/// so at the `host` level: a channel's FLUSH then never shares an open file description with
+/// the file system's checkpoints (the array's own descriptor) or its group commit (the other
+/// lanes). Where `M` has no such lane, its flushes are `M`'s own.
+pub struct InLane<M> {
+    inner: M,
+    lane: usize,
+}
+
+impl<M: Media> InLane<M> {
+    /// `inner`, flushed through its lane `lane`.
+    pub fn new(inner: M, lane: usize) -> Self {
+        Self { inner, lane }
+    }
+}
+
+impl<M: Media> Media for InLane<M> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn persistent(&self) -> bool {
+        self.inner.persistent()
+    }
+    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.read(addr, dst, len) }
+    }
+    unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.write(addr, src, len) }
+    }
+    fn flush(&self, addr: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.inner.flush_ranges_in(self.lane, &[(addr, len)])
+    }
+    fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.flush_ranges_in(self.lane, ranges)
+    }
+    fn flush_lanes(&self) -> usize {
+        1
+    }
+    fn flush_ranges_in(&self, _lane: usize, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.flush_ranges_in(self.lane, ranges)
+    }
+    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_file(addr, bytes)
+    }
+    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.inner.zero(addr, len)
+    }
+    fn overlay(
+        &self,
+        addr: u64,
+        len: u64,
+        segment: BorrowedFd<'_>,
+        seg_off: u64,
+    ) -> io::Result<()> {
+        self.inner.overlay(addr, len, segment, seg_off)
+    }
+    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.inner.detach(addr, len)
+    }
+    fn will_need(&self, addr: u64, len: u64) {
+        self.inner.will_need(addr, len)
+    }
+}
+
 /// The array mapped from a backing file or a memfd.
 pub struct MappedArray {
     map: MmapRaw,
@@ -318,9 +389,10 @@ struct Lane {
     map: MmapRaw,
 }
 
-/// Flush lanes of a backing file: two flushes at once, as the kernel lets two `fdatasync`
-/// calls of a file run.
-const FLUSH_LANES: usize = 2;
+/// Flush lanes of a backing file: two for the file system's group commit (two flushes at
+/// once, as the kernel lets two `fdatasync` calls of a file run) and one for the engine's own
+/// FLUSH ([`InLane`]), which runs beside them and beside the file system's checkpoints.
+const FLUSH_LANES: usize = 3;
 
 impl Lane {
     /// `file` opened again through `/proc/self/fd` and mapped; `None` where that fails.
@@ -1044,6 +1116,66 @@ mod tests {
         let v = MappedArray::volatile(1 << 20).unwrap();
         assert_eq!(v.flush_lanes(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An array in memory that records which lane each flush went through (`None`: its
+    /// own descriptor).
+    struct Lanes(MappedArray, std::sync::Mutex<Vec<Option<usize>>>);
+
+    impl Media for Lanes {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn persistent(&self) -> bool {
+            true
+        }
+        unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.read(addr, dst, len) }
+        }
+        unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.0.write(addr, src, len) }
+        }
+        fn flush(&self, _addr: u64, _len: u64) -> io::Result<()> {
+            self.1.lock().unwrap().push(None);
+            Ok(())
+        }
+        fn flush_ranges(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+            self.1.lock().unwrap().push(None);
+            Ok(())
+        }
+        fn flush_lanes(&self) -> usize {
+            3
+        }
+        fn flush_ranges_in(&self, lane: usize, _ranges: &[(u64, u64)]) -> io::Result<()> {
+            self.1.lock().unwrap().push(Some(lane));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_array_in_a_lane_flushes_only_through_that_lane() {
+        let inner = std::sync::Arc::new(Lanes(
+            MappedArray::volatile(1 << 20).unwrap(),
+            Default::default(),
+        ));
+        let a = InLane::new(inner.clone(), 2);
+        assert_eq!(a.flush_lanes(), 1);
+        a.flush(4096, 100).unwrap();
+        a.flush(0, 0).unwrap();
+        a.flush_ranges(&[(0, 10), (8192, 10)]).unwrap();
+        a.flush_ranges_in(0, &[(0, 10)]).unwrap();
+        // What it does not flush passes through.
+        let data = [5u8; 8];
+        // SAFETY: `data` is valid for its length and the range is inside the array.
+        unsafe { a.write(100, data.as_ptr(), data.len()) };
+        let mut back = [0u8; 8];
+        // SAFETY: as above.
+        unsafe { a.read(100, back.as_mut_ptr(), back.len()) };
+        assert_eq!(back, data);
+        assert_eq!(a.size(), 1 << 20);
+        assert_eq!(*inner.1.lock().unwrap(), vec![Some(2); 3]);
     }
 
     #[test]

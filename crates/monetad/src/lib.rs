@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 
-use moneta_device::{Device, DeviceFlush, MappedArray, Media, SystemClock};
+use moneta_device::{Device, DeviceFlush, InLane, MappedArray, Media, SystemClock};
 use moneta_fs::Durability;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 
@@ -308,14 +308,22 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let mut device_config = config.device.clone();
     device_config.integrity = fs.as_ref().and_then(|f| f.integrity());
     // At the device level a channel's FLUSH and the engine's stop leave the backing file to
-    // the host's writeback: the array's own persistence is all the level promises.
+    // the host's writeback: the array's own persistence is all the level promises. At the
+    // host level they flush through the array's last flush lane, the group commit through the
+    // others (both through the one where there is only one).
+    let lanes = shared.flush_lanes().max(1);
+    let commit_lanes = (lanes - 1).max(1);
     let device = Arc::new(match config.durability {
         Durability::Device => Device::start(
             device_config,
             DeviceFlush(shared.clone()),
             SystemClock::best(),
         )?,
-        Durability::Host => Device::start(device_config, shared.clone(), SystemClock::best())?,
+        Durability::Host => Device::start(
+            device_config,
+            InLane::new(shared.clone(), lanes - 1),
+            SystemClock::best(),
+        )?,
     });
     if let Some(cpu) = config.device.poller_cpu {
         // A poller with a CPU of its own has it to itself: the daemon's threads started from
@@ -336,7 +344,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     };
     let manager = match fs {
         Some(fs) => Some(
-            manager::Manager::new(fs, device.clone(), pages)
+            manager::Manager::new(fs, device.clone(), pages, commit_lanes)
                 .map_err(|e| DaemonError::Config(format!("mapped files' pages: {e}")))?,
         ),
         None => None,

@@ -32,7 +32,9 @@
 //!   looks, so two flushes through one could let one take the other's error and its callers
 //!   believe their data durable. Flushes end in order: the metadata up to a flush's plan
 //!   counts as durable only once every flush before it has ended. Where the array has one
-//!   lane, one flush at a time. At the `Device` level it flushes nothing.
+//!   lane, one flush at a time. The file system's own flushes (checkpoints, under its lock)
+//!   go through the array's descriptor, and the engine's FLUSH through a third lane of its
+//!   own (`moneta_device::InLane`). At the `Device` level it flushes nothing.
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
@@ -97,6 +99,8 @@ pub struct Manager {
     locks: Mutex<LockState>,
     /// The array, for flushes made outside the file-system lock.
     media: Arc<dyn Media>,
+    /// The flush lanes of `media` the group commit takes turns in (`0..commit_lanes`).
+    commit_lanes: u64,
     /// The file system's durability level (fixed at mount).
     durability: moneta_fs::Durability,
     syncs: Syncs,
@@ -432,11 +436,14 @@ impl Manager {
     /// A manager over `fs` for `device`; installs the revocation hook and answers the
     /// poller's file calls. Mapped files of a persistent array keep their pages in `pages`
     /// (a directory beside the backing file; without it they cannot be mapped), where
-    /// whatever a killed daemon left is folded back into the array first.
+    /// whatever a killed daemon left is folded back into the array first. The group commit
+    /// flushes through the array's flush lanes `0..commit_lanes` (`Media::flush_ranges_in`):
+    /// the others are left to other flushers.
     pub fn new(
         mut fs: Fs,
         device: Arc<Device>,
         pages: Option<std::path::PathBuf>,
+        commit_lanes: usize,
     ) -> Result<Arc<Manager>, FsError> {
         let d = device.clone();
         let store = if fs.integrity().is_some() {
@@ -518,6 +525,7 @@ impl Manager {
                 hangups: epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create"),
                 locks: Mutex::new(LockState::default()),
                 media,
+                commit_lanes: commit_lanes.max(1) as u64,
                 durability,
                 syncs: Syncs::default(),
                 releases: Mutex::new(Releases::default()),
@@ -573,7 +581,7 @@ impl Manager {
                     None => Ok(()),
                 };
             }
-            let lanes = self.media.flush_lanes().max(1) as u64;
+            let lanes = self.commit_lanes;
             if st.started > mine || st.started - st.finished >= lanes {
                 // A flush carries this plan already, or as many run as may: wait.
                 st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
