@@ -883,6 +883,43 @@ fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
 }
 
 #[test]
+fn a_flush_the_worker_answers_itself_does_not_wake_the_sleeping_poller() {
+    let d = host_daemon("quick-no-wake");
+    let ch = d.channel();
+    let h = create_through(&ch, b"/f");
+    let rounds = 60u64;
+    let st0 = d.control().status().unwrap();
+    for i in 0..rounds {
+        // Quiet long enough for the channel to park and the poller to sleep: the write's
+        // ring kicks it awake.
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        file_write(&ch, h, 0, &[i as u8; 64]).unwrap();
+        // The poller hands the flush to a worker and sleeps until something wakes it; the
+        // worker answers the client itself, and that is not something.
+        match ch.fs(FsRequest::Fsync { handle: h }).unwrap() {
+            FsReply::Empty => {}
+            r => panic!("{r:?}"),
+        }
+    }
+    let st1 = d.control().status().unwrap();
+    assert_eq!(
+        st1.fs_calls - st0.fs_calls,
+        rounds,
+        "every flush on the channel"
+    );
+    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred);
+    // A wake-up a round for the write's kick (the channel parked while the client slept),
+    // now and then another where the fsync's ring found it parked again (1.4 a round here);
+    // woken by the worker as well, the poller wakes at least twice a round (2.6 here).
+    let wakeups = st1.poller_wakeups - st0.poller_wakeups;
+    assert!(
+        wakeups >= rounds && wakeups < rounds * 2,
+        "{wakeups} wake-ups in {rounds} rounds"
+    );
+    assert_eq!(file_read(&ch, h).unwrap(), [(rounds - 1) as u8; 64]);
+}
+
+#[test]
 fn a_client_gone_while_its_fsyncs_flush_leaves_the_daemon_well() {
     let dir = TempDir::new("quick-host-gone");
     let img = dir.0.join("img");

@@ -162,7 +162,8 @@ impl<M: Media, C: Clock> Poller<M, C> {
 
     /// Parks the active channels, whose commands are all at members or at the workers, and
     /// sleeps until a member or a worker answers (or a kick, or anything else that wakes a
-    /// sleeping poller); then polls them again. A spinning poller would take, on a machine
+    /// sleeping poller; not a worker that gave the client its answer itself, see `later.rs`);
+    /// then polls them again. A spinning poller would take, on a machine
     /// with few CPUs, the CPU the network, a member on the same machine or a worker's flush
     /// needs; the one wake-up this costs is the one a client of the network, or of the
     /// control socket, pays anyway. If a channel was rung meanwhile, nothing sleeps.

@@ -7,7 +7,11 @@
 //! with the answer, as if it had been given at once. An answer that changes no records (a
 //! durability point's, a lock's) the worker publishes itself, the moment it has it: the
 //! client waiting for it then pays one wake-up (the worker's), not a wake-up of the poller
-//! and another from it; the poller's pass that takes the answer only ends the command.
+//! and another from it; the poller's pass that takes the answer only ends the command. So a
+//! sleeping poller is not woken for such an answer at all: nothing of the poller's waits for
+//! it (a file call takes no part in barrier epochs, and a channel's removal, a stop or a
+//! flush waiting for the channel's commands keep the poller awake), and the client's next
+//! ring wakes it, as any ring of a parked channel does, and it ends the command then.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -70,14 +74,14 @@ unsafe impl Send for Direct {}
 
 impl Direct {
     /// Publishes the answer the way the command asked, when the answer changes no records
-    /// and fits the slice, and marks it published; otherwise leaves it to the poller.
-    fn publish(&self, answer: &FsAnswer) {
+    /// and fits the slice, marks it published and says so; otherwise leaves it to the poller.
+    fn publish(&self, answer: &FsAnswer) -> bool {
         if !answer.ops.is_empty()
             || answer.reply.is_empty()
             || answer.reply.len() > self.slice_len
             || !matches!(self.mode, Completion::Dma | Completion::Sleep)
         {
-            return;
+            return false;
         }
         // SAFETY: see `Direct`; `reply.len() <= slice_len` was checked above.
         unsafe {
@@ -98,6 +102,7 @@ impl Direct {
             .fetch_add(1, Ordering::SeqCst);
         self.published.store(true, Ordering::Release);
         super::completion::publish_state(st, self.seq);
+        true
     }
 }
 
@@ -155,7 +160,7 @@ pub(super) struct Later {
     /// Answers: (token, answer).
     answers: mpsc::Receiver<(u64, FsAnswer)>,
     answer_tx: mpsc::Sender<(u64, FsAnswer)>,
-    /// Written after each answer, to wake a sleeping poller.
+    /// Written after each answer the poller must give itself, to wake a sleeping poller.
     waker: OwnedFd,
     waiting: Vec<Waiting>,
     next: u64,
@@ -223,11 +228,13 @@ impl Later {
                         while let Some((token, job, direct)) = queue.pop() {
                             let answer = job();
                             // The client first: the poller's books can wait.
-                            direct.publish(&answer);
+                            let published = direct.publish(&answer);
                             if answers.send((token, answer)).is_err() {
                                 break;
                             }
-                            let _ = rustix::io::write(&waker, &1u64.to_ne_bytes());
+                            if !published {
+                                let _ = rustix::io::write(&waker, &1u64.to_ne_bytes());
+                            }
                         }
                     })
                     .ok()?;
