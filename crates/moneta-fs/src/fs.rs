@@ -351,6 +351,9 @@ pub struct Fs {
     grants: HashMap<u64, SizeGrant>,
     /// Open files that grew at their end since they were opened ([`Fs::grew_since_open`]).
     grown: std::collections::HashSet<u64>,
+    /// Open files whose size other openers read ([`Fs::share_size`]): no grant until their
+    /// last close.
+    size_read: std::collections::HashSet<u64>,
 }
 
 /// Why an image cannot be mounted.
@@ -545,6 +548,7 @@ impl Fs {
             touched: BTreeSet::new(),
             grants: HashMap::new(),
             grown: Default::default(),
+            size_read: Default::default(),
             inodes: t.inodes,
         };
         for (i, n) in fs.inodes.iter().enumerate() {

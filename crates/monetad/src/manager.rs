@@ -320,6 +320,9 @@ fn stat_target(
     let st = match target {
         Target::Handle(h) => handle_ino(*h).map(|ino| {
             seen.push(ino);
+            if let Some(c) = channel {
+                sizes::read_by_another(fs, c, ino);
+            }
             fs.stat_ino(ino)
         }),
         Target::Path { path, follow } => {

@@ -490,7 +490,13 @@ fn a_file_made_again_where_one_grew_gets_room_at_its_open_and_its_stat_counts_wh
     let st = b.stat("/db-journal").unwrap();
     assert_eq!(st.size, 0);
     assert!(st.blocks * 512 >= limit, "the room is the file's: {st:?}");
-    assert_eq!(read_all(&b, "/db-journal"), b"");
+    // Read through a handle of B's without a stat of it (which would end A's grant: the
+    // last test), the room is past the end.
+    let r = b
+        .open("/db-journal", OpenOptions::new().read(true))
+        .unwrap();
+    assert_eq!(r.read_at(&mut [0u8; 16], 0).unwrap(), 0);
+    r.close().unwrap();
     let (e, kept) = (a.stats().extends, libmoneta::stats_kept());
     assert_eq!(f.stat().unwrap().size, 0, "kept from the open");
     let other = a
@@ -543,4 +549,57 @@ fn a_file_made_again_where_one_grew_gets_room_at_its_open_and_its_stat_counts_wh
     g.close().unwrap();
     room_gone(&b, "/db-journal");
     assert_eq!(b.stat("/db-journal").unwrap().size, 0);
+}
+
+#[test]
+fn another_process_s_stat_of_its_handle_ends_the_grant_for_good_and_keeps_its_answer() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let a = Moneta::connect(&d.socket).unwrap();
+    let b = Moneta::connect(&d.socket).unwrap();
+    let area = Area::of(&a);
+    let f = a.open("/table", &rw()).unwrap();
+    f.write_at(&bytes(1, 100), 0).unwrap();
+    f.write_at(&bytes(2, 100), 100).unwrap();
+    assert!(area.granted().is_some(), "the second append got a grant");
+    let e = a.stats().extends;
+    f.write_at(&bytes(3, 100), 200).unwrap();
+    assert_eq!(a.stats().extends, e, "inside the room");
+    // A stat of a path is an outsider's look: it asks, and the grant stands.
+    assert_eq!(b.stat("/table").unwrap().size, 300);
+    assert!(area.granted().is_some());
+
+    // Another process with the file open asks its size through its handle (a database's
+    // other process before it extends a table): it sees what A published, A's grant ends,
+    // and B's answer is kept from then on.
+    let g = b.open("/table", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(g.stat().unwrap().size, 300);
+    assert_eq!(area.granted(), None, "the reader's stat ended the grant");
+    let kept = libmoneta::stats_kept();
+    for _ in 0..3 {
+        assert_eq!(g.stat().unwrap().size, 300);
+    }
+    assert_eq!(libmoneta::stats_kept(), kept + 3, "kept, not asked");
+
+    // A's appends now ask, and get no grant again while the file stays open: each moves
+    // B's kept answer.
+    let mut want = [bytes(1, 100), bytes(2, 100), bytes(3, 100)].concat();
+    for i in 0..3u8 {
+        let rec = bytes(10 + i, 100);
+        f.write_at(&rec, want.len() as u64).unwrap();
+        want.extend_from_slice(&rec);
+        assert_eq!(area.granted(), None, "no grant for a size others read");
+        assert_eq!(g.stat().unwrap().size, want.len() as u64);
+    }
+    assert_eq!(a.stats().extends, e + 3, "an extend each");
+    assert_eq!(read_all(&b, "/table"), want);
+
+    // After the last close the file starts afresh: a new open grows in room again.
+    g.close().unwrap();
+    f.close().unwrap();
+    room_gone(&a, "/table");
+    let f = a.open("/table", &rw()).unwrap();
+    f.write_at(&bytes(20, 100), want.len() as u64).unwrap();
+    assert!(area.granted().is_some(), "room again after the last close");
+    f.close().unwrap();
 }

@@ -56,6 +56,24 @@ impl Fs {
         self.grown.contains(&ino)
     }
 
+    /// Ends the grant on `ino`, if any, as [`Fs::end_grant`] does, because a client that has
+    /// the file open too asks its size (a database's other processes do, before they read or
+    /// extend it): while a grant is out no such answer can be kept, and a size that others
+    /// read is one whose changes they must hear of. The file gets no grant again until its
+    /// last close ([`Fs::size_read_by_others`]).
+    pub fn share_size(&mut self, ino: u64) -> FsResult<()> {
+        if self.granted(ino) {
+            self.size_read.insert(ino);
+        }
+        self.end_grant(ino)
+    }
+
+    /// Whether a client that did not hold the grant on `ino` asked its size through a handle
+    /// since the file was opened ([`Fs::share_size`]).
+    pub fn size_read_by_others(&self, ino: u64) -> bool {
+        self.size_read.contains(&ino)
+    }
+
     /// Whether `ino` has a size grant out.
     pub fn granted(&self, ino: u64) -> bool {
         self.grants.contains_key(&ino)

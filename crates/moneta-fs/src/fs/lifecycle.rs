@@ -303,6 +303,7 @@ impl Fs {
         }
         self.open.remove(&ino);
         self.grown.remove(&ino);
+        self.size_read.remove(&ino);
         self.layouts.remove(&ino);
         self.drop_reserve(ino);
         true

@@ -29,6 +29,21 @@ fn key(channel: u32, slot: usize, handle: u64) -> Option<u64> {
         .then(|| (u64::from(channel) << 36) | ((slot as u64) << 32) | handle)
 }
 
+/// Before a stat of `ino` through a handle of `channel`'s connection: where another channel
+/// holds the file's size grant, ends it for good (`Fs::share_size`). A process that has the
+/// file open and asks its size (a database's other processes do, before they read or extend
+/// a table) could keep no answer while the grant stood, and would ask the daemon at every
+/// look; the holder's appends cost an extend call each instead, which are rarer. Another
+/// handle of the holder's own channel asks, and leaves the grant be.
+pub(super) fn read_by_another(fs: &mut Fs, channel: u32, ino: u64) {
+    if fs.grant_key(ino).is_some_and(|k| key_channel(k) != channel) {
+        if let Err(e) = fs.share_size(ino) {
+            // The grant stands: the answer is not kept (`Fs::watch`), as before.
+            tracing::warn!(ino, "ending a size grant for a reader: {}", e.message);
+        }
+    }
+}
+
 /// Whether handle `handle` of `channel`'s connection holds the size grant on `ino`.
 pub(super) fn holds_grant(fs: &Fs, ino: u64, channel: u32, handle: u64) -> bool {
     fs.grant_key(ino)
@@ -54,7 +69,10 @@ fn key_handle(k: u64) -> u64 {
 /// only be given back; a file opened for reading and writing is one the program works in (a
 /// database, its rollback journal, written a few bytes at a time), which grows again.
 fn room_for(fs: &Fs, h: &Handle) -> u64 {
-    if fs.grew_since_open(h.ino) || h.read {
+    if fs.size_read_by_others(h.ino) {
+        // Its size is read through other handles: a grant would only end at their next stat.
+        0
+    } else if fs.grew_since_open(h.ino) || h.read {
         fs.size_now(h.ino).clamp(MIN_ROOM, MAX_ROOM)
     } else {
         0
@@ -121,7 +139,12 @@ impl Manager {
         };
         let room = (|| {
             let h = *s.handles.get(&handle)?;
-            if max == 0 || !(h.read && h.write) || stat.size != 0 || mapped(h.ino) {
+            if max == 0
+                || !(h.read && h.write)
+                || stat.size != 0
+                || mapped(h.ino)
+                || fs.size_read_by_others(h.ino)
+            {
                 return None;
             }
             let (channel, slot) = self.size_slot(fs, channel?, handle)?;
