@@ -155,7 +155,9 @@ impl Fs {
         // At the host level the zeros are flushed soon: written so that the flush does not
         // have to write-protect the mapping (`Media::write_file`).
         let by_file = self.journal.level() == Durability::Host && self.sums.is_none();
-        let longest = (RECYCLE_RUN / cs).max(1) * cs;
+        // Zeros for the longest run there is (none when there is nothing to recycle, as at
+        // most durability points).
+        let longest = runs.iter().map(|&(_, l)| l * cs).max().unwrap_or(0);
         let zeros = vec![0u8; if by_file { longest as usize } else { 0 }];
         for &(s, l) in &runs {
             let (addr, len) = (self.g.chunk_addr(s), l * cs);
