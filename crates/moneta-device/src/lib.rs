@@ -29,6 +29,6 @@ pub use engine::{
     FILE_CALLS_PER_PASS_NS, MAX_LOOKUP_EXTENTS,
 };
 pub use integrity::{Integrity, IntegrityConfig};
-pub use media::{DeviceFlush, InLane, MappedArray, Media, MediaError};
+pub use media::{FlushAs, MappedArray, Media, MediaError};
 pub use permission::{PermissionTable, READ, WRITE};
 pub use scheduler::Timing;

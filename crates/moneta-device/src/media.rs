@@ -12,9 +12,9 @@
 //! Two kinds of persistence meet here. The emulated device's own: a completed write is in the
 //! array, which outlives the daemon (the page cache keeps a file's pages). And the host's:
 //! [`Media::flush`] and [`Media::flush_ranges`] write a backing file's pages to the host's
-//! disk, so that they outlive a crash of the machine. [`DeviceFlush`] gives the engine an
-//! array whose flushes are the device's own (nothing to wait for), for a daemon that promises
-//! only that; [`InLane`] gives it one whose flushes go through a descriptor of their own.
+//! disk, so that they outlive a crash of the machine. [`FlushAs`] gives the engine an array
+//! whose flushes are the device's own (nothing to wait for), for a daemon that promises only
+//! that, or go through a descriptor of their own.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -234,83 +234,51 @@ impl<T: Media + ?Sized> Media for std::sync::Arc<T> {
     }
 }
 
-/// An array whose flushes are the emulated device's own: a completed write is already in the
-/// array, which outlives the daemon, so a flush has nothing to wait for (as an NVM device's
-/// flush of its write buffer costs microseconds). A daemon that promises only the device's
-/// persistence (`monetad --durability device`) gives the engine its array through this, so
-/// that a channel's FLUSH and the engine's stop leave the backing file to the host's own
-/// writeback; everything else passes through.
-pub struct DeviceFlush<M>(pub M);
-
-impl<M: Media> Media for DeviceFlush<M> {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn persistent(&self) -> bool {
-        self.0.persistent()
-    }
-    unsafe fn read(&self, addr: u64, dst: *mut u8, len: usize) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.0.read(addr, dst, len) }
-    }
-    unsafe fn write(&self, addr: u64, src: *const u8, len: usize) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.0.write(addr, src, len) }
-    }
-    fn flush(&self, _addr: u64, _len: u64) -> io::Result<()> {
-        Ok(())
-    }
-    fn flush_ranges(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
-        Ok(())
-    }
-    fn flush_lanes(&self) -> usize {
-        self.0.flush_lanes()
-    }
-    fn flush_ranges_in(&self, _lane: usize, _ranges: &[(u64, u64)]) -> io::Result<()> {
-        Ok(())
-    }
-    fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
-        self.0.write_file(addr, bytes)
-    }
-    fn zero(&self, addr: u64, len: u64) -> io::Result<()> {
-        self.0.zero(addr, len)
-    }
-    fn overlay(
-        &self,
-        addr: u64,
-        len: u64,
-        segment: BorrowedFd<'_>,
-        seg_off: u64,
-    ) -> io::Result<()> {
-        self.0.overlay(addr, len, segment, seg_off)
-    }
-    fn detach(&self, addr: u64, len: u64) -> io::Result<()> {
-        self.0.detach(addr, len)
-    }
-    fn will_need(&self, addr: u64, len: u64) {
-        self.0.will_need(addr, len)
-    }
-}
-
-/// An array whose flushes all go through one flush lane of `M` ([`Media::flush_ranges_in`]):
-/// what a thread that flushes beside others is given, so that it hears every write-back error
-/// of its own ranges however the others' flushes fare. The daemon gives the engine its array
-/// so at the `host` level: a channel's FLUSH then never shares an open file description with
-/// the file system's checkpoints (the array's own descriptor) or its group commit (the other
-/// lanes). Where `M` has no such lane, its flushes are `M`'s own.
-pub struct InLane<M> {
+/// An array whose flushes are not its own, and the way they are made instead
+/// ([`FlushAs::device`], [`FlushAs::lane`]); everything else passes through to `M`.
+pub struct FlushAs<M> {
     inner: M,
-    lane: usize,
+    way: FlushWay,
 }
 
-impl<M: Media> InLane<M> {
-    /// `inner`, flushed through its lane `lane`.
-    pub fn new(inner: M, lane: usize) -> Self {
-        Self { inner, lane }
+/// How a [`FlushAs`] array flushes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlushWay {
+    /// As the emulated device: not at all ([`FlushAs::device`]).
+    Device,
+    /// Through this flush lane of the array ([`Media::flush_ranges_in`]).
+    Lane(usize),
+}
+
+impl<M: Media> FlushAs<M> {
+    /// An array whose flushes are the emulated device's own: a completed write is already in
+    /// the array, which outlives the daemon, so a flush has nothing to wait for (as an NVM
+    /// device's flush of its write buffer costs microseconds). A daemon that promises only
+    /// the device's persistence (`monetad --durability device`) gives the engine its array
+    /// so, and a channel's FLUSH and the engine's stop leave the backing file to the host's
+    /// own writeback.
+    pub fn device(inner: M) -> Self {
+        Self {
+            inner,
+            way: FlushWay::Device,
+        }
+    }
+
+    /// An array whose flushes all go through flush lane `lane` of `inner`: what a thread that
+    /// flushes beside others is given, so that it hears every write-back error of its own
+    /// ranges however the others' flushes fare. The daemon gives the engine its array so at
+    /// the `host` level: a channel's FLUSH then never shares an open file description with
+    /// the file system's checkpoints (the array's own descriptor) or its group commit (the
+    /// other lanes). Where `inner` has no such lane, its flushes are `inner`'s own.
+    pub fn lane(inner: M, lane: usize) -> Self {
+        Self {
+            inner,
+            way: FlushWay::Lane(lane),
+        }
     }
 }
 
-impl<M: Media> Media for InLane<M> {
+impl<M: Media> Media for FlushAs<M> {
     fn size(&self) -> u64 {
         self.inner.size()
     }
@@ -329,16 +297,19 @@ impl<M: Media> Media for InLane<M> {
         if len == 0 {
             return Ok(());
         }
-        self.inner.flush_ranges_in(self.lane, &[(addr, len)])
+        self.flush_ranges(&[(addr, len)])
     }
     fn flush_ranges(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.inner.flush_ranges_in(self.lane, ranges)
+        match self.way {
+            FlushWay::Device => Ok(()),
+            FlushWay::Lane(lane) => self.inner.flush_ranges_in(lane, ranges),
+        }
     }
     fn flush_lanes(&self) -> usize {
         1
     }
     fn flush_ranges_in(&self, _lane: usize, ranges: &[(u64, u64)]) -> io::Result<()> {
-        self.inner.flush_ranges_in(self.lane, ranges)
+        self.flush_ranges(ranges)
     }
     fn write_file(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
         self.inner.write_file(addr, bytes)
@@ -391,7 +362,7 @@ struct Lane {
 
 /// Flush lanes of a backing file: two for the file system's group commit (two flushes at
 /// once, as the kernel lets two `fdatasync` calls of a file run) and one for the engine's own
-/// FLUSH ([`InLane`]), which runs beside them and beside the file system's checkpoints.
+/// FLUSH ([`FlushAs::lane`]), which runs beside them and beside the file system's checkpoints.
 const FLUSH_LANES: usize = 3;
 
 impl Lane {
@@ -1160,7 +1131,7 @@ mod tests {
             MappedArray::volatile(1 << 20).unwrap(),
             Default::default(),
         ));
-        let a = InLane::new(inner.clone(), 2);
+        let a = FlushAs::lane(inner.clone(), 2);
         assert_eq!(a.flush_lanes(), 1);
         a.flush(4096, 100).unwrap();
         a.flush(0, 0).unwrap();
@@ -1215,7 +1186,7 @@ mod tests {
 
     #[test]
     fn a_device_flush_flushes_nothing_and_passes_the_rest_on() {
-        let a = DeviceFlush(MappedArray::volatile(8192).unwrap());
+        let a = FlushAs::device(MappedArray::volatile(8192).unwrap());
         let data = [7u8; 16];
         // SAFETY: `data` is valid for 16 bytes; the range is inside the array.
         unsafe { a.write(100, data.as_ptr(), 16) };

@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 
-use moneta_device::{Device, DeviceFlush, InLane, MappedArray, Media, SystemClock};
+use moneta_device::{Device, FlushAs, MappedArray, Media, SystemClock};
 use moneta_fs::Durability;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 
@@ -316,12 +316,12 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     let device = Arc::new(match config.durability {
         Durability::Device => Device::start(
             device_config,
-            DeviceFlush(shared.clone()),
+            FlushAs::device(shared.clone()),
             SystemClock::best(),
         )?,
         Durability::Host => Device::start(
             device_config,
-            InLane::new(shared.clone(), lanes - 1),
+            FlushAs::lane(shared.clone(), lanes - 1),
             SystemClock::best(),
         )?,
     });

@@ -34,7 +34,7 @@
 //!   counts as durable only once every flush before it has ended. Where the array has one
 //!   lane, one flush at a time. The file system's own flushes (checkpoints, under its lock)
 //!   go through the array's descriptor, and the engine's FLUSH through a third lane of its
-//!   own (`moneta_device::InLane`). At the `Device` level it flushes nothing.
+//!   own (`moneta_device::FlushAs::lane`). At the `Device` level it flushes nothing.
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
