@@ -798,6 +798,25 @@ fn wait_within(ch: &Channel, tag: libmoneta::Tag, mode: Completion) -> libmoneta
     }
 }
 
+/// The daemon's status after `calls` file calls since `st0`, all answered on the channel.
+fn all_on_the_channel(
+    d: &Daemon,
+    st0: &moneta_abi::control::StatusReport,
+    calls: u64,
+) -> moneta_abi::control::StatusReport {
+    let st1 = d.control().status().unwrap();
+    assert_eq!(
+        st1.fs_calls - st0.fs_calls,
+        calls,
+        "every call on the channel"
+    );
+    assert_eq!(
+        st1.fs_calls_referred, st0.fs_calls_referred,
+        "none referred"
+    );
+    st1
+}
+
 #[test]
 fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
     let d = host_daemon("quick-away");
@@ -868,13 +887,7 @@ fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
     ch.release(tag);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     busy.join().unwrap();
-    let st1 = d.control().status().unwrap();
-    assert_eq!(
-        st1.fs_calls - st0.fs_calls,
-        rounds,
-        "every flush on the channel"
-    );
-    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred);
+    let st1 = all_on_the_channel(&d, &st0, rounds);
     // Every flush had a changed page to write: each went to a worker.
     assert_eq!(away, rounds / 2);
     assert!(ch.pop_error().is_none(), "a command was reported busy");
@@ -901,13 +914,7 @@ fn a_flush_the_worker_answers_itself_does_not_wake_the_sleeping_poller() {
             r => panic!("{r:?}"),
         }
     }
-    let st1 = d.control().status().unwrap();
-    assert_eq!(
-        st1.fs_calls - st0.fs_calls,
-        rounds,
-        "every flush on the channel"
-    );
-    assert_eq!(st1.fs_calls_referred, st0.fs_calls_referred);
+    let st1 = all_on_the_channel(&d, &st0, rounds);
     // A wake-up a round for the write's kick (the channel parked while the client slept),
     // now and then another where the fsync's ring found it parked again (1.4 a round here);
     // woken by the worker as well, the poller wakes at least twice a round (2.6 here).
