@@ -887,7 +887,7 @@ fn a_flush_at_the_workers_says_so_and_its_tag_is_rung_again_at_once() {
     ch.release(tag);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     busy.join().unwrap();
-    let st1 = all_on_the_channel(&d, &st0, rounds);
+    all_on_the_channel(&d, &st0, rounds);
     // Every flush had a changed page to write: each went to a worker.
     assert_eq!(away, rounds / 2);
     assert!(ch.pop_error().is_none(), "a command was reported busy");
