@@ -1,6 +1,6 @@
 //! A process's connection to `monetad`: [`Moneta`], shared by every thread and every open
-//! [`File`] of the process. It owns the control socket and the channel that comes with it,
-//! answers the path calls (open, stat, mkdir, rename, ...), carries the connection across
+//! [`File`](crate::File) of the process. It owns the control socket and the channel that comes
+//! with it, answers the path calls (stat, mkdir, rename, ...; opens are `file/open.rs`'s), carries the connection across
 //! `fork` (a child connects anew and claims its parent's handles, see [`crate::fork`]) and
 //! across a restart of the daemon (the next call connects anew).
 
@@ -20,13 +20,11 @@ use crate::control::Control;
 use crate::fork::{self, Ticket};
 use crate::generation::GenLock;
 use crate::policy::Policy;
-use crate::position::Position;
 use crate::{paths, ClientError};
 
-use crate::file::File;
 use crate::{bad_reply, errno};
 
-fn path_bytes<P: AsRef<Path>>(p: &P) -> Vec<u8> {
+pub(crate) fn path_bytes<P: AsRef<Path>>(p: &P) -> Vec<u8> {
     p.as_ref().as_os_str().as_bytes().to_vec()
 }
 
@@ -119,7 +117,7 @@ struct ConnState {
 
 impl Inner {
     /// Whether `path` names a file this process made and grew before ([`Inner::roomy`]).
-    fn roomy(&self, path: &[u8]) -> bool {
+    pub(crate) fn roomy(&self, path: &[u8]) -> bool {
         let r = self.roomy.lock().unwrap_or_else(|e| e.into_inner());
         r.iter().any(|p| &**p == path)
     }
@@ -243,7 +241,7 @@ impl Inner {
     }
 
     /// [`Inner::fs_call`], also giving the index of the channel whose connection answered.
-    fn fs_call_at(&self, req: FsRequest) -> Result<(FsReply, u64), ClientError> {
+    pub(crate) fn fs_call_at(&self, req: FsRequest) -> Result<(FsReply, u64), ClientError> {
         let ch = self.live()?;
         let seen = self.epoch.load(Ordering::Acquire);
         let retry = handle_free(&req).then(|| req.clone());
@@ -380,7 +378,7 @@ pub struct OpenOptions {
     truncate: bool,
     create: bool,
     create_new: bool,
-    mode: u32,
+    pub(crate) mode: u32,
     custom_flags: i32,
 }
 
@@ -651,82 +649,6 @@ impl Moneta {
             FsReply::Stat(s) => Ok(s),
             _ => Err(bad_reply("stat reply")),
         }
-    }
-
-    /// Opens `path` with `opts`.
-    pub fn open<P: AsRef<Path>>(&self, path: P, opts: &OpenOptions) -> Result<File, ClientError> {
-        self.open_flags(path, opts.flags(), opts.mode)
-    }
-
-    /// Opens `path` with `open(2)` flags and a creation mode.
-    pub fn open_flags<P: AsRef<Path>>(
-        &self,
-        path: P,
-        flags: i32,
-        mode: u32,
-    ) -> Result<File, ClientError> {
-        let pos = Position::new()?;
-        let path = path_bytes(&path);
-        // A file made for reading and writing may grow from its first write on: where this
-        // process grew the file it made at that path before (a journal made in each
-        // transaction), the open asks for room at once and the first write needs no extend.
-        let grows = flags & libc::O_ACCMODE == libc::O_RDWR && flags & libc::O_CREAT != 0;
-        let room = grows && self.inner.live()?.room_at_open() && self.inner.roomy(&path);
-        // The path is kept only for a file that may grow (see `File::watch_growth`).
-        let kept = (grows && !room).then(|| path.clone());
-        let flags_word = flags as u32;
-        let req = if room {
-            FsRequest::OpenRoom {
-                flags: flags_word,
-                mode,
-                path,
-            }
-        } else {
-            FsRequest::Open {
-                flags: flags_word,
-                mode,
-                path,
-            }
-        };
-        let (reply, epoch) = self.inner.fs_call_at(req)?;
-        let (handle, rights, stat, given) = match reply {
-            FsReply::Opened {
-                handle,
-                rights,
-                stat,
-            } if !room => (handle, rights, stat, None),
-            FsReply::OpenedRoom {
-                handle,
-                rights,
-                stat,
-                file,
-                extents,
-            } if room => (handle, rights, stat, Some((file, extents))),
-            _ => return Err(bad_reply("open reply")),
-        };
-        self.inner.open.fetch_add(1, Ordering::AcqRel);
-        let f = File::opened(self.clone(), handle, epoch, rights, flags, &stat, pos);
-        match given {
-            Some((file, extents)) if !extents.is_empty() => f.take_room(crate::control::Mapped {
-                size: stat.size,
-                file,
-                extents,
-            }),
-            _ => {
-                if let (Some(path), 0) = (kept, stat.size) {
-                    f.watch_growth(path);
-                }
-            }
-        }
-        Ok(f)
-    }
-
-    /// Creates (or truncates) `path` for writing, like `std::fs::File::create`.
-    pub fn create<P: AsRef<Path>>(&self, path: P) -> Result<File, ClientError> {
-        self.open(
-            path,
-            OpenOptions::new().write(true).create(true).truncate(true),
-        )
     }
 
     /// `stat(2)`.

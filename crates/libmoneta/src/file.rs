@@ -43,6 +43,7 @@ mod data;
 mod hint;
 mod inplace;
 mod map;
+mod open;
 mod posted;
 
 use std::io::{self, IoSlice, IoSliceMut, SeekFrom};

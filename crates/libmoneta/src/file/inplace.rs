@@ -105,7 +105,7 @@ impl File {
 
     /// Turns reading and writing in place on by itself once `accesses` reads and writes
     /// inside the file's known size have gone through the channel (0: never; every file has
-    /// [`AUTO_AFTER`] with `MONETA_MODE=auto`). A file read and written again and again then
+    /// `AUTO_AFTER` with `MONETA_MODE=auto`). A file read and written again and again then
     /// goes in place, at the cost of one `FS_MAP`; one written once and removed never does.
     pub fn set_in_place_after(&self, accesses: u32) {
         self.in_place.seen.store(0, Ordering::Relaxed);
