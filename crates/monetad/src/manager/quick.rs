@@ -207,13 +207,12 @@ impl Manager {
             return None;
         }
         let handle_ino = |_| ino.ok_or_else(no_handle);
-        Some(stat_target(
-            &mut fs,
-            &cred,
-            handle_ino,
-            Some(channel),
-            target,
-        ))
+        // A stat may end another channel's size grant, a transaction: in quick mode, as any
+        // change the poller makes.
+        fs.set_quick(true);
+        let r = stat_target(&mut fs, &cred, handle_ino, Some(channel), target);
+        fs.set_quick(false);
+        Some(r)
     }
 
     /// `OP_FS_STATDIR` on the poller, as [`Manager::quick_stat`] answers a stat; `None` when
