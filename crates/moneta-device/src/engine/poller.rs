@@ -72,13 +72,17 @@ impl<M: Media, C: Clock> Poller<M, C> {
             // The clock is read only when a pass has something to time: an idle pass is a few
             // loads, so a doorbell is noticed quickly.
             let mut busy = self.apply_controls();
+            // The workers' answers before the doorbells: a worker that published its answer
+            // itself did not wake a sleeping poller, so the pass a kick brings may find it
+            // still counted, and its place at the workers and its tag are free only once it
+            // is taken.
+            busy |= self.collect_later();
             if self.shutdown.is_none() {
                 busy |= self.intake();
             }
             busy |= self.dispatch();
             busy |= self.complete();
             busy |= self.collect_flushes();
-            busy |= self.collect_later();
             busy |= self.collect_forwards(busy);
             self.settle_fences();
             passes = passes.wrapping_add(1);
