@@ -10,7 +10,7 @@
 #ifndef MONETA_H
 #define MONETA_H
 
-/* Generated from crates/libmoneta-c/src/lib.rs by cbindgen: do not edit. Regenerate with
+/* Generated from crates/libmoneta-c/src/ by cbindgen: do not edit. Regenerate with
  * MONETA_BLESS=1 cargo test -p libmoneta-c --test header. */
 
 #include <stddef.h>

@@ -1,5 +1,6 @@
-//! `include/moneta.h` is generated from `src/lib.rs`; this test regenerates it and fails if the
-//! committed header differs, so the two cannot drift. `MONETA_BLESS=1` rewrites the header.
+//! `include/moneta.h` is generated from `src/` (`lib.rs` and the modules it names, but the
+//! shim); this test regenerates it and fails if the committed header differs, so the two cannot
+//! drift. `MONETA_BLESS=1` rewrites the header.
 
 use std::path::Path;
 
@@ -23,7 +24,7 @@ fn header_matches_the_code() {
     let committed = std::fs::read_to_string(&header).unwrap_or_default();
     assert!(
         committed == fresh,
-        "include/moneta.h is out of date with src/lib.rs; regenerate it with \
+        "include/moneta.h is out of date with src/; regenerate it with \
          MONETA_BLESS=1 cargo test -p libmoneta-c --test header"
     );
 }
