@@ -1191,22 +1191,6 @@ fn a_socket_directory_others_can_write_is_refused() {
     );
 }
 
-/// The CPUs thread `name` of process `pid` may run on, from `/proc`.
-fn thread_cpus(pid: u32, name: &str) -> Option<String> {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let dir = task.ok()?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-        if comm.trim() == name {
-            let status = std::fs::read_to_string(dir.join("status")).ok()?;
-            return status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .map(|v| v.trim().to_string());
-        }
-    }
-    None
-}
-
 /// The poller's CPUs, once the daemon answers (its socket exists a little before its device
 /// runs).
 fn poller_cpus(d: &Daemon) -> String {

@@ -927,6 +927,47 @@ fn a_flush_the_worker_answers_itself_does_not_wake_the_sleeping_poller() {
 }
 
 #[test]
+fn the_workers_and_the_flusher_leave_a_pinned_poller_its_cpu() {
+    let allowed = moneta_device::allowed_cpus();
+    let [rest @ .., last] = allowed.as_slice() else {
+        panic!("no CPU allowed");
+    };
+    let dir = TempDir::new("quick-pinned");
+    let img = dir.0.join("img").to_string_lossy().to_string();
+    let d = Daemon::start_raw(
+        &["--device", &img, "--size", "32M", "--poller-cpu", "auto"],
+        dir,
+    );
+    let ch = d.channel();
+    let h = create_through(&ch, b"/f");
+    file_write(&ch, h, 0, &[7; 64]).unwrap();
+    // The first flush at the `host` level starts the file-call workers, from the poller.
+    match ch.fs(FsRequest::Fsync { handle: h }).unwrap() {
+        FsReply::Empty => {}
+        r => panic!("{r:?}"),
+    }
+    let others = moneta_device::cpu_list(rest);
+    let workers = threads_cpus(d.pid(), "moneta-files");
+    let flusher = threads_cpus(d.pid(), "moneta-flusher");
+    let poller = threads_cpus(d.pid(), "moneta-poller");
+    assert!(!workers.is_empty(), "the workers started");
+    if rest.is_empty() {
+        // One CPU: nothing is pinned, and everything shares it.
+        assert!(poller
+            .iter()
+            .chain(&workers)
+            .all(|c| *c == last.to_string()));
+        return;
+    }
+    assert_eq!(poller, [last.to_string()]);
+    assert!(
+        workers.iter().all(|c| *c == others),
+        "{workers:?}, not {others}"
+    );
+    assert_eq!(flusher, std::slice::from_ref(&others));
+}
+
+#[test]
 fn a_client_gone_while_its_fsyncs_flush_leaves_the_daemon_well() {
     let dir = TempDir::new("quick-host-gone");
     let img = dir.0.join("img");

@@ -157,6 +157,29 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// The CPUs the device's threads besides the poller run on when the poller has CPU `cpu` to
+/// itself: those the calling thread may run on, but that one; `None` when the poller is not
+/// pinned or nothing else is left. Taken before the poller starts, since the threads the
+/// poller starts would inherit its CPU alone.
+pub(crate) fn away_from_poller(cpu: Option<usize>) -> Option<rustix::thread::CpuSet> {
+    let cpu = cpu?;
+    let mut set = rustix::thread::sched_getaffinity(None).ok()?;
+    if cpu >= rustix::thread::CpuSet::MAX_CPU || !set.is_set(cpu) || set.count() < 2 {
+        return None;
+    }
+    set.unset(cpu);
+    Some(set)
+}
+
+/// Moves the calling thread onto `set` ([`away_from_poller`]), when there is one.
+pub(crate) fn run_away_from_poller(set: Option<&rustix::thread::CpuSet>) {
+    if let Some(set) = set {
+        if let Err(e) = rustix::thread::sched_setaffinity(None, set) {
+            tracing::warn!("cannot keep a device thread off the poller's CPU: {e}");
+        }
+    }
+}
+
 /// The poller's CPU when none is named: the last CPU this process may run on, when it may
 /// run on at least two (so one is left for everything else); none on a single CPU.
 pub fn default_poller_cpu() -> Option<usize> {

@@ -27,6 +27,7 @@ impl Device {
     ) -> Result<Device, DeviceError> {
         config.validate().map_err(DeviceError::Config)?;
         let poller_cpu = config.poller_cpu;
+        let away = super::config::away_from_poller(poller_cpu);
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let waker = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         epoll::add(
@@ -90,7 +91,8 @@ impl Device {
             .as_ref()
             .and_then(|m| m.wear_file())
             .map(|f| f.syncer());
-        let (flush_jobs, flush_done) = spawn_flusher(media.clone(), waker.try_clone()?, wear_sync)?;
+        let (flush_jobs, flush_done) =
+            spawn_flusher(media.clone(), waker.try_clone()?, wear_sync, away)?;
         let poller = Poller {
             integrity: Integrity::new(config.integrity, array_size).map_err(DeviceError::Config)?,
             table: {
@@ -130,7 +132,7 @@ impl Device {
             next_flush: 0,
             flush_jobs,
             flush_done,
-            later: super::later::Later::new(waker.try_clone()?),
+            later: super::later::Later::new(waker.try_clone()?, away),
             remote,
             space_size,
             local_at: config.local_at,

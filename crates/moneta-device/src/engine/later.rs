@@ -164,6 +164,8 @@ pub(super) struct Later {
     waker: OwnedFd,
     waiting: Vec<Waiting>,
     next: u64,
+    /// Where the workers run when the poller has a CPU of its own: elsewhere.
+    away: Option<rustix::thread::CpuSet>,
 }
 
 impl Drop for Later {
@@ -175,7 +177,7 @@ impl Drop for Later {
 }
 
 impl Later {
-    pub(super) fn new(waker: OwnedFd) -> Later {
+    pub(super) fn new(waker: OwnedFd, away: Option<rustix::thread::CpuSet>) -> Later {
         let (answer_tx, answers) = mpsc::channel();
         Later {
             queue: None,
@@ -184,6 +186,7 @@ impl Later {
             waker,
             waiting: Vec::new(),
             next: 0,
+            away,
         }
     }
 
@@ -221,10 +224,13 @@ impl Later {
                 let queue = queue.clone();
                 let answers = self.answer_tx.clone();
                 let waker = self.waker.try_clone().ok()?;
+                let away = self.away;
                 std::thread::Builder::new()
                     .name("moneta-files".into())
                     .spawn(move || {
                         let _stop = crate::failstop::FailStop::new("device's file-call worker");
+                        // Started by the poller, the worker would share its CPU alone.
+                        super::config::run_away_from_poller(away.as_ref());
                         while let Some((token, job, direct)) = queue.pop() {
                             let answer = job();
                             // The client first: the poller's books can wait.

@@ -18,6 +18,7 @@ pub(super) fn spawn_flusher<M: Media>(
     media: Arc<M>,
     waker: OwnedFd,
     wear: Option<WearSync>,
+    away: Option<rustix::thread::CpuSet>,
 ) -> std::io::Result<(FlushJobs, FlushDone)> {
     let (jobs, job_rx) = mpsc::channel::<(u64, u64, u64)>();
     let (done_tx, done) = mpsc::channel();
@@ -25,6 +26,7 @@ pub(super) fn spawn_flusher<M: Media>(
         .name("moneta-flusher".into())
         .spawn(move || {
             let _stop = crate::failstop::FailStop::new("device's flusher");
+            super::config::run_away_from_poller(away.as_ref());
             let sync_wear = || {
                 if let Some(w) = &wear {
                     if let Err(e) = w.sync() {

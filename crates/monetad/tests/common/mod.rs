@@ -401,3 +401,30 @@ pub fn fs_calls_settled(d: &Daemon) -> u64 {
         last = now;
     }
 }
+
+/// The CPUs each thread named `name` of process `pid` may run on, from `/proc`, as the kernel
+/// lists them (`0-3,6`).
+pub fn threads_cpus(pid: u32, name: &str) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| {
+            let dir = task.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if comm.trim() != name {
+                return None;
+            }
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string())
+        })
+        .collect()
+}
+
+/// The CPUs the first thread named `name` of process `pid` may run on.
+pub fn thread_cpus(pid: u32, name: &str) -> Option<String> {
+    threads_cpus(pid, name).into_iter().next()
+}
