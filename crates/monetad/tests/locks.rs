@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use libmoneta::{File, LockCmd, LockInfo, LockKind, LockType, Moneta, OpenOptions};
@@ -43,19 +43,6 @@ fn info(ty: LockType, pid: i32, start: u64, len: u64) -> Option<LockInfo> {
 
 fn me() -> i32 {
     std::process::id() as i32
-}
-
-/// Whether `cond` becomes true within `limit` (the daemon ends a session once it reads the
-/// hang-up, a moment after the client is gone).
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    cond()
 }
 
 /// Runs `body` in a forked child and returns its exit code (99 if it panicked). The child

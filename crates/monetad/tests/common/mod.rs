@@ -428,3 +428,16 @@ pub fn threads_cpus(pid: u32, name: &str) -> Vec<String> {
 pub fn thread_cpus(pid: u32, name: &str) -> Option<String> {
     threads_cpus(pid, name).into_iter().next()
 }
+
+/// Whether `cond` becomes true within `limit`, looked at every 5 ms (what the daemon does a
+/// moment later: end a session once it reads a hang-up, move a thread as it starts).
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cond()
+}
