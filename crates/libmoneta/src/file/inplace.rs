@@ -218,7 +218,13 @@ impl File {
         }
         // In order with the file's lookups and extends, whose answers set its size too.
         let _order = self.miss.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = self.m.inner.live()?.header().retired.load(Ordering::SeqCst);
+        let header = self.m.inner.live()?.header();
+        let generation = header.retired.load(Ordering::SeqCst);
+        // Pages an `fsync` writes to the host's disk (the `host` level) are faulted in one at
+        // a time: a flush writes back each dirty folio whole, and readahead would make folios
+        // of up to megabytes of a file whose writes are a few KiB.
+        let flags = header.fs_flags.load(Ordering::Acquire);
+        let flushed = flags & (moneta_abi::FS_FSYNC_IS_ORDER | moneta_abi::FS_VOLATILE) == 0;
         *slot = None;
         let (fd, stat) = self.pages(writable)?;
         let prot = if writable {
@@ -240,6 +246,10 @@ impl File {
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error().into());
+        }
+        if flushed {
+            // SAFETY: advice on the mapping just made.
+            unsafe { libc::madvise(p, RESERVE, libc::MADV_RANDOM) };
         }
         *slot = Some(Mapping {
             base: p as usize,

@@ -453,14 +453,6 @@ impl Media for MappedArray {
             |n| Some(n.saturating_sub((len / 4096) as usize)),
         );
         self.mark_shown(addr, len, false);
-        if self.persistent {
-            // As at `map`: no readahead on the backing file's pages.
-            // SAFETY: advice on pages of our own mapping, checked in range by `remap`.
-            unsafe {
-                let p = self.map.as_mut_ptr().add(addr as usize);
-                let _ = rustix::mm::madvise(p.cast(), len as usize, rustix::mm::Advice::Random);
-            }
-        }
         Ok(())
     }
 
@@ -556,6 +548,12 @@ impl MappedArray {
                 fd,
                 off,
             )?;
+            if self.persistent {
+                // As at `map`: no readahead into large folios, whether the pages are the
+                // backing file's again or a mapped file's, since a flush writes back every
+                // folio it touches whole.
+                let _ = rustix::mm::madvise(at.cast(), len as usize, rustix::mm::Advice::Random);
+            }
         }
         Ok(())
     }

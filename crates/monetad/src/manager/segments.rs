@@ -420,7 +420,10 @@ impl Segments {
             return Ok(());
         }
         revoke_records(&self.device, &new)?;
-        let mut buf = vec![0u8; 1 << 20];
+        // A page at a time: the page cache keeps what one write fills as one folio, and a
+        // flush writes a dirty folio back whole, so pages copied in larger writes would make
+        // every later `fsync` of a few bytes write back up to megabytes.
+        let mut buf = vec![0u8; PAGE as usize];
         for &(off, addr, len) in &new {
             let mut at = 0;
             while at < len {
