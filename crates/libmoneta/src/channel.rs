@@ -30,6 +30,7 @@ use crate::ClientError;
 
 pub(crate) mod attrs;
 mod closing;
+mod durable;
 pub(crate) mod fscall;
 pub(crate) mod leases;
 mod pipeline;
@@ -97,6 +98,8 @@ pub struct Channel {
     closing: Box<closing::Closing>,
     /// Writes posted under sole leases and not collected yet, by every file ([`sole`]).
     pub(crate) posted: AtomicU32,
+    /// The daemon's durability page, once asked for ([`durable`]).
+    durable: std::sync::OnceLock<Option<durable::DurableMap>>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and raw copies; tags are
@@ -161,6 +164,7 @@ impl Channel {
             attrs: Default::default(),
             closing: Default::default(),
             posted: AtomicU32::new(0),
+            durable: std::sync::OnceLock::new(),
         };
         let h = ch.header();
         if h.magic.load(Ordering::Acquire) != CHANNEL_MAGIC

@@ -338,6 +338,17 @@ impl Control {
         }
     }
 
+    /// A descriptor of the daemon's durability page, for reading (see `OP_FS_DURABLE`).
+    pub(crate) fn fs_durable(&self) -> Result<std::os::fd::OwnedFd, ClientError> {
+        let (body, mut fds) = self.call(&Request::Fs(FsRequest::Durable))?;
+        match (body, fds.pop()) {
+            (ReplyBody::Fs(FsReply::Empty), Some(page)) if fds.is_empty() => Ok(page),
+            _ => Err(ClientError::Protocol(control::Error::BadField(
+                "durability page reply",
+            ))),
+        }
+    }
+
     /// Prepares a fork: a bundle of every handle of this connection for a child to claim.
     pub(crate) fn fs_fork(&self) -> Result<crate::fork::Ticket, ClientError> {
         let (body, mut fds) = self.call(&Request::Fs(FsRequest::Fork))?;

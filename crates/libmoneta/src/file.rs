@@ -527,6 +527,14 @@ impl File {
             // A size published under a size lease is the exception: the call applies it.
             return Ok(());
         }
+        // A size published under a size lease is applied by the call, which must then be
+        // made. Otherwise a file read and written in place makes its own data durable, and
+        // may find no metadata left to make so (docs/nvfs.md, "Durability levels").
+        if !self.grown.swap(false, Ordering::AcqRel) {
+            if let Some(done) = self.sync_in_place() {
+                return done;
+            }
+        }
         self.m.fs_empty(FsRequest::Fsync { handle })
     }
 

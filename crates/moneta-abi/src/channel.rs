@@ -173,6 +173,12 @@ pub const FS_ROOM_AT_OPEN: u32 = 64;
 /// handle that is its file's only open may have its writes return once rung.
 pub const FS_SOLE_LEASES: u32 = 128;
 
+/// [`ChannelHeader::fs_flags`]: the daemon hands out its durability page
+/// ([`crate::fsproto::OP_FS_DURABLE`], [`crate::DurablePage`]): at the `host` level a client
+/// whose data for an `fsync` it has made durable itself may learn there whether any metadata
+/// change is still to be made durable (docs/abi.md §2.10).
+pub const FS_DURABLE_PAGE: u32 = 256;
+
 /// The change-board counter that answers for a `STAT` of `target` (docs/abi.md §3.7): the
 /// device adds to it whenever something the answer it gave depended on changes (the
 /// inode's attributes; for a path, every directory and link the path went through), so a

@@ -123,6 +123,12 @@ pub const OP_FS_UNLINK_KEEP: u16 = 40;
 /// file would. Reply: [`FsReply::OpenedRoom`] (no extents when it gave no room). For a daemon
 /// whose channels have `FS_ROOM_AT_OPEN`.
 pub const OP_FS_OPEN_ROOM: u16 = 41;
+/// The durability page (docs/abi.md §2.10, "The durability page"): payload empty. Reply empty,
+/// with one file descriptor: a sealed memfd of [`crate::DURABLE_PAGE_SIZE`] bytes, open for
+/// reading only, whose words say how far the file system's metadata transactions are committed
+/// and how far they are durable on the host's disk ([`crate::DurablePage`]). For a daemon
+/// whose channels have `FS_DURABLE_PAGE`; any other answers `EOPNOTSUPP`.
+pub const OP_FS_DURABLE: u16 = 42;
 
 /// The path an [`OP_FS_STATDIR`] entry's answer is for, and is watched under: `dir/name`
 /// (`/name` in the root), from the directory's path exactly as the request named it.
@@ -178,7 +184,7 @@ fn extent_list(r: &mut Reader<'_>, n: usize) -> Result<Vec<FsExtent>, Error> {
 
 /// Whether `op` is a file-system call.
 pub fn is_fs_op(op: u16) -> bool {
-    (OP_FS_OPEN..=OP_FS_OPEN_ROOM).contains(&op)
+    (OP_FS_OPEN..=OP_FS_DURABLE).contains(&op)
 }
 
 /// Who owns a lock ([`OP_FS_LOCK`] kind, u32).
@@ -362,6 +368,7 @@ pub enum FsRequest {
     },
     Statfs,
     Fork,
+    Durable,
     Map {
         handle: u64,
         write: bool,
@@ -691,6 +698,7 @@ impl FsRequest {
             FsRequest::StatDir { .. } => OP_FS_STATDIR,
             FsRequest::Statfs => OP_FS_STATFS,
             FsRequest::Fork => OP_FS_FORK,
+            FsRequest::Durable => OP_FS_DURABLE,
             FsRequest::Inherit { .. } => OP_FS_INHERIT,
             FsRequest::Lock { .. } => OP_FS_LOCK,
             FsRequest::Map { .. } => OP_FS_MAP,
@@ -769,7 +777,7 @@ impl FsRequest {
             } => {
                 w.u64(*cookie).u32(u32::from(*follow)).u32(0).bytes(path);
             }
-            FsRequest::Statfs | FsRequest::Fork => {}
+            FsRequest::Statfs | FsRequest::Fork | FsRequest::Durable => {}
             FsRequest::Map { handle, write } => {
                 w.u64(*handle).u32(u32::from(*write)).u32(0);
             }
@@ -933,6 +941,7 @@ impl FsRequest {
             }
             OP_FS_STATFS => FsRequest::Statfs,
             OP_FS_FORK => FsRequest::Fork,
+            OP_FS_DURABLE => FsRequest::Durable,
             OP_FS_MAP => {
                 let handle = r.u64()?;
                 let write = match r.u32()? {
@@ -1309,6 +1318,7 @@ mod tests {
             },
             FsRequest::Statfs,
             FsRequest::Fork,
+            FsRequest::Durable,
             FsRequest::Map {
                 handle: 7,
                 write: true,

@@ -13,6 +13,7 @@
 pub mod channel;
 pub mod command;
 pub mod control;
+pub mod durable;
 pub mod fsproto;
 pub mod kfsproto;
 pub mod lease;
@@ -22,6 +23,7 @@ pub mod status;
 
 pub use channel::*;
 pub use command::*;
+pub use durable::*;
 pub use lease::*;
 pub use sizelease::*;
 pub use solelease::*;

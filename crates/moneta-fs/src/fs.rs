@@ -605,6 +605,12 @@ impl Fs {
         self.sink = Some(sink);
     }
 
+    /// Where the journal shows how far its transactions are committed and durable
+    /// ([`crate::journal::Progress`]).
+    pub fn set_progress(&mut self, p: Arc<dyn crate::journal::Progress>) {
+        self.journal.set_progress(p);
+    }
+
     /// `observer` keeps an answer in `slot` that depends on `inos`: the next transaction that
     /// changes one of them tells the change sink (observer, slot) before it returns (see
     /// [`crate::watch`]).

@@ -278,6 +278,16 @@ fn parse_body(g: &Geometry, body: &[u8], count: u32) -> Option<Vec<(u64, Vec<u8>
     Some(records)
 }
 
+/// Where a journal shows how far its transactions are committed and durable (the daemon's
+/// durability page, docs/abi.md §2.10).
+pub trait Progress: Send + Sync {
+    /// Every transaction up to `seq` is committed: called before the call that committed the
+    /// last of them returns.
+    fn committed(&self, seq: u64);
+    /// Every transaction up to `seq` is durable as the level defines it.
+    fn durable(&self, seq: u64);
+}
+
 /// The journal of a mounted image (or of a repair).
 pub struct Journal {
     g: Geometry,
@@ -304,6 +314,8 @@ pub struct Journal {
     /// Whether transactions go through the log (false for an array that nothing reads after
     /// the daemon: [`Journal::without_log`]).
     logged: bool,
+    /// Told of every commit and durability point ([`Journal::set_progress`]).
+    progress: Option<std::sync::Arc<dyn Progress>>,
 }
 
 /// Sorts and merges ranges that overlap or touch.
@@ -338,6 +350,7 @@ impl Journal {
             queued: VecDeque::new(),
             applied: Vec::new(),
             logged: true,
+            progress: None,
         }
     }
 
@@ -477,6 +490,14 @@ impl Journal {
         self.log_len.saturating_sub(self.live)
     }
 
+    /// Tells `p` how far transactions are committed and durable now, and after every commit
+    /// and durability point from now on.
+    pub fn set_progress(&mut self, p: std::sync::Arc<dyn Progress>) {
+        p.committed(self.seq);
+        p.durable(self.durable_seq());
+        self.progress = Some(p);
+    }
+
     /// The sequence number of the last transaction.
     pub fn seq(&self) -> u64 {
         self.seq
@@ -512,6 +533,7 @@ impl Journal {
         if !self.logged {
             self.seq += 1;
             self.apply(m, &txn)?;
+            self.show_committed();
             return Ok(self.seq);
         }
         let body = txn.body();
@@ -557,7 +579,17 @@ impl Journal {
             Durability::Device => self.apply(m, &txn)?,
             Durability::Host => self.queued.push_back((seq, txn)),
         }
+        self.show_committed();
         Ok(seq)
+    }
+
+    fn show_committed(&self) {
+        if let Some(p) = &self.progress {
+            p.committed(self.seq);
+            if self.level == Durability::Device {
+                p.durable(self.seq);
+            }
+        }
     }
 
     /// Writes metadata: at the `Host` level through the backing file's own interface, so
@@ -627,6 +659,9 @@ impl Journal {
             self.apply(m, &txn)?;
         }
         self.durable = seq;
+        if let Some(p) = &self.progress {
+            p.durable(seq);
+        }
         Ok(())
     }
 

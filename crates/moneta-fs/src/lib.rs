@@ -19,7 +19,7 @@ pub use fs::{
     file_id, mkfs, Cred, DirEntry, Fs, FsError, FsResult, Mapping, MountError, MountOptions,
     Opened, Revoker, SetTime, SizeGrant, Stat, StatFs, SyncPlan,
 };
-pub use journal::Durability;
+pub use journal::{Durability, Progress};
 pub use layout::{FormatError, Geometry, MkfsOptions, Time};
 pub use tables::{Fix, Problem, Report, Severity};
 pub use watch::ChangeSink;

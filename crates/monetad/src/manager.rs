@@ -59,6 +59,7 @@ use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
+mod durable;
 mod fork;
 mod leases;
 mod quick;
@@ -120,6 +121,8 @@ pub struct Manager {
     segments: Arc<Mutex<Segments>>,
     /// The member hosts sharing the file system, whose records every revocation reaches.
     members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
+    /// The durability page, at the `host` level (`OP_FS_DURABLE`).
+    durable: Option<Arc<durable::Durable>>,
 }
 
 /// Flushes that outlive this many later ones forget their failure (each waiter reads its
@@ -510,6 +513,22 @@ impl Manager {
         if fs.volatile() {
             flags |= moneta_abi::FS_VOLATILE;
         }
+        let durable_page = if fs.durability() == moneta_fs::Durability::Host {
+            match durable::Durable::create() {
+                Ok(page) => {
+                    let page = Arc::new(page);
+                    fs.set_progress(page.clone());
+                    flags |= moneta_abi::FS_DURABLE_PAGE;
+                    Some(page)
+                }
+                Err(e) => {
+                    tracing::warn!("no durability page for clients: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         device.set_fs_flags(flags);
         let media = fs.media();
         let durability = fs.durability();
@@ -538,6 +557,7 @@ impl Manager {
                 work_queued: std::sync::atomic::AtomicBool::new(false),
                 segments,
                 members,
+                durable: durable_page,
             }
         }))
     }
@@ -887,6 +907,22 @@ impl Manager {
         Ok(())
     }
 
+    /// Answers [`FsRequest::Durable`]: a descriptor of the durability page, for reading.
+    pub fn durable_page(&self) -> Result<OwnedFd, Failure> {
+        let Some(page) = &self.durable else {
+            return Err(fail(
+                errno::EOPNOTSUPP,
+                "this daemon has no durability page: only the host durability level has one",
+            ));
+        };
+        page.give().map_err(|e| {
+            fail(
+                errno::EMFILE,
+                &format!("cannot hand out the durability page: {e}"),
+            )
+        })
+    }
+
     /// Answers [`FsRequest::Map`]: the attributes of the file of `handle` and a descriptor of
     /// its pages (see `segments.rs`), open for writing if `write`.
     pub fn map(
@@ -1228,9 +1264,9 @@ impl Manager {
                 Self::lock(&mut self.locks(), s, &h, kind, cmd, ty, wait, start, len)
             }
             FsRequest::Statfs => Ok(statfs_reply(&self.fs())),
-            FsRequest::Map { .. } => Err(fail(
+            FsRequest::Map { .. } | FsRequest::Durable => Err(fail(
                 errno::EPROTO,
-                "a map call is answered with a descriptor, not here",
+                "this call is answered with a descriptor, not here",
             )),
         }
     }

@@ -23,7 +23,7 @@ use moneta_abi::control::{
     self, decode_request, encode_reply, errno, peek_header, Failure, ReplyBody, Request,
     MAX_MESSAGE,
 };
-use moneta_abi::fsproto::FsRequest;
+use moneta_abi::fsproto::{FsReply, FsRequest};
 use moneta_abi::kfsproto::{KfsReply, KfsRequest};
 use moneta_device::{Device, DeviceError, TableOp};
 
@@ -670,6 +670,16 @@ impl Server {
             Request::Fs(FsRequest::Fork) => match &self.manager {
                 Some(m) => match m.fork(&lock_session(&c.session)) {
                     Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), vec![pipe]),
+                    Err(f) => empty(Err(f)),
+                },
+                None => empty(Err(fail(
+                    errno::EOPNOTSUPP,
+                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
+                ))),
+            },
+            Request::Fs(FsRequest::Durable) => match &self.manager {
+                Some(m) => match m.durable_page() {
+                    Ok(fd) => (Ok(ReplyBody::Fs(FsReply::Empty)), vec![fd]),
                     Err(f) => empty(Err(f)),
                 },
                 None => empty(Err(fail(

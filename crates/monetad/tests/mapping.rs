@@ -692,3 +692,177 @@ fn an_inode_number_given_to_a_new_file_brings_no_old_pages() {
     g.write_at(&theirs, 8192).unwrap();
     assert_eq!(rustix::fs::fstat(&old_pages).unwrap().st_size, 0);
 }
+
+/// What the page cache holds of `f`'s pages that is dirty or under write-back, from the
+/// kernel's `cachestat` (Linux 6.5); `None` on a kernel without it.
+fn dirty_pages(f: &std::fs::File) -> Option<(u64, u64)> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len: 0 };
+    let mut st = Stat::default();
+    // SAFETY: both structures live across the call, as the kernel's layout defines them.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            f.as_raw_fd(),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSYS), "cachestat: {e}");
+        eprintln!("NOTE: this kernel has no cachestat: the pages' write-back is not looked at");
+        return None;
+    }
+    Some((st.dirty, st.writeback))
+}
+
+/// A file on a `host`-level daemon, written, mapped in place and made durable once.
+fn in_place_at_host(d: &Daemon, m: &Moneta, path: &str) -> libmoneta::File {
+    let f = m.open(path, &rw()).unwrap();
+    f.write_at(&pattern(31, 0, 64 << 10), 0).unwrap();
+    f.set_in_place(true);
+    let mut buf = [0u8; 8];
+    // The first access maps the pages; the mapping ends the file's size lease, a change the
+    // next durability point keeps.
+    f.read_at(&mut buf, 0).unwrap();
+    f.write_at(b"in place", 100).unwrap();
+    assert!(pages_dir(d).join(f.ino().to_string()).exists());
+    f.sync_all().unwrap();
+    f
+}
+
+#[test]
+fn an_fsync_in_place_at_the_host_level_writes_the_pages_back_with_no_call() {
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = in_place_at_host(&d, &m, "/db");
+    let pages = std::fs::File::open(pages_dir(&d).join(f.ino().to_string())).unwrap();
+    for round in 0..3u8 {
+        f.write_at(&[b'a' + round; 4096], 8192 * u64::from(round))
+            .unwrap();
+        if let Some((dirty, _)) = dirty_pages(&pages) {
+            assert!(dirty >= 1, "the store left no dirty page");
+        }
+        let calls = fs_calls_settled(&d);
+        f.sync_all().unwrap();
+        assert_eq!(
+            fs_calls_settled(&d),
+            calls,
+            "an fsync with nothing but the file's pages to make durable called the daemon"
+        );
+        if let Some(left) = dirty_pages(&pages) {
+            assert_eq!(left, (0, 0), "the fsync left pages to write back");
+        }
+    }
+    // And the bytes are the file's, as every other reader sees them.
+    let g = Moneta::connect(&d.socket)
+        .unwrap()
+        .open("/db", &ro())
+        .unwrap();
+    let mut got = [0u8; 4096];
+    g.read_at(&mut got, 16384).unwrap();
+    assert_eq!(got, [b'c'; 4096]);
+}
+
+#[test]
+fn an_fsync_in_place_with_metadata_to_make_durable_asks_the_daemon() {
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = in_place_at_host(&d, &m, "/db");
+
+    // Another file made since the last durability point: the fsync must keep it too.
+    m.open("/other", &rw()).unwrap();
+    f.write_at(b"after a create", 0).unwrap();
+    let calls = fs_calls_settled(&d);
+    f.sync_all().unwrap();
+    assert_eq!(
+        fs_calls_settled(&d),
+        calls + 1,
+        "the fsync skipped a create"
+    );
+    // That point made everything durable: the next one needs no call.
+    f.write_at(b"and again", 0).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(fs_calls_settled(&d), calls + 1);
+
+    // Pages retired under the mapping (another process shortened the file): the daemon
+    // holds the bytes in the array now, and makes them durable there.
+    let g = Moneta::connect(&d.socket)
+        .unwrap()
+        .open("/db", &rw())
+        .unwrap();
+    g.set_len(4096).unwrap();
+    let calls = fs_calls_settled(&d);
+    f.sync_all().unwrap();
+    assert_eq!(fs_calls_settled(&d), calls + 1, "an fsync of retired pages");
+}
+
+#[test]
+fn only_the_host_level_hands_out_the_durability_page_and_nobody_writes_it() {
+    use libmoneta::control::Control;
+    use moneta_abi::control::{ReplyBody, Request};
+    use moneta_abi::fsproto::{FsReply, FsRequest};
+    use moneta_abi::{DurablePage, DURABLE_MAGIC, DURABLE_PAGE_SIZE, FS_DURABLE_PAGE};
+    use std::sync::atomic::Ordering;
+
+    let ask = |c: &Control| c.call(&Request::Fs(FsRequest::Durable));
+    for volatile in [
+        Daemon::start_fs("16M", &[]),
+        persistent(&["--durability", "device"]),
+    ] {
+        let ch = volatile.channel();
+        assert_eq!(
+            ch.header().fs_flags.load(Ordering::Acquire) & FS_DURABLE_PAGE,
+            0
+        );
+        assert_eq!(errno_of(ask(ch.control())), libc::EOPNOTSUPP);
+    }
+
+    let d = persistent(&["--durability", "host"]);
+    let ch = d.channel();
+    assert_ne!(
+        ch.header().fs_flags.load(Ordering::Acquire) & FS_DURABLE_PAGE,
+        0
+    );
+    let (body, mut fds) = ask(ch.control()).unwrap();
+    assert!(matches!(body, ReplyBody::Fs(FsReply::Empty)));
+    assert_eq!(fds.len(), 1);
+    let fd = fds.pop().unwrap();
+    assert_eq!(
+        Mapped::new(&fd, DURABLE_PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE).err(),
+        Some(libc::EACCES),
+        "a writable mapping of the durability page"
+    );
+    let map = Mapped::new(&fd, DURABLE_PAGE_SIZE, libc::PROT_READ).unwrap();
+    // SAFETY: a page-aligned mapping of the page, read through atomics only.
+    let page = unsafe { &*map.p.cast::<DurablePage>() };
+    assert_eq!(page.magic.load(Ordering::SeqCst), DURABLE_MAGIC);
+
+    // A change is committed before its call returns, durable after an fsync.
+    let m = Moneta::connect(&d.socket).unwrap();
+    let before = page.committed.load(Ordering::SeqCst);
+    m.mkdir("/dir", 0o755).unwrap();
+    let committed = page.committed.load(Ordering::SeqCst);
+    assert!(committed > before, "a mkdir committed nothing");
+    assert!(page.durable.load(Ordering::SeqCst) < committed);
+    let f = m.open("/f", &rw()).unwrap();
+    f.sync_all().unwrap();
+    assert!(page.durable.load(Ordering::SeqCst) >= committed);
+    assert!(page.durable.load(Ordering::SeqCst) <= page.committed.load(Ordering::SeqCst));
+}

@@ -263,4 +263,56 @@ impl File {
         map.size = stat.size;
         Ok(())
     }
+
+    /// `fsync` of a file mapped for access in place, at the `host` level, without a call where
+    /// none is needed: `Some(result)` when it is done here, `None` for `FS_FSYNC` to do it.
+    ///
+    /// Every byte of a mapped file, whether stored in place or written through a channel, is
+    /// in its pages, which the mapping reaches: `msync` of the whole reservation writes back
+    /// every dirty page of the file and flushes the host's disk, as `fdatasync` of a kernel
+    /// file does, in this thread. What else the call owes is metadata: every change that
+    /// completed before it must be durable too. The daemon's durability page says so when,
+    /// loaded in this order, the last durable transaction is at least the last committed one
+    /// seen before the flush. A mapped file has no size lease out (its size moves through
+    /// calls only), and pages retired meanwhile (a truncation) send the call to the daemon,
+    /// which then holds the bytes in the array.
+    pub(super) fn sync_in_place(&self) -> Option<Result<(), ClientError>> {
+        let slot = self.in_place.map.read().unwrap_or_else(|e| e.into_inner());
+        let m = slot.as_ref()?;
+        if self.map.read().unwrap_or_else(|e| e.into_inner()).size > m.len as u64 {
+            return None;
+        }
+        let ch = self.m.inner.live().ok()?;
+        let page = ch.durable_page()?;
+        let header = ch.header();
+        if header.retired.load(Ordering::SeqCst) != m.generation {
+            return None;
+        }
+        let committed = page.committed.load(Ordering::SeqCst);
+        // SAFETY: the whole of this file's mapping, which the read lock keeps in place.
+        let flushed = unsafe {
+            rustix::mm::msync(
+                m.base as *mut std::ffi::c_void,
+                m.len,
+                rustix::mm::MsyncFlags::SYNC,
+            )
+        };
+        match flushed {
+            Ok(()) => {}
+            Err(rustix::io::Errno::IO) => {
+                return Some(Err(ClientError::Refused {
+                    errno: libc::EIO,
+                    message: "writing the file's pages back to the host's disk failed".into(),
+                }))
+            }
+            Err(_) => return None,
+        }
+        if header.retired.load(Ordering::SeqCst) != m.generation {
+            return None;
+        }
+        if !ch.control().alive() {
+            return Some(Err(ClientError::DeviceGone));
+        }
+        (page.durable.load(Ordering::SeqCst) >= committed).then_some(Ok(()))
+    }
 }

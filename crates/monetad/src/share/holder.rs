@@ -388,6 +388,14 @@ impl Holder {
     ) -> Result<Result<ReplyBody, Failure>, Failure> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let f = match req {
+            Request::Fs(FsRequest::Durable) => {
+                return Ok(Err(Failure {
+                    errno: errno::EOPNOTSUPP,
+                    message: "a member host's clients have no durability page \
+                              (docs/distributed.md)"
+                        .into(),
+                }))
+            }
             Request::Fs(FsRequest::Map { .. }) => {
                 return Ok(Err(Failure {
                     errno: errno::EOPNOTSUPP,

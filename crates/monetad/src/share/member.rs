@@ -620,6 +620,12 @@ impl Proxy {
                  (docs/distributed.md)",
             ));
         }
+        if matches!(req, FsRequest::Durable) {
+            return Err(fail(
+                errno::EOPNOTSUPP,
+                "a member host has no durability page: the sharing host's journal is not here",
+            ));
+        }
         if let FsRequest::OpenRoom { flags, mode, path } = req {
             // Room and size leases are the sharing host's own channels' (this host's channels
             // do not offer `FS_ROOM_AT_OPEN`): the open is made plainly, with no room.
