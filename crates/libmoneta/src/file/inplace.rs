@@ -272,10 +272,12 @@ impl File {
     /// every dirty page of the file and flushes the host's disk, as `fdatasync` of a kernel
     /// file does, in this thread. What else the call owes is metadata: every change that
     /// completed before it must be durable too. The daemon's durability page says so when,
-    /// loaded in this order, the last durable transaction is at least the last committed one
-    /// seen before the flush. A mapped file has no size lease out (its size moves through
-    /// calls only), and pages retired meanwhile (a truncation) send the call to the daemon,
-    /// which then holds the bytes in the array.
+    /// loaded in this order, the last durable transaction is at least the last committed
+    /// one (both only grow). When it is not, the call goes to the daemon before anything is
+    /// flushed here: its durability point flushes the file's data with the metadata, in one
+    /// flush of the disk, where a flush here first would make two. A mapped file has no size
+    /// lease out (its size moves through calls only), and pages retired meanwhile (a
+    /// truncation) send the call to the daemon, which then holds the bytes in the array.
     pub(super) fn sync_in_place(&self) -> Option<Result<(), ClientError>> {
         let slot = self.in_place.map.read().unwrap_or_else(|e| e.into_inner());
         let m = slot.as_ref()?;
@@ -289,6 +291,9 @@ impl File {
             return None;
         }
         let committed = page.committed.load(Ordering::SeqCst);
+        if page.durable.load(Ordering::SeqCst) < committed {
+            return None;
+        }
         // SAFETY: the whole of this file's mapping, which the read lock keeps in place.
         let flushed = unsafe {
             rustix::mm::msync(
@@ -313,6 +318,6 @@ impl File {
         if !ch.control().alive() {
             return Some(Err(ClientError::DeviceGone));
         }
-        (page.durable.load(Ordering::SeqCst) >= committed).then_some(Ok(()))
+        Some(Ok(()))
     }
 }
