@@ -98,6 +98,22 @@ impl Drop for Durable {
 mod tests {
     use super::*;
     use moneta_fs::Progress;
+    use std::os::fd::AsFd;
+
+    /// A shared mapping of the page through `fd` with `prot`.
+    fn map(fd: impl AsFd, prot: ProtFlags) -> rustix::io::Result<*mut std::ffi::c_void> {
+        // SAFETY: a new mapping the kernel places; the callers unmap it or never get one.
+        unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                DURABLE_PAGE_SIZE,
+                prot,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+    }
 
     #[test]
     fn clients_get_a_page_they_can_read_and_never_write() {
@@ -105,19 +121,8 @@ mod tests {
         d.committed(7);
         d.durable(5);
         let fd = d.give().unwrap();
-        // SAFETY: a read-only shared mapping of the page, dropped below.
-        let p = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                DURABLE_PAGE_SIZE,
-                ProtFlags::READ,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-            .unwrap()
-        };
-        // SAFETY: as above.
+        let p = map(&fd, ProtFlags::READ).unwrap();
+        // SAFETY: a page-aligned read-only mapping of the page, unmapped below.
         let w = unsafe { &*p.cast::<DurablePage>() };
         assert_eq!(w.magic.load(Ordering::SeqCst), DURABLE_MAGIC);
         assert_eq!(w.committed.load(Ordering::SeqCst), 7);
@@ -128,40 +133,25 @@ mod tests {
             7,
             "the client sees the daemon's stores"
         );
-        // SAFETY: unmaps the mapping above.
+        // SAFETY: unmaps the mapping above, which `w` no longer reads.
         unsafe { rustix::mm::munmap(p, DURABLE_PAGE_SIZE).unwrap() };
 
         // No writable mapping, no write, no reopening for writing, no resizing.
-        // SAFETY: a mapping that must fail.
-        let w = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                DURABLE_PAGE_SIZE,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        };
-        assert!(w.is_err(), "a read-only descriptor gave a writable mapping");
+        let rw = ProtFlags::READ | ProtFlags::WRITE;
+        assert!(
+            map(&fd, rw).is_err(),
+            "a read-only descriptor gave a writable mapping"
+        );
         assert!(rustix::io::write(&fd, b"x").is_err());
         let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        if let Ok(rw) = rustix::fs::open(path.as_str(), OFlags::RDWR, Mode::empty()) {
+        if let Ok(again) = rustix::fs::open(path.as_str(), OFlags::RDWR, Mode::empty()) {
             // (Root may reopen it so.) The seal still refuses a writable mapping and writes.
-            // SAFETY: a mapping that must fail.
-            let w = unsafe {
-                rustix::mm::mmap(
-                    std::ptr::null_mut(),
-                    DURABLE_PAGE_SIZE,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED,
-                    &rw,
-                    0,
-                )
-            };
-            assert!(w.is_err(), "a reopened descriptor gave a writable mapping");
-            assert!(rustix::io::pwrite(&rw, b"x", 8).is_err());
-            assert!(rustix::fs::ftruncate(&rw, 0).is_err());
+            assert!(
+                map(&again, rw).is_err(),
+                "a reopened descriptor gave a writable mapping"
+            );
+            assert!(rustix::io::pwrite(&again, b"x", 8).is_err());
+            assert!(rustix::fs::ftruncate(&again, 0).is_err());
         }
         assert_eq!(d.words().committed.load(Ordering::SeqCst), 7);
     }
