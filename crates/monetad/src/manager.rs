@@ -35,6 +35,7 @@
 //!   lane, one flush at a time. The file system's own flushes (checkpoints, under its lock)
 //!   go through the array's descriptor, and the engine's FLUSH through a third lane of its
 //!   own (`moneta_device::FlushAs::lane`). At the `Device` level it flushes nothing.
+//!   (`commit.rs`.)
 //! - Advisory locks (`OP_FS_LOCK`) live in their own table ([`crate::locks`]) under their own
 //!   mutex, never under the file-system lock. POSIX record locks belong to the session (the
 //!   client process) and go when it closes *any* handle of the file, as POSIX requires, or
@@ -59,9 +60,11 @@ use moneta_fs::{Cred, Fs, FsError, Mapping, SetTime, Stat, SyncPlan, Time};
 
 use crate::locks::{Held, LockError, Locks, Mode, Owner, Range};
 
+mod commit;
 mod durable;
 mod fork;
 mod leases;
+mod mapping;
 mod quick;
 mod release;
 mod segments;
@@ -104,7 +107,7 @@ pub struct Manager {
     commit_lanes: u64,
     /// The file system's durability level (fixed at mount).
     durability: moneta_fs::Durability,
-    syncs: Syncs,
+    syncs: commit::Syncs,
     /// Files whose last name or handle a quick call dropped, for the releaser thread to close
     /// (see `quick.rs`).
     releases: Mutex<Releases>,
@@ -123,29 +126,6 @@ pub struct Manager {
     members: Arc<std::sync::OnceLock<Weak<crate::share::Holder>>>,
     /// The durability page, at the `host` level (`OP_FS_DURABLE`).
     durable: Option<Arc<durable::Durable>>,
-}
-
-/// Flushes that outlive this many later ones forget their failure (each waiter reads its
-/// own well before).
-const SYNC_ERRORS_KEPT: usize = 64;
-
-/// The group commit of `fsync`s.
-#[derive(Default)]
-struct Syncs {
-    state: Mutex<SyncState>,
-    done: Condvar,
-}
-
-#[derive(Default)]
-struct SyncState {
-    /// What the callers waiting for the next flush need flushed.
-    queued: SyncPlan,
-    /// Flushes started, and finished (in order): flush `n` carries what was queued until it
-    /// started, in lane `n % lanes`.
-    started: u64,
-    finished: u64,
-    /// Flushes that failed, and why.
-    failed: BTreeMap<u64, FsError>,
 }
 
 /// Advisory locks and what owns them.
@@ -549,7 +529,7 @@ impl Manager {
                 media,
                 commit_lanes: commit_lanes.max(1) as u64,
                 durability,
-                syncs: Syncs::default(),
+                syncs: commit::Syncs::default(),
                 releases: Mutex::new(Releases::default()),
                 release_wake: Condvar::new(),
                 settled: Condvar::new(),
@@ -582,62 +562,6 @@ impl Manager {
             })?;
         }
         self.fs().unmount()
-    }
-
-    /// `fsync` of `ino` (or of the metadata alone): a durability point shared with the
-    /// callers that come while another's flush runs.
-    pub fn fsync(&self, ino: u64) -> Result<(), FsError> {
-        let Some(plan) = self.fs().sync_plan(Some(ino))? else {
-            return Ok(());
-        };
-        let s = &self.syncs;
-        let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.queued.ranges.extend(plan.ranges);
-        st.queued.recycled.extend(plan.recycled);
-        st.queued.seq = st.queued.seq.max(plan.seq);
-        // The flush that will carry this plan: the next one to start.
-        let mine = st.started;
-        loop {
-            if st.finished > mine {
-                return match st.failed.get(&mine) {
-                    Some(e) => Err(e.clone()),
-                    None => Ok(()),
-                };
-            }
-            let lanes = self.commit_lanes;
-            if st.started > mine || st.started - st.finished >= lanes {
-                // A flush carries this plan already, or as many run as may: wait.
-                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            // This caller flushes everything queued, for everyone, beside the flush that may
-            // be running (in the other lane: flush `n - lanes` has ended, so its lane is free).
-            let n = st.started;
-            st.started += 1;
-            let mut batch = std::mem::take(&mut st.queued);
-            drop(st);
-            batch.ranges = moneta_fs::journal::merge(batch.ranges);
-            let flushed = self
-                .media
-                .flush_ranges_in((n % lanes) as usize, &batch.ranges);
-            // The flush before this one ends first: its callers' data, and the metadata up to
-            // its plan, are durable only once its own flush has ended.
-            st = s.state.lock().unwrap_or_else(|e| e.into_inner());
-            while st.finished < n {
-                st = s.done.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            drop(st);
-            let result = self.fs().sync_done(&batch, flushed);
-            st = s.state.lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(e) = result {
-                st.failed.insert(n, e);
-                while st.failed.len() > SYNC_ERRORS_KEPT {
-                    st.failed.pop_first();
-                }
-            }
-            st.finished = n + 1;
-            s.done.notify_all();
-        }
     }
 
     fn locks(&self) -> MutexGuard<'_, LockState> {
@@ -880,105 +804,6 @@ impl Manager {
                 Ok(FsReply::Empty)
             }
         }
-    }
-
-    fn segments(&self) -> MutexGuard<'_, Segments> {
-        self.segments.lock().expect("segments lock")
-    }
-
-    /// After `ino` grew to `size` (an extend or a truncation), with the file-system lock held:
-    /// if it is mapped, its holes get space (a mapped file has none: a store into its pages is
-    /// a store into the array) and its pages show the new space. If that fails, its pages are
-    /// retired, so that mappings and the array never disagree.
-    fn show_grown(&self, fs: &mut Fs, ino: u64, size: u64) -> Result<(), Failure> {
-        let mut segs = self.segments();
-        if !segs.has(ino) {
-            return Ok(());
-        }
-        drop(segs);
-        let filled = fs.extend(ino, 0, size, 1).map_err(failure);
-        segs = self.segments();
-        let shown =
-            filled.and_then(|_| segs.show(ino, &fs.allocated(ino), size, fs.generation(ino)));
-        if let Err(f) = shown {
-            segs.retire(ino)?;
-            return Err(f);
-        }
-        Ok(())
-    }
-
-    /// Answers [`FsRequest::Durable`]: a descriptor of the durability page, for reading.
-    pub fn durable_page(&self) -> Result<OwnedFd, Failure> {
-        let Some(page) = &self.durable else {
-            return Err(fail(
-                errno::EOPNOTSUPP,
-                "this daemon has no durability page: only the host durability level has one",
-            ));
-        };
-        page.give().map_err(|e| {
-            fail(
-                errno::EMFILE,
-                &format!("cannot hand out the durability page: {e}"),
-            )
-        })
-    }
-
-    /// Answers [`FsRequest::Map`]: the attributes of the file of `handle` and a descriptor of
-    /// its pages (see `segments.rs`), open for writing if `write`.
-    pub fn map(
-        &self,
-        s: &mut Session,
-        channel: Option<u32>,
-        handle: u64,
-        write: bool,
-    ) -> Result<(FsReply, OwnedFd), Failure> {
-        self.publish(s, channel);
-        self.settle_releases();
-        let h = Self::handle(s, handle)?;
-        if !h.read {
-            return Err(fail(
-                libc::EACCES,
-                "a mapping needs a handle open for reading",
-            ));
-        }
-        if write && !h.write {
-            return Err(fail(errno::EBADF, "the handle is not open for writing"));
-        }
-        // Stores and loads through the pages do not wait for posted writes: a sole lease
-        // ends first, once what its holder rang has landed.
-        self.recall_sole(h.ino);
-        let mut fs = self.fs();
-        // A mapping's pages follow the size through calls only: a size grant ends first, and
-        // its room past the end goes back now rather than at the last close, under the
-        // mapping's pages.
-        fs.end_grant_and_room(h.ino).map_err(failure)?;
-        let st = fs.stat_ino(h.ino);
-        if st.mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(fail(errno::EINVAL, "only a regular file can be mapped"));
-        }
-        let mut segs = self.segments();
-        segs.supported(fs.geometry().chunk_size)?;
-        if st.size > 0 && write {
-            // Every byte a writable mapping reaches is in the array: holes get space (zeroed).
-            // A read-only one sees a hole's zeros in pages of its own, which nobody can store
-            // into (a writer's mapping or write fills the hole first).
-            drop(segs);
-            fs.extend(h.ino, 0, st.size, 1).map_err(failure)?;
-            segs = self.segments();
-        }
-        // Root and the daemon's own user are not held to a share.
-        let uid = s.cred.uid;
-        let owner = (uid != 0 && uid != rustix::process::geteuid().as_raw()).then_some(uid);
-        let generation = fs.generation(h.ino);
-        let fd = segs.give(
-            h.ino,
-            &fs.allocated(h.ino),
-            st.size,
-            write,
-            owner,
-            generation,
-        )?;
-        Ok((FsReply::Stat(wire_stat(&fs.stat_ino(h.ino))), fd))
     }
 
     /// Answers one file-system call of session `s`, whose channel (if it opened one) is
