@@ -527,10 +527,21 @@ impl File {
             // A size published under a size lease is the exception: the call applies it.
             return Ok(());
         }
-        // A size published under a size lease is applied by the call, which must then be
-        // made. Otherwise a file read and written in place makes its own data durable, and
-        // may find no metadata left to make so (docs/nvfs.md, "Durability levels").
-        if !self.grown.swap(false, Ordering::AcqRel) {
+        if self.is_dir {
+            // A directory has no data of its own: its `fsync` owes every metadata change
+            // before it, which the daemon's durability page may show durable already
+            // (docs/nvfs.md, "Durability levels").
+            let ch = self.ch();
+            if ch.metadata_durable() {
+                return match ch.control().alive() {
+                    true => Ok(()),
+                    false => Err(ClientError::DeviceGone),
+                };
+            }
+        } else if !self.grown.swap(false, Ordering::AcqRel) {
+            // A size published under a size lease is applied by the call, which must then be
+            // made. Otherwise a file read and written in place makes its own data durable,
+            // and may find no metadata left to make so.
             if let Some(done) = self.sync_in_place() {
                 return done;
             }

@@ -866,3 +866,33 @@ fn only_the_host_level_hands_out_the_durability_page_and_nobody_writes_it() {
     assert!(page.durable.load(Ordering::SeqCst) >= committed);
     assert!(page.durable.load(Ordering::SeqCst) <= page.committed.load(Ordering::SeqCst));
 }
+
+#[test]
+fn a_directorys_fsync_asks_the_daemon_only_for_changes_not_yet_durable() {
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    m.mkdir("/dir", 0o755).unwrap();
+    let dir = m.open("/dir", &ro()).unwrap();
+    assert!(dir.is_dir());
+    // The mkdir is not durable yet: the daemon makes it so.
+    let calls = fs_calls_settled(&d);
+    dir.sync_all().unwrap();
+    assert_eq!(
+        fs_calls_settled(&d),
+        calls + 1,
+        "the mkdir was left to chance"
+    );
+    // Nothing changed since: a directory has no data of its own, and nothing is asked.
+    dir.sync_all().unwrap();
+    dir.sync_data().unwrap();
+    assert_eq!(fs_calls_settled(&d), calls + 1);
+    // A name made in it: the daemon again.
+    m.open("/dir/name", &rw()).unwrap();
+    let calls = fs_calls_settled(&d);
+    dir.sync_all().unwrap();
+    assert_eq!(
+        fs_calls_settled(&d),
+        calls + 1,
+        "a create was left to chance"
+    );
+}

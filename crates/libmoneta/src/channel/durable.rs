@@ -1,7 +1,7 @@
 //! The daemon's durability page (docs/abi.md §2.10, `OP_FS_DURABLE`), mapped for reading the
 //! first time a file of this channel's connection needs it: at the `host` level it tells
 //! whether an `fsync` whose data the client made durable itself (a file read and written in
-//! place) has any metadata left to make durable.
+//! place), or that has no data (a directory's), has any metadata left to make durable.
 
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -57,5 +57,14 @@ impl Channel {
         });
         // SAFETY: the mapping lives as long as the channel that holds it.
         map.as_ref().map(|m| unsafe { m.0.as_ref() })
+    }
+
+    /// Whether every metadata change committed so far is durable, by the durability page:
+    /// `committed` loaded, then `durable` (both only grow). `false` without a page.
+    pub(crate) fn metadata_durable(&self) -> bool {
+        self.durable_page().is_some_and(|p| {
+            let committed = p.committed.load(Ordering::SeqCst);
+            p.durable.load(Ordering::SeqCst) >= committed
+        })
     }
 }

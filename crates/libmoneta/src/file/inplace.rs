@@ -285,13 +285,8 @@ impl File {
             return None;
         }
         let ch = self.m.inner.live().ok()?;
-        let page = ch.durable_page()?;
         let header = ch.header();
-        if header.retired.load(Ordering::SeqCst) != m.generation {
-            return None;
-        }
-        let committed = page.committed.load(Ordering::SeqCst);
-        if page.durable.load(Ordering::SeqCst) < committed {
+        if header.retired.load(Ordering::SeqCst) != m.generation || !ch.metadata_durable() {
             return None;
         }
         // SAFETY: the whole of this file's mapping, which the read lock keeps in place.
