@@ -896,3 +896,19 @@ fn a_directorys_fsync_asks_the_daemon_only_for_changes_not_yet_durable() {
         "a create was left to chance"
     );
 }
+
+#[test]
+fn an_fsync_in_place_after_the_daemon_died_fails() {
+    let mut d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = in_place_at_host(&d, &m, "/db");
+    f.write_at(b"before", 0).unwrap();
+    f.sync_all().unwrap();
+    f.write_at(b"after the kill", 0).unwrap();
+    d.kill9();
+    // The pages still take the store, and their write-back works, but a daemon started
+    // meanwhile may have folded them back into the array and removed them: a store there
+    // reaches nothing, and the call must not call it durable.
+    f.write_at(b"after the kill", 0).unwrap();
+    assert_eq!(errno_of(f.sync_all()), libc::EIO);
+}
