@@ -26,8 +26,10 @@ pub const DURABLE_MAGIC: u64 = u64::from_le_bytes(*b"MONETADU");
 pub struct DurablePage {
     /// [`DURABLE_MAGIC`], written before the page is handed out.
     pub magic: AtomicU64,
-    /// The sequence number of the last metadata transaction committed: every metadata call
-    /// that has returned made a transaction at or below it (or none).
+    /// The sequence number of the last metadata transaction committed that an `fsync` must
+    /// keep: every metadata call that has returned made a transaction at or below it (or
+    /// none). The daemon's frees of removed files' space, which a crash leaves as orphans
+    /// that the next start frees, do not raise it.
     pub committed: AtomicU64,
     /// Every transaction at or below this sequence number is durable on the host's disk.
     /// Never above `committed` when both are loaded in that order.

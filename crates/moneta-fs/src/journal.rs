@@ -316,6 +316,8 @@ pub struct Journal {
     logged: bool,
     /// Told of every commit and durability point ([`Journal::set_progress`]).
     progress: Option<std::sync::Arc<dyn Progress>>,
+    /// Commits do not raise the progress's `committed` ([`Journal::set_quiet`]).
+    quiet: bool,
 }
 
 /// Sorts and merges ranges that overlap or touch.
@@ -351,6 +353,7 @@ impl Journal {
             applied: Vec::new(),
             logged: true,
             progress: None,
+            quiet: false,
         }
     }
 
@@ -498,6 +501,16 @@ impl Journal {
         self.progress = Some(p);
     }
 
+    /// While `on`, the transactions committed are not shown as committed to the progress
+    /// ([`Progress::committed`]); they still count as durable once a durability point passes
+    /// them. For changes that no call waits for and that a crash of the machine repairs by
+    /// itself: the frees of orphans (files with no name and no handle left), which the next
+    /// mount frees again if their transactions did not reach the disk. An `fsync` that finds
+    /// every *shown* transaction durable then needs no durability point of its own for them.
+    pub fn set_quiet(&mut self, on: bool) {
+        self.quiet = on;
+    }
+
     /// The sequence number of the last transaction.
     pub fn seq(&self) -> u64 {
         self.seq
@@ -585,7 +598,9 @@ impl Journal {
 
     fn show_committed(&self) {
         if let Some(p) = &self.progress {
-            p.committed(self.seq);
+            if !self.quiet {
+                p.committed(self.seq);
+            }
             if self.level == Durability::Device {
                 p.durable(self.seq);
             }

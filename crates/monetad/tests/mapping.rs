@@ -898,6 +898,62 @@ fn a_directorys_fsync_asks_the_daemon_only_for_changes_not_yet_durable() {
 }
 
 #[test]
+fn freeing_a_removed_file_leaves_a_directorys_fsync_nothing_to_ask() {
+    use moneta_abi::control::Request;
+    use moneta_abi::fsproto::FsRequest;
+    use moneta_abi::{DurablePage, DURABLE_PAGE_SIZE};
+    use std::sync::atomic::Ordering::SeqCst;
+
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let ch = d.channel();
+    let (_, mut fds) = ch.control().call(&Request::Fs(FsRequest::Durable)).unwrap();
+    let map = Mapped::new(&fds.pop().unwrap(), DURABLE_PAGE_SIZE, libc::PROT_READ).unwrap();
+    // SAFETY: a page-aligned mapping of the page, read through atomics only.
+    let page = unsafe { &*map.p.cast::<DurablePage>() };
+    m.mkdir("/dir", 0o755).unwrap();
+    let other = m.open("/other", &rw()).unwrap();
+    let dir = m.open("/dir", &ro()).unwrap();
+
+    // A rollback journal's life: made, written, made durable, closed and removed. The
+    // removal is a change of the directory, which its fsync makes durable.
+    {
+        let j = m.open("/dir/journal", &rw()).unwrap();
+        j.write_at(&pattern(7, 0, 64 << 10), 0).unwrap();
+        j.sync_all().unwrap();
+    }
+    m.unlink("/dir/journal").unwrap();
+    dir.sync_all().unwrap();
+    let shown = page.committed.load(SeqCst);
+    assert!(page.durable.load(SeqCst) >= shown);
+
+    // The file's space is freed a moment later, in a transaction of its own (a call on the
+    // control socket frees whatever is still waiting). A crash that lost it would leave an
+    // orphan the next mount frees, so the page does not count it as a change to wait for...
+    ch.control().call(&Request::Fs(FsRequest::Statfs)).unwrap();
+    assert_eq!(
+        page.committed.load(SeqCst),
+        shown,
+        "the free was shown as a change to make durable"
+    );
+    let calls = fs_calls_settled(&d);
+    dir.sync_all().unwrap();
+    assert_eq!(
+        fs_calls_settled(&d),
+        calls,
+        "a directory's fsync asked for the free of a removed file"
+    );
+    // ...and it was a transaction all the same, made durable by the next durability point
+    // (or by the directory's fsync above, if it came before).
+    other.sync_all().unwrap();
+    assert!(
+        page.durable.load(SeqCst) > shown,
+        "the removed file's space was never freed"
+    );
+    assert_eq!(page.committed.load(SeqCst), shown);
+}
+
+#[test]
 fn an_fsync_in_place_after_the_daemon_died_fails() {
     let mut d = persistent(&["--durability", "host"]);
     let m = Moneta::connect(&d.socket).unwrap();

@@ -388,13 +388,26 @@ impl Fs {
         if let Err(err) = self.revoke(&ranges) {
             return Err(self.fail(&err));
         }
+        // Frees of unlinked files alone are quiet: a crash that loses them leaves orphans,
+        // which the next mount frees, so no `fsync` needs them durable (Journal::set_quiet).
+        let quiet = trim.is_empty() && !settled;
         for ino in trim {
             if let Err(err) = self.trim_past_end(ino) {
                 return Err(self.fail(&err));
             }
         }
+        self.journal.set_quiet(quiet);
+        let freed = self.free_unlinked(&free);
+        self.journal.set_quiet(false);
+        freed?;
+        Ok(not_open)
+    }
+
+    /// Frees `files` (unlinked, without handles, their space revoked) in as few transactions
+    /// as the journal takes, and commits.
+    fn free_unlinked(&mut self, files: &[u64]) -> FsResult<()> {
         let budget = self.txn_budget();
-        for ino in free {
+        for &ino in files {
             if self.txn_estimate() > budget {
                 if let Err(err) = self.commit_one() {
                     return Err(self.fail(&err));
@@ -406,8 +419,7 @@ impl Fs {
                 self.doomed.push(ino);
             }
         }
-        self.commit()?;
-        Ok(not_open)
+        self.commit()
     }
 
     /// Whether closing the last handle of `ino` would free room allocated past its end (a
