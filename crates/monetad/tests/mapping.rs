@@ -748,6 +748,30 @@ fn in_place_at_host(d: &Daemon, m: &Moneta, path: &str) -> libmoneta::File {
 }
 
 #[test]
+fn a_files_pages_reach_the_hosts_disk_before_their_list_names_them() {
+    // A start after a crash of the machine folds every piece the list names back into the
+    // array from the pages' file: pages not yet written back would bring zeros over the
+    // file's bytes.
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/db", &rw()).unwrap();
+    f.write_at(&pattern(5, 0, 256 << 10), 0).unwrap();
+    f.sync_all().unwrap();
+    let _pages = f.pages(false).unwrap();
+    let dir = pages_dir(&d);
+    let list = std::fs::read_to_string(dir.join(format!("{}.pieces", f.ino()))).unwrap();
+    assert!(!list.is_empty(), "no piece listed");
+    let seg = std::fs::File::open(dir.join(f.ino().to_string())).unwrap();
+    if let Some(left) = dirty_pages(&seg) {
+        assert_eq!(
+            left,
+            (0, 0),
+            "pieces listed before their pages were written back"
+        );
+    }
+}
+
+#[test]
 fn an_fsync_in_place_at_the_host_level_writes_the_pages_back_with_no_call() {
     let d = persistent(&["--durability", "host"]);
     let m = Moneta::connect(&d.socket).unwrap();

@@ -435,6 +435,18 @@ impl Segments {
                     .map_err(|e| io_fail("cannot fill the file's pages", e))?;
                 at += n as u64;
             }
+        }
+        if let Store::Dir { host: true, .. } = self.store {
+            // The copies reach the host's disk before the list names their pieces: a crash
+            // of the machine in between would otherwise leave a list whose pieces the next
+            // start folds back from pages that never got the bytes, over the array's own.
+            // (No write can land in the array's pages meanwhile: their records are revoked,
+            // and the caller holds the file system.)
+            seg.rw
+                .sync_data()
+                .map_err(|e| io_fail("cannot make the file's pages durable", e))?;
+        }
+        for &(off, addr, len) in &new {
             self.media
                 .overlay(addr, len, seg.rw.as_fd(), off)
                 .map_err(|e| match e.kind() {
