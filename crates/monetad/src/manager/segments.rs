@@ -436,16 +436,6 @@ impl Segments {
                 at += n as u64;
             }
         }
-        if let Store::Dir { host: true, .. } = self.store {
-            // The copies reach the host's disk before the list names their pieces: a crash
-            // of the machine in between would otherwise leave a list whose pieces the next
-            // start folds back from pages that never got the bytes, over the array's own.
-            // (No write can land in the array's pages meanwhile: their records are revoked,
-            // and the caller holds the file system.)
-            seg.rw
-                .sync_data()
-                .map_err(|e| io_fail("cannot make the file's pages durable", e))?;
-        }
         for &(off, addr, len) in &new {
             self.media
                 .overlay(addr, len, seg.rw.as_fd(), off)
@@ -453,18 +443,31 @@ impl Segments {
                     std::io::ErrorKind::Unsupported => fail(libc::ENODEV, e.to_string()),
                     _ => io_fail("cannot show the file's pages", e),
                 })?;
-            if let Some(list) = seg.pieces.as_mut() {
-                // Listed once shown: recovery folds only what the segment holds (at the
-                // `host` level durably, as the segment's own pages become at `fsync`).
-                list.write_all(format!("{off} {addr} {len}\n").as_bytes())
-                    .and_then(|()| match self.store {
-                        Store::Dir { host: true, .. } => list.sync_data(),
-                        _ => Ok(()),
-                    })
-                    .map_err(|e| io_fail("cannot list the file's pieces", e))?;
-            }
             seg.shown.push((off, addr, len));
             self.shown += 1;
+        }
+        let host = matches!(self.store, Store::Dir { host: true, .. });
+        if host {
+            // The copies reach the host's disk before the list names their pieces: a crash
+            // of the machine in between would otherwise leave a list whose pieces the next
+            // start folds back from pages that never got the bytes, over the array's own.
+            // The array's mapping shows the pieces now, so this writes back their ranges of
+            // the pages' file alone (stores in place elsewhere in it wait for their `fsync`).
+            let ranges: Vec<(u64, u64)> = new.iter().map(|&(_, addr, len)| (addr, len)).collect();
+            self.media
+                .flush_ranges(&ranges)
+                .map_err(|e| io_fail("cannot make the file's pages durable", e))?;
+        }
+        if let Some(list) = seg.pieces.as_mut() {
+            // Listed once shown: recovery folds only what the segment holds (at the `host`
+            // level durably, as the segment's own pages become at `fsync`).
+            let lines: String = new
+                .iter()
+                .map(|&(off, addr, len)| format!("{off} {addr} {len}\n"))
+                .collect();
+            list.write_all(lines.as_bytes())
+                .and_then(|()| if host { list.sync_data() } else { Ok(()) })
+                .map_err(|e| io_fail("cannot list the file's pieces", e))?;
         }
         // Pieces adjacent in the file and in the array are one (the kernel merges the
         // mappings too), so a file that grows in place counts as one piece.
