@@ -546,6 +546,9 @@ impl File {
                 return done;
             }
         }
+        if !self.is_dir {
+            self.count_sync_toward_in_place(flags);
+        }
         self.m.fs_empty(FsRequest::Fsync { handle })
     }
 

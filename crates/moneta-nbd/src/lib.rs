@@ -212,7 +212,7 @@ fn conn() -> Result<&'static Moneta> {
 /// What one client connection reads and writes.
 enum Backend {
     /// A file of nvfs, opened for the connection.
-    Nvfs(File),
+    Nvfs(Box<File>),
     /// A file of the daemon's ext4 or XFS, opened through the kernel for the connection.
     Kernel(KernelFile),
     /// The raw range.
@@ -407,7 +407,7 @@ impl Server for Export {
             }
         };
         Ok(Box::new(Export {
-            backend: Backend::Nvfs(file),
+            backend: Backend::Nvfs(Box::new(file)),
             write,
         }))
     }

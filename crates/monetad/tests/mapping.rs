@@ -650,6 +650,74 @@ fn a_file_read_and_written_again_goes_in_place_by_itself() {
 }
 
 #[test]
+fn a_file_made_durable_again_and_again_goes_in_place_at_the_host_level() {
+    let d = persistent(&["--durability", "host"]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    let f = m.open("/wal", &rw()).unwrap();
+    let mut data = pattern(23, 0, 64 << 10);
+    f.write_at(&data, 0).unwrap();
+    f.set_in_place_after_syncs(4);
+    // Four fsyncs through the daemon; meanwhile the file's writes are posted (it is its
+    // only open): nothing is in place yet.
+    let posted = libmoneta::writes_posted();
+    for i in 0..4usize {
+        assert!(!f.in_place(), "in place after {i} fsyncs");
+        let at = i * 8192;
+        data[at..at + 4096].fill(b'a' + i as u8);
+        f.write_at(&data[at..at + 4096], at as u64).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert!(
+        libmoneta::writes_posted() >= posted + 4,
+        "no write was posted"
+    );
+    assert!(f.in_place());
+    // The next access maps the pages (every posted write has landed in them); from then on
+    // a write and its fsync ask the daemon nothing.
+    let mut got = vec![0u8; data.len()];
+    f.read_at(&mut got, 0).unwrap();
+    assert_eq!(got, data);
+    f.sync_all().unwrap();
+    let calls = fs_calls_settled(&d);
+    for i in 0..4u64 {
+        f.write_at(b"in place and durable", 20000 + i * 100)
+            .unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(
+        fs_calls_settled(&d),
+        calls,
+        "an fsync in place called the daemon"
+    );
+    let g = Moneta::connect(&d.socket)
+        .unwrap()
+        .open("/wal", &ro())
+        .unwrap();
+    let mut got = [0u8; 20];
+    g.read_at(&mut got, 20300).unwrap();
+    assert_eq!(&got, b"in place and durable");
+
+    // Made durable once and removed, a file never goes in place; nor does one at a level
+    // where an fsync flushes nothing.
+    let j = m.open("/journal", &rw()).unwrap();
+    j.set_in_place_after_syncs(4);
+    j.write_at(&[1; 4096], 0).unwrap();
+    j.sync_all().unwrap();
+    assert!(!j.in_place());
+    drop(j);
+    m.unlink("/journal").unwrap();
+    let v = Daemon::start_fs("64M", &[]);
+    let vm = Moneta::connect(&v.socket).unwrap();
+    let h = vm.open("/db", &rw()).unwrap();
+    h.set_in_place_after_syncs(2);
+    for _ in 0..4 {
+        h.write_at(&[2; 4096], 0).unwrap();
+        h.sync_all().unwrap();
+    }
+    assert!(!h.in_place());
+}
+
+#[test]
 fn an_inode_number_given_to_a_new_file_brings_no_old_pages() {
     let d = Daemon::start_fs("64M", &[]);
     let m = Moneta::connect(&d.socket).unwrap();
@@ -941,11 +1009,12 @@ fn freeing_a_removed_file_leaves_a_directorys_fsync_nothing_to_ask() {
 
     // A rollback journal's life: made, written, made durable, closed and removed. The
     // removal is a change of the directory, which its fsync makes durable.
-    {
-        let j = m.open("/dir/journal", &rw()).unwrap();
-        j.write_at(&pattern(7, 0, 64 << 10), 0).unwrap();
-        j.sync_all().unwrap();
-    }
+    let j = m.open("/dir/journal", &rw()).unwrap();
+    j.write_at(&pattern(7, 0, 64 << 10), 0).unwrap();
+    j.sync_all().unwrap();
+    // Closed for good before the removal (a close posted could come after it, and free the
+    // file later than this test looks).
+    j.close().unwrap();
     m.unlink("/dir/journal").unwrap();
     dir.sync_all().unwrap();
     let shown = page.committed.load(SeqCst);

@@ -716,10 +716,11 @@ impl File {
         }
         let handle = self.h()?;
         let slice = self.ch().slice_size();
-        // Posted under a sole lease where it can be (a file that may go in place never posts:
-        // an access in place waits for no command). A write that is not posted collects
+        // Posted under a sole lease where it can be (not once the file is in place: an access
+        // in place waits for no command, and the mapping that puts it there ends the lease,
+        // after the writes posted before have landed). A write that is not posted collects
         // those posted before, so that they land first.
-        let may_post = post && mode != Completion::Forward && t0 == 0 && !self.in_place_possible();
+        let may_post = post && mode != Completion::Forward && t0 == 0 && !self.in_place();
         if !may_post {
             if post {
                 self.settle_reporting()?;

@@ -7,7 +7,9 @@
 //! inside its known size (`MONETA_MODE=auto`, [`File::set_in_place_after`]): a file used again
 //! and again, such as a database, then goes in place, while one made, written once and
 //! removed, such as a rollback journal, is never mapped (each mapping is an `FS_MAP` on the
-//! control socket).
+//! control socket); or on by itself once a file has been made durable enough times at the
+//! `host` level (`MONETA_MODE=sync`, [`File::set_in_place_after_syncs`]), where an `fsync` in
+//! place is the client's own `msync` rather than a call.
 //! Only what lies inside the size the library knows goes in place; anything else (a read that
 //! may meet the end, a write that grows the file, an appending file) takes the channel, which
 //! learns the size or extends the file, after which that range goes in place too.
@@ -39,6 +41,13 @@ pub const ENV_MODE: &str = "MONETA_MODE";
 /// the channel before the file's go in place.
 pub const AUTO_AFTER: u32 = 16;
 
+/// With `MONETA_MODE=sync`: the `fsync`s of a file at the `host` level after which its reads
+/// and writes go in place (and its `fsync`s need no call).
+pub const SYNC_AFTER: u32 = 8;
+
+/// The largest file that goes in place by its `fsync`s: making its pages copies it whole.
+pub const SYNC_IN_PLACE_MAX: u64 = 64 << 20;
+
 /// A file's mapping for access in place.
 pub(super) struct InPlace {
     on: AtomicBool,
@@ -47,6 +56,10 @@ pub(super) struct InPlace {
     after: AtomicU32,
     /// Such accesses so far.
     seen: AtomicU32,
+    /// `fsync`s at the `host` level after which access in place turns on by itself (0: never).
+    sync_after: AtomicU32,
+    /// Such `fsync`s so far.
+    syncs: AtomicU32,
     map: RwLock<Option<Mapping>>,
 }
 
@@ -68,16 +81,20 @@ impl Drop for Mapping {
 impl InPlace {
     /// Off, unless `MONETA_MODE=map` (on) or `auto` (on after [`AUTO_AFTER`] accesses).
     pub(super) fn from_env() -> InPlace {
-        static MODE: std::sync::OnceLock<(bool, u32)> = std::sync::OnceLock::new();
-        let (on, after) = *MODE.get_or_init(|| match std::env::var(ENV_MODE).as_deref() {
-            Ok("map") => (true, 0),
-            Ok("auto") => (false, AUTO_AFTER),
-            _ => (false, 0),
-        });
+        static MODE: std::sync::OnceLock<(bool, u32, u32)> = std::sync::OnceLock::new();
+        let (on, after, sync_after) =
+            *MODE.get_or_init(|| match std::env::var(ENV_MODE).as_deref() {
+                Ok("map") => (true, 0, 0),
+                Ok("auto") => (false, AUTO_AFTER, 0),
+                Ok("sync") => (false, 0, SYNC_AFTER),
+                _ => (false, 0, 0),
+            });
         InPlace {
             on: AtomicBool::new(on),
             after: AtomicU32::new(after),
             seen: AtomicU32::new(0),
+            sync_after: AtomicU32::new(sync_after),
+            syncs: AtomicU32::new(0),
             map: RwLock::new(None),
         }
     }
@@ -99,6 +116,7 @@ impl File {
         if !on {
             // Off by choice: not on again by itself either.
             self.in_place.after.store(0, Ordering::Relaxed);
+            self.in_place.sync_after.store(0, Ordering::Relaxed);
             *self.in_place.map.write().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
@@ -112,11 +130,24 @@ impl File {
         self.in_place.after.store(accesses, Ordering::Relaxed);
     }
 
+    /// Turns reading and writing in place on by itself once the file has been made durable
+    /// `syncs` times at the `host` level with a call to the daemon (0: never; every file has
+    /// [`SYNC_AFTER`] with `MONETA_MODE=sync`), if it is open for reading and writing and no
+    /// larger than [`SYNC_IN_PLACE_MAX`]. A file made durable again and again, a database or
+    /// its log, then goes in place, and its `fsync`s are its own `msync` (docs/nvfs.md,
+    /// "Durability levels"); one made durable once or twice and removed never does.
+    pub fn set_in_place_after_syncs(&self, syncs: u32) {
+        self.in_place.syncs.store(0, Ordering::Relaxed);
+        self.in_place.sync_after.store(syncs, Ordering::Relaxed);
+    }
+
     /// Whether reads and writes may go in place now or later (on, or on by itself after
-    /// enough accesses): such a file's writes are never posted, as an access in place does
-    /// not wait for commands in flight.
+    /// enough accesses or `fsync`s): such a file's reads collect its posted writes first, as
+    /// an access in place does not wait for commands in flight.
     pub(super) fn in_place_possible(&self) -> bool {
-        self.in_place.on.load(Ordering::Relaxed) || self.in_place.after.load(Ordering::Relaxed) > 0
+        self.in_place.on.load(Ordering::Relaxed)
+            || self.in_place.after.load(Ordering::Relaxed) > 0
+            || self.in_place.sync_after.load(Ordering::Relaxed) > 0
     }
 
     /// Whether reads and writes go in place where they can.
@@ -190,6 +221,7 @@ impl File {
         if self.remap(write).is_err() {
             self.in_place.on.store(false, Ordering::Relaxed);
             self.in_place.after.store(0, Ordering::Relaxed);
+            self.in_place.sync_after.store(0, Ordering::Relaxed);
         }
         false
     }
@@ -205,6 +237,24 @@ impl File {
             return;
         }
         if self.in_place.seen.fetch_add(1, Ordering::Relaxed) + 1 >= after {
+            self.in_place.on.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// An `fsync` that goes to the daemon: at the `host` level (where an `fsync` in place
+    /// needs no call) it counts toward turning access in place on, for a file open for
+    /// reading and writing and no larger than [`SYNC_IN_PLACE_MAX`].
+    pub(super) fn count_sync_toward_in_place(&self, flags: u32) {
+        let after = self.in_place.sync_after.load(Ordering::Relaxed);
+        if after == 0
+            || flags & moneta_abi::FS_DURABLE_PAGE == 0
+            || !(self.readable && self.writable)
+            || self.in_place.on.load(Ordering::Relaxed)
+            || self.map.read().unwrap_or_else(|e| e.into_inner()).size > SYNC_IN_PLACE_MAX
+        {
+            return;
+        }
+        if self.in_place.syncs.fetch_add(1, Ordering::Relaxed) + 1 >= after {
             self.in_place.on.store(true, Ordering::Relaxed);
         }
     }
