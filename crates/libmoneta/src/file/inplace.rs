@@ -79,7 +79,8 @@ impl Drop for Mapping {
 }
 
 impl InPlace {
-    /// Off, unless `MONETA_MODE=map` (on) or `auto` (on after [`AUTO_AFTER`] accesses).
+    /// Off, unless `MONETA_MODE=map` (on), `auto` (on after [`AUTO_AFTER`] accesses) or `sync`
+    /// (on after [`SYNC_AFTER`] `fsync`s at the `host` level).
     pub(super) fn from_env() -> InPlace {
         static MODE: std::sync::OnceLock<(bool, u32, u32)> = std::sync::OnceLock::new();
         let (on, after, sync_after) =
