@@ -424,12 +424,15 @@ impl Segments {
         // flush writes a dirty folio back whole, so pages copied in larger writes would make
         // every later `fsync` of a few bytes write back up to megabytes.
         let mut buf = vec![0u8; PAGE as usize];
+        // Whether any byte copied is not zero (space a file just grew into is all zeros).
+        let mut data = false;
         for &(off, addr, len) in &new {
             let mut at = 0;
             while at < len {
                 let n = (len - at).min(buf.len() as u64) as usize;
                 // SAFETY: `buf` holds `n` bytes; the range is the file's, inside the array.
                 unsafe { self.media.read(addr + at, buf.as_mut_ptr(), n) };
+                data |= buf[..n].iter().any(|&b| b != 0);
                 seg.rw
                     .write_all_at(&buf[..n], off + at)
                     .map_err(|e| io_fail("cannot fill the file's pages", e))?;
@@ -447,12 +450,15 @@ impl Segments {
             self.shown += 1;
         }
         let host = matches!(self.store, Store::Dir { host: true, .. });
-        if host {
+        if host && data {
             // The copies reach the host's disk before the list names their pieces: a crash
             // of the machine in between would otherwise leave a list whose pieces the next
             // start folds back from pages that never got the bytes, over the array's own.
             // The array's mapping shows the pieces now, so this writes back their ranges of
             // the pages' file alone (stores in place elsewhere in it wait for their `fsync`).
+            // Copies of zeros need none: the pages' file reads as zeros on the disk wherever
+            // nothing was written back (it was allocated and made durable as it grew), as
+            // where a file grows in place.
             let ranges: Vec<(u64, u64)> = new.iter().map(|&(_, addr, len)| (addr, len)).collect();
             self.media
                 .flush_ranges(&ranges)
