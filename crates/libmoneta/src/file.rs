@@ -538,15 +538,15 @@ impl File {
                     false => Err(ClientError::DeviceGone),
                 };
             }
-        } else if !self.grown.swap(false, Ordering::AcqRel) {
+        } else {
             // A size published under a size lease is applied by the call, which must then be
             // made. Otherwise a file read and written in place makes its own data durable,
             // and may find no metadata left to make so.
-            if let Some(done) = self.sync_in_place() {
-                return done;
+            if !self.grown.swap(false, Ordering::AcqRel) {
+                if let Some(done) = self.sync_in_place() {
+                    return done;
+                }
             }
-        }
-        if !self.is_dir {
             self.count_sync_toward_in_place(flags);
         }
         self.m.fs_empty(FsRequest::Fsync { handle })

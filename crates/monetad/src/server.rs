@@ -667,47 +667,33 @@ impl Server {
                     Err(f) => empty(Err(f)),
                 }
             }
-            Request::Fs(FsRequest::Fork) => match &self.manager {
-                Some(m) => match m.fork(&lock_session(&c.session)) {
-                    Ok((reply, pipe)) => (Ok(ReplyBody::Fs(reply)), vec![pipe]),
+            Request::Fs(f) => {
+                let Some(m) = &self.manager else {
+                    return empty(Err(fail(
+                        errno::EOPNOTSUPP,
+                        "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
+                    )));
+                };
+                // The calls answered with a descriptor, then every other.
+                let with_fd = match f {
+                    FsRequest::Fork => m.fork(&lock_session(&c.session)),
+                    FsRequest::Durable => m.durable_page().map(|fd| (FsReply::Empty, fd)),
+                    FsRequest::Map { handle, write } => {
+                        m.map(&mut lock_session(&c.session), c.channel, handle, write)
+                    }
+                    f => {
+                        return (
+                            m.call(&mut lock_session(&c.session), c.channel, f)
+                                .map(ReplyBody::Fs),
+                            Vec::new(),
+                        )
+                    }
+                };
+                match with_fd {
+                    Ok((reply, fd)) => (Ok(ReplyBody::Fs(reply)), vec![fd]),
                     Err(f) => empty(Err(f)),
-                },
-                None => empty(Err(fail(
-                    errno::EOPNOTSUPP,
-                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
-                ))),
-            },
-            Request::Fs(FsRequest::Durable) => match &self.manager {
-                Some(m) => match m.durable_page() {
-                    Ok(fd) => (Ok(ReplyBody::Fs(FsReply::Empty)), vec![fd]),
-                    Err(f) => empty(Err(f)),
-                },
-                None => empty(Err(fail(
-                    errno::EOPNOTSUPP,
-                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
-                ))),
-            },
-            Request::Fs(FsRequest::Map { handle, write }) => match &self.manager {
-                Some(m) => match m.map(&mut lock_session(&c.session), c.channel, handle, write) {
-                    Ok((reply, pages)) => (Ok(ReplyBody::Fs(reply)), vec![pages]),
-                    Err(f) => empty(Err(f)),
-                },
-                None => empty(Err(fail(
-                    errno::EOPNOTSUPP,
-                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
-                ))),
-            },
-            Request::Fs(f) => match &self.manager {
-                Some(m) => (
-                    m.call(&mut lock_session(&c.session), c.channel, f)
-                        .map(ReplyBody::Fs),
-                    Vec::new(),
-                ),
-                None => empty(Err(fail(
-                    errno::EOPNOTSUPP,
-                    "this daemon serves no nvfs (it runs with --raw or --kernel-fs)",
-                ))),
-            },
+                }
+            }
             Request::Shutdown => empty(self.admin(c).and_then(|()| {
                 self.stopping.store(true, Ordering::Relaxed);
                 tracing::info!(pid = c.pid, "shutdown requested");
