@@ -461,3 +461,42 @@ fn a_killed_writer_s_posted_write_whose_record_was_evicted_is_carried_out() {
     assert_eq!(read_at(&g, 1024, 512), bytes(7, 512));
     assert_eq!(read_at(&g, 0, 512), vec![0x5a; 512]);
 }
+
+#[test]
+fn a_file_that_may_go_in_place_later_posts_until_it_does() {
+    let _s = serial();
+    let d = Daemon::start_fs("64M", &[]);
+    let m = Moneta::connect(&d.socket).unwrap();
+    made(&m, "/db").close().unwrap();
+    let f = alone(&m, "/db");
+    // It would go in place after many more accesses: until then, its writes are posted.
+    f.set_in_place_after(1000);
+    // (The first access looks the file's extent up; the posted ones follow.)
+    assert_eq!(read_at(&f, 4096, 100), vec![0u8; 100]);
+    let before = libmoneta::writes_posted();
+    for i in 0..8u64 {
+        f.write_at(&bytes(i as u8, 100), i * 100).unwrap();
+    }
+    assert_eq!(
+        libmoneta::writes_posted(),
+        before + 8,
+        "a write was not posted"
+    );
+    // In place, it posts nothing, and the mapping holds every write posted before.
+    f.set_in_place(true);
+    let before = libmoneta::writes_posted();
+    f.write_at(&bytes(9, 100), 900).unwrap();
+    f.write_at(&bytes(10, 100), 1000).unwrap();
+    assert!(f.in_place());
+    assert_eq!(
+        libmoneta::writes_posted(),
+        before,
+        "a write in place was posted"
+    );
+    for i in (0..8u64).chain([9, 10]) {
+        assert_eq!(read_at(&f, i * 100, 100), bytes(i as u8, 100), "at {i}");
+    }
+    let g = m.open("/db", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(read_at(&g, 0, 100), bytes(0, 100));
+    assert_eq!(read_at(&g, 1000, 100), bytes(10, 100));
+}
