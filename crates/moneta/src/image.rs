@@ -231,6 +231,18 @@ pub fn fsck(a: FsckArgs) -> ExitCode {
     if out.replayed {
         println!("the journal's last change was laid over the tables");
     }
+    // Pages of mapped files a killed daemon left: the image alone lacks their latest bytes
+    // until a daemon starts on it and folds them back.
+    let mut pages = path.clone().into_os_string();
+    pages.push(".pages");
+    let left = std::fs::read_dir(&pages).map_or(0, |d| d.count());
+    if left > 0 {
+        println!(
+            "  note: {} holds the pages of files that were mapped when the daemon stopped \
+             without folding them back; a daemon started on this image folds them in",
+            std::path::Path::new(&pages).display()
+        );
+    }
     for p in &r.problems {
         if a.verbose || p.severity == Severity::Error {
             println!("  {p}");
