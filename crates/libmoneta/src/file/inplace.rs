@@ -2,14 +2,16 @@
 //! pages (`FS_MAP`) mapped once, after which a read or a write inside the file's known size is
 //! a copy from or to the mapping, with no command and no system call.
 //!
-//! Off unless asked for: `MONETA_MODE=map` in the environment, or [`File::set_in_place`]; or
-//! on by itself once a file has been read and written through the channel enough times
-//! inside its known size (`MONETA_MODE=auto`, [`File::set_in_place_after`]): a file used again
-//! and again, such as a database, then goes in place, while one made, written once and
-//! removed, such as a rollback journal, is never mapped (each mapping is an `FS_MAP` on the
-//! control socket); or on by itself once a file has been made durable enough times at the
-//! `host` level (`MONETA_MODE=sync`, [`File::set_in_place_after_syncs`]), where an `fsync` in
-//! place is the client's own `msync` rather than a call.
+//! By default a file goes in place by itself once it has been made durable enough times at
+//! the `host` level (`MONETA_MODE=sync`, the default, [`File::set_in_place_after_syncs`]),
+//! where an `fsync` in place is the client's own `msync` rather than a call; at any other
+//! level it stays on the channel. `MONETA_MODE=map` in the environment, or
+//! [`File::set_in_place`], puts every file in place; `MONETA_MODE=auto`
+//! ([`File::set_in_place_after`]) each file once it has been read and written through the
+//! channel enough times inside its known size: a file used again and again, such as a
+//! database, then goes in place, while one made, written once and removed, such as a rollback
+//! journal, is never mapped (each mapping is an `FS_MAP` on the control socket).
+//! `MONETA_MODE=channel` keeps every file on the channel.
 //! Only what lies inside the size the library knows goes in place; anything else (a read that
 //! may meet the end, a write that grows the file, an appending file) takes the channel, which
 //! learns the size or extends the file, after which that range goes in place too.
@@ -33,16 +35,17 @@ use crate::ClientError;
 /// in place up to here, and through the channel beyond.
 const RESERVE: usize = 16 << 30;
 
-/// The environment variable that turns access in place on for every file (`map`), or on for
-/// each file after [`AUTO_AFTER`] accesses through the channel (`auto`).
+/// The environment variable that turns access in place on for every file (`map`), on for
+/// each file after [`AUTO_AFTER`] accesses through the channel (`auto`), on for each file
+/// after [`SYNC_AFTER`] `fsync`s at the `host` level (`sync`, the default), or off (`channel`).
 pub const ENV_MODE: &str = "MONETA_MODE";
 
 /// With `MONETA_MODE=auto`: the reads and writes inside a file's known size that go through
 /// the channel before the file's go in place.
 pub const AUTO_AFTER: u32 = 16;
 
-/// With `MONETA_MODE=sync`: the `fsync`s of a file at the `host` level after which its reads
-/// and writes go in place (and its `fsync`s need no call).
+/// By default (`MONETA_MODE=sync`): the `fsync`s of a file at the `host` level after which
+/// its reads and writes go in place (and its `fsync`s need no call).
 pub const SYNC_AFTER: u32 = 8;
 
 /// The largest file that goes in place by its `fsync`s: making its pages copies it whole.
@@ -79,16 +82,17 @@ impl Drop for Mapping {
 }
 
 impl InPlace {
-    /// Off, unless `MONETA_MODE=map` (on), `auto` (on after [`AUTO_AFTER`] accesses) or `sync`
-    /// (on after [`SYNC_AFTER`] `fsync`s at the `host` level).
+    /// On after [`SYNC_AFTER`] `fsync`s at the `host` level (the default, `MONETA_MODE=sync`),
+    /// unless `MONETA_MODE=map` (on), `auto` (on after [`AUTO_AFTER`] accesses) or `channel`
+    /// (off). Any other value is the default.
     pub(super) fn from_env() -> InPlace {
         static MODE: std::sync::OnceLock<(bool, u32, u32)> = std::sync::OnceLock::new();
         let (on, after, sync_after) =
             *MODE.get_or_init(|| match std::env::var(ENV_MODE).as_deref() {
                 Ok("map") => (true, 0, 0),
                 Ok("auto") => (false, AUTO_AFTER, 0),
-                Ok("sync") => (false, 0, SYNC_AFTER),
-                _ => (false, 0, 0),
+                Ok("channel") => (false, 0, 0),
+                _ => (false, 0, SYNC_AFTER),
             });
         InPlace {
             on: AtomicBool::new(on),
@@ -108,7 +112,8 @@ enum Dir<'a> {
 
 impl File {
     /// Turns reading and writing through the file's own pages on or off for this file (the
-    /// default is off, or on for every file with `MONETA_MODE=map`). On, a read or a write
+    /// default is off until the file goes in place by itself, or on for every file with
+    /// `MONETA_MODE=map`). On, a read or a write
     /// inside the file's known size copies from or to a mapping of the file's pages with no
     /// command; the first such access maps them (`FS_MAP`). Where the array hands out no
     /// pages, everything goes through the channel as before.
@@ -133,7 +138,7 @@ impl File {
 
     /// Turns reading and writing in place on by itself once the file has been made durable
     /// `syncs` times at the `host` level with a call to the daemon (0: never; every file has
-    /// [`SYNC_AFTER`] with `MONETA_MODE=sync`), if it is open for reading and writing and no
+    /// [`SYNC_AFTER`] by default, `MONETA_MODE=sync`), if it is open for reading and writing and no
     /// larger than [`SYNC_IN_PLACE_MAX`]. A file made durable again and again, a database or
     /// its log, then goes in place, and its `fsync`s are its own `msync` (docs/nvfs.md,
     /// "Durability levels"); one made durable once or twice and removed never does.
@@ -143,12 +148,18 @@ impl File {
     }
 
     /// Whether reads and writes may go in place now or later (on, or on by itself after
-    /// enough accesses or `fsync`s): such a file's reads collect its posted writes first, as
-    /// an access in place does not wait for commands in flight.
+    /// enough accesses, or after enough `fsync`s of a file open for reading and writing at
+    /// the `host` level): such a file's reads collect its posted writes first, as an access
+    /// in place does not wait for commands in flight.
     pub(super) fn in_place_possible(&self) -> bool {
         self.in_place.on.load(Ordering::Relaxed)
             || self.in_place.after.load(Ordering::Relaxed) > 0
-            || self.in_place.sync_after.load(Ordering::Relaxed) > 0
+            || (self.in_place.sync_after.load(Ordering::Relaxed) > 0
+                && self.readable
+                && self.writable
+                && self.ch().header().fs_flags.load(Ordering::Acquire)
+                    & moneta_abi::FS_DURABLE_PAGE
+                    != 0)
     }
 
     /// Whether reads and writes go in place where they can.

@@ -17,8 +17,10 @@
 //! `/proc/self/fd`), never the daemon's: a descriptor or a mapping (which holds the description
 //! it was made from) then keeps the segment's inode open, which the kernel shows the daemon (a
 //! write lease is granted only on a file nobody else has open). When the limits below are
-//! reached, segments nobody holds any more are retired ([`Segments::reclaim`]): nothing maps
-//! them, so nobody sees the difference, and the file's next mapping gets a new segment.
+//! reached (files mapped, pieces shown, or the segments' pages past an eighth of the array,
+//! [`MIN_BUDGET`] at least), segments nobody holds any more are retired ([`Segments::reclaim`]):
+//! nothing maps them, so nobody sees the difference, and the file's next mapping gets a new
+//! segment.
 //!
 //! A segment grows with its file (new extents are shown from it as they are allocated) but
 //! never shrinks: it is sealed against shrinking, since a writer that shrank it would leave
@@ -69,6 +71,10 @@ pub const MAX_SEGMENTS: usize = 8192;
 /// Most of them whose pages one user (other than root and the daemon's own) had made, so
 /// that one user always leaves room for others.
 pub const USER_SEGMENTS: usize = MAX_SEGMENTS / 4;
+
+/// The least room the segments' pages have before those nobody holds are retired, whatever
+/// the array's size.
+pub const MIN_BUDGET: u64 = 64 << 20;
 
 /// A file's own pages.
 struct Segment {
@@ -124,6 +130,13 @@ pub struct Segments {
     shown: usize,
     /// Segments each user's map calls made ([`USER_SEGMENTS`]).
     per_user: HashMap<u32, usize>,
+    /// Bytes of all segments together past which making a segment first retires every one
+    /// nobody holds: an eighth of the array, [`MIN_BUDGET`] at least. On a persistent array
+    /// the pages are files of the host beside the backing file, taking space of their own
+    /// (the array's space for the same bytes stays allocated), and files that go in place by
+    /// themselves (libmoneta's default at the `host` level) would otherwise keep it until
+    /// they are removed or the daemon stops.
+    budget: u64,
 }
 
 fn fail(errno: i32, message: impl Into<String>) -> Failure {
@@ -140,6 +153,7 @@ fn io_fail(what: &str, e: impl std::fmt::Display) -> Failure {
 impl Segments {
     /// Segments over `media` in `store`, revoking records through `device`.
     pub fn new(media: Arc<dyn Media>, device: Arc<Device>, store: Store) -> Segments {
+        let budget = (media.size() / 8).max(MIN_BUDGET);
         Segments {
             media,
             device,
@@ -147,7 +161,13 @@ impl Segments {
             files: HashMap::new(),
             shown: 0,
             per_user: HashMap::new(),
+            budget,
         }
+    }
+
+    /// Bytes of all segments together.
+    fn bytes(&self) -> u64 {
+        self.files.values().map(|s| s.len).sum()
     }
 
     /// Whether the array can hand pages out at all: one with a place for segments, whose
@@ -198,7 +218,9 @@ impl Segments {
         generation: u32,
     ) -> Result<OwnedFd, Failure> {
         self.drop_stale(ino, generation)?;
-        if !self.files.contains_key(&ino) && self.at_limit(owner) {
+        if !self.files.contains_key(&ino)
+            && (self.at_limit(owner) || self.bytes().saturating_add(size) > self.budget)
+        {
             self.reclaim(Some(ino))?;
         }
         let made = match self.files.get(&ino) {
