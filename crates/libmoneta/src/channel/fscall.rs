@@ -300,7 +300,8 @@ impl Channel {
         // host's disk, one that waits for a lock) is marked so in its tag, and the thread
         // then sleeps until the worker wakes it (`Channel::wait`): the worker needs the CPU.
         // Sleeping at once instead, before the mark, was measured on two vCPUs: pgbench
-        // moved within its spread, and SQLite's updates at the `host` level took 7% longer.
+        // moved within its spread, and SQLite's updates at the `host` level were slower in
+        // seven rounds of eight (docs/performance.md).
         let cmd = Command::new(Opcode::Fs, Completion::Dma, 0, msg.len() as u64, 0);
         self.submit(tag, &cmd);
         let done = self.wait(tag, Completion::Dma);
