@@ -488,6 +488,64 @@ fn sqlite3() {
     assert_eq!(out, "delete\nok\n7\n8\n");
 }
 
+/// sqlite3 at the `host` level, the persistent array's default, where a database made
+/// durable again and again goes in place in each process that writes it (libmoneta's
+/// default): two writer processes at once, one transaction per row; then the daemon is
+/// killed, and the next one folds the database's pages back: it checks whole, every row there.
+#[test]
+fn sqlite3_in_place_at_the_host_level_survives_a_killed_daemon() {
+    need("sqlite3");
+    let p = PersistentDaemon::start();
+    p.0.sh("sqlite3 /moneta/w.sqlite 'CREATE TABLE w(who TEXT, n INTEGER)'");
+    let writer = |who: &str| {
+        let mut sql = String::from(".timeout 20000\n");
+        for n in 0..300 {
+            sql.push_str(&format!(
+                "BEGIN IMMEDIATE; INSERT INTO w VALUES('{who}', {n}); COMMIT;\n"
+            ));
+        }
+        sql
+    };
+    let (a, b) = (writer("a"), writer("b"));
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| {
+            p.0.run(&["sqlite3", "/moneta/w.sqlite"], Some(a.as_bytes()))
+        });
+        let hb = s.spawn(|| {
+            p.0.run(&["sqlite3", "/moneta/w.sqlite"], Some(b.as_bytes()))
+        });
+        for o in [ha.join().unwrap(), hb.join().unwrap()] {
+            assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+        }
+    });
+    // The database went in place: its pages are a file beside the backing file.
+    let pages = p.0.dir.0.join("device.img.pages");
+    let listed = std::fs::read_dir(&pages).map_or(0, |d| d.count());
+    assert!(listed > 0, "no file went in place");
+    let pid: i32 = std::fs::read_to_string(p.0.socket.with_extension("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: a signal to the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(["start", "--size", "64M", "--device"])
+        .arg(p.0.dir.0.join("device.img"))
+        .arg("--socket")
+        .arg(&p.0.socket)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "moneta start: {}", text(&o));
+    assert!(!pages.exists(), "the pages were not folded back");
+    let out = p.0.sh("sqlite3 /moneta/w.sqlite 'PRAGMA integrity_check; \
+         SELECT who, count(*), sum(n) FROM w GROUP BY who;'");
+    assert_eq!(out, "ok\na|300|44850\nb|300|44850\n");
+}
+
 /// A daemon on a persistent array (a backing file in the test's directory), stopped at the
 /// end.
 struct PersistentDaemon(Daemon);
