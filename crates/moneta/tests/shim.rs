@@ -371,24 +371,7 @@ fn sqlite3() {
     );
 
     // Two writers at once: each inserts 300 rows, one transaction per row.
-    d.sh("sqlite3 /moneta/w.sqlite 'CREATE TABLE w(who TEXT, n INTEGER)'");
-    let writer = |who: &str| {
-        let mut sql = String::from(".timeout 20000\n");
-        for n in 0..300 {
-            sql.push_str(&format!(
-                "BEGIN IMMEDIATE; INSERT INTO w VALUES('{who}', {n}); COMMIT;\n"
-            ));
-        }
-        sql
-    };
-    let (a, b) = (writer("a"), writer("b"));
-    std::thread::scope(|s| {
-        let ha = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(a.as_bytes())));
-        let hb = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(b.as_bytes())));
-        for o in [ha.join().unwrap(), hb.join().unwrap()] {
-            assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
-        }
-    });
+    two_row_writers(&d);
     let o = d.run(
         &[
             "sqlite3",
@@ -488,15 +471,11 @@ fn sqlite3() {
     assert_eq!(out, "delete\nok\n7\n8\n");
 }
 
-/// sqlite3 at the `host` level, the persistent array's default, where a database made
-/// durable again and again goes in place in each process that writes it (libmoneta's
-/// default): two writer processes at once, one transaction per row; then the daemon is
-/// killed, and the next one folds the database's pages back: it checks whole, every row there.
-#[test]
-fn sqlite3_in_place_at_the_host_level_survives_a_killed_daemon() {
-    need("sqlite3");
-    let p = PersistentDaemon::start();
-    p.0.sh("sqlite3 /moneta/w.sqlite 'CREATE TABLE w(who TEXT, n INTEGER)'");
+/// Makes `/moneta/w.sqlite` with a table `w(who, n)`, then runs two `sqlite3` writer
+/// processes at once, `a` and `b`, each inserting 300 rows `(who, 0..300)`, one transaction
+/// per row; both must succeed with nothing on standard error.
+fn two_row_writers(d: &Daemon) {
+    d.sh("sqlite3 /moneta/w.sqlite 'CREATE TABLE w(who TEXT, n INTEGER)'");
     let writer = |who: &str| {
         let mut sql = String::from(".timeout 20000\n");
         for n in 0..300 {
@@ -508,16 +487,23 @@ fn sqlite3_in_place_at_the_host_level_survives_a_killed_daemon() {
     };
     let (a, b) = (writer("a"), writer("b"));
     std::thread::scope(|s| {
-        let ha = s.spawn(|| {
-            p.0.run(&["sqlite3", "/moneta/w.sqlite"], Some(a.as_bytes()))
-        });
-        let hb = s.spawn(|| {
-            p.0.run(&["sqlite3", "/moneta/w.sqlite"], Some(b.as_bytes()))
-        });
+        let ha = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(a.as_bytes())));
+        let hb = s.spawn(|| d.run(&["sqlite3", "/moneta/w.sqlite"], Some(b.as_bytes())));
         for o in [ha.join().unwrap(), hb.join().unwrap()] {
             assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
         }
     });
+}
+
+/// sqlite3 at the `host` level, the persistent array's default, where a database made
+/// durable again and again goes in place in each process that writes it (libmoneta's
+/// default): two writer processes at once, one transaction per row; then the daemon is
+/// killed, and the next one folds the database's pages back: it checks whole, every row there.
+#[test]
+fn sqlite3_in_place_at_the_host_level_survives_a_killed_daemon() {
+    need("sqlite3");
+    let p = PersistentDaemon::start();
+    two_row_writers(&p.0);
     // The database went in place: its pages are a file beside the backing file.
     let pages = p.0.dir.0.join("device.img.pages");
     let listed = std::fs::read_dir(&pages).map_or(0, |d| d.count());
@@ -532,14 +518,7 @@ fn sqlite3_in_place_at_the_host_level_survives_a_killed_daemon() {
     while Path::new(&format!("/proc/{pid}")).exists() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
-        .args(["start", "--size", "64M", "--device"])
-        .arg(p.0.dir.0.join("device.img"))
-        .arg("--socket")
-        .arg(&p.0.socket)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "moneta start: {}", text(&o));
+    p.spawn();
     assert!(!pages.exists(), "the pages were not folded back");
     let out = p.0.sh("sqlite3 /moneta/w.sqlite 'PRAGMA integrity_check; \
          SELECT who, count(*), sum(n) FROM w GROUP BY who;'");
@@ -554,15 +533,21 @@ impl PersistentDaemon {
     fn start() -> PersistentDaemon {
         let dir = TempDir::new("p");
         let socket = dir.0.join("monetad.sock");
+        let p = PersistentDaemon(Daemon { dir, socket });
+        p.spawn();
+        p
+    }
+
+    /// Starts a daemon on the array (again, after one was killed).
+    fn spawn(&self) {
         let o = Command::new(env!("CARGO_BIN_EXE_moneta"))
             .args(["start", "--size", "64M", "--device"])
-            .arg(dir.0.join("device.img"))
+            .arg(self.0.dir.0.join("device.img"))
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.0.socket)
             .output()
             .unwrap();
         assert!(o.status.success(), "moneta start: {}", text(&o));
-        PersistentDaemon(Daemon { dir, socket })
     }
 }
 
